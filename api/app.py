@@ -1,0 +1,80 @@
+"""The Litestar application: routes, the authorization guard, error bodies, OpenAPI."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from litestar import Litestar, Router
+from litestar.handlers import HTTPRouteHandler
+from litestar.openapi import OpenAPIConfig
+from litestar.openapi.plugins import SwaggerRenderPlugin
+from litestar.openapi.spec import Components, SecurityScheme
+
+from api.auth import ACCESS_KEY, authorize
+from api.deps import DEPENDENCIES
+from api.exceptions import EXCEPTION_HANDLERS
+from api.health import HealthController
+from api.identity.controllers import CONTROLLERS as IDENTITY_CONTROLLERS
+from api.openapi import document_validation_errors
+from shared.db.engine import create_engine, create_session_factory
+from shared.settings import Settings, get_settings
+
+log = logging.getLogger("spar.api")
+
+V1_CONTROLLERS: list[Any] = [*IDENTITY_CONTROLLERS]
+
+
+def _check_access_rules(router: Router) -> None:
+    """Refuse to start if any /v1 route forgot to declare who may call it."""
+    missing = [
+        f"{sorted(handler.http_methods)} {route.path}"
+        for route in router.routes
+        for handler in getattr(route, "route_handlers", [])
+        if isinstance(handler, HTTPRouteHandler)
+        and handler.http_methods != {"OPTIONS"}  # Litestar's automatic OPTIONS answers
+        and ACCESS_KEY not in handler.opt
+    ]
+    if missing:
+        raise RuntimeError(f"routes without an access rule: {', '.join(missing)}")
+
+
+def create_app(settings: Settings | None = None) -> Litestar:
+    settings = settings or get_settings()
+    v1 = Router("/v1", route_handlers=V1_CONTROLLERS, guards=[authorize])
+    _check_access_rules(v1)
+
+    async def open_database(app: Litestar) -> None:
+        app.state.engine = create_engine(settings)
+        app.state.session_factory = create_session_factory(app.state.engine)
+
+    async def close_database(app: Litestar) -> None:
+        await app.state.engine.dispose()
+
+    openapi = OpenAPIConfig(
+        title="Spar",
+        version="1.0.0",
+        description="Test conversational AI agents before and after they ship.",
+        path="/schema",
+        render_plugins=[SwaggerRenderPlugin(path="/")],
+        components=Components(
+            security_schemes={
+                "bearer": SecurityScheme(
+                    type="http", scheme="bearer", description="`ust_…` user or `pat_…` platform token"
+                )
+            }
+        ),
+        security=[{"bearer": []}],
+    )
+    app = Litestar(
+        route_handlers=[HealthController, v1],
+        dependencies=DEPENDENCIES,
+        exception_handlers=EXCEPTION_HANDLERS,  # type: ignore[arg-type]
+        openapi_config=openapi,
+        on_startup=[open_database],
+        on_shutdown=[close_database],
+        debug=False,
+    )
+    app.state.settings = settings
+    document_validation_errors(app)
+    return app

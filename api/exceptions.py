@@ -1,0 +1,206 @@
+"""Every error the API answers, in the spec's shapes.
+
+Validation failures: 422 ``{"detail": [{loc, msg, type, input, ctx}]}`` with ``loc``
+starting at ``body``, ``query`` or ``path``.  Everything else: ``{"detail": "message"}``.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from typing import Any
+
+import msgspec
+from litestar import MediaType, Request, Response
+from litestar.exceptions import HTTPException, ValidationException
+from litestar.status_codes import (
+    HTTP_401_UNAUTHORIZED,
+    HTTP_403_FORBIDDEN,
+    HTTP_404_NOT_FOUND,
+    HTTP_409_CONFLICT,
+    HTTP_422_UNPROCESSABLE_ENTITY,
+    HTTP_500_INTERNAL_SERVER_ERROR,
+)
+
+from shared.errors import Conflict, InvalidInput, NotFound, PermissionDenied, SparError, Unauthorized
+
+log = logging.getLogger("spar.api")
+
+
+class ValidationErrorItem(msgspec.Struct):
+    loc: list[str]
+    msg: str
+    type: str
+    input: Any
+    ctx: dict[str, Any]
+
+
+class ValidationErrorBody(msgspec.Struct):
+    """The spec's validation error body (§7)."""
+
+    detail: list[ValidationErrorItem]
+
+
+class ErrorBody(msgspec.Struct):
+    detail: str
+
+
+_STATUS = {
+    NotFound: HTTP_404_NOT_FOUND,
+    Conflict: HTTP_409_CONFLICT,
+    PermissionDenied: HTTP_403_FORBIDDEN,
+    Unauthorized: HTTP_401_UNAUTHORIZED,
+}
+
+
+def detail_response(status_code: int, detail: str, headers: dict[str, str] | None = None) -> Response:
+    return Response(
+        {"detail": detail}, status_code=status_code, media_type=MediaType.JSON, headers=headers
+    )
+
+
+def validation_response(items: list[ValidationErrorItem]) -> Response:
+    return Response(
+        ValidationErrorBody(detail=items),
+        status_code=HTTP_422_UNPROCESSABLE_ENTITY,
+        media_type=MediaType.JSON,
+    )
+
+
+# --- turning msgspec's messages into the spec's entries ----------------------------------------
+
+_PATH_TOKEN = re.compile(r"\.([^.\[]+)|\[(\d+)\]")
+# (pattern on msgspec's message, error type, ctx key or None)
+_MESSAGE_TYPES: list[tuple[re.Pattern[str], str, str | None]] = [
+    (re.compile(r"^Object missing required field `(?P<field>[^`]+)`"), "missing", None),
+    (re.compile(r"^Object contains unknown field `(?P<field>[^`]+)`"), "extra_forbidden", None),
+    (re.compile(r"^Expected `str` of length >= (?P<v>\d+)"), "string_too_short", "min_length"),
+    (re.compile(r"^Expected `str` of length <= (?P<v>\d+)"), "string_too_long", "max_length"),
+    (re.compile(r"^Expected `\w+` of length >= (?P<v>\d+)"), "too_short", "min_length"),
+    (re.compile(r"^Expected `\w+` of length <= (?P<v>\d+)"), "too_long", "max_length"),
+    (re.compile(r"^Expected `\w+` >= (?P<v>[-\d.]+)"), "greater_than_equal", "ge"),
+    (re.compile(r"^Expected `\w+` <= (?P<v>[-\d.]+)"), "less_than_equal", "le"),
+    (re.compile(r"^Expected `\w+` > (?P<v>[-\d.]+)"), "greater_than", "gt"),
+    (re.compile(r"^Expected `\w+` < (?P<v>[-\d.]+)"), "less_than", "lt"),
+    (re.compile(r"^Expected `str` matching regex (?P<v>.+)$"), "string_pattern_mismatch", "pattern"),
+    (re.compile(r"^Invalid UUID"), "uuid_parsing", None),
+    (re.compile(r"^Invalid RFC3339"), "datetime_parsing", None),
+    (re.compile(r"^Invalid enum value"), "enum", None),
+    (re.compile(r"^Expected `(?P<t>\w+)`(?: \| `\w+`)*, got `\w+`"), "{t}_type", None),
+]
+
+
+def _number(raw: str) -> int | float | str:
+    for cast in (int, float):
+        try:
+            return cast(raw)
+        except ValueError:
+            continue
+    return raw.strip("`'\"")
+
+
+def _classify(message: str) -> tuple[str, dict[str, Any], str | None]:
+    """(type, ctx, field named by the message) for one msgspec message."""
+    for pattern, kind, ctx_key in _MESSAGE_TYPES:
+        match = pattern.match(message)
+        if match is None:
+            continue
+        groups = match.groupdict()
+        ctx = {ctx_key: _number(groups["v"])} if ctx_key else {}
+        return kind.format(t=groups.get("t", "")), ctx, groups.get("field")
+    return "value_error", {}, None
+
+
+def _lookup(document: Any, path: list[str]) -> Any:
+    for key in path:
+        if isinstance(document, dict):
+            document = document.get(key)
+        elif isinstance(document, list) and key.isdigit() and int(key) < len(document):
+            document = document[int(key)]
+        else:
+            return None
+    return document
+
+
+def _request_body(request: Request[Any, Any, Any]) -> Any:
+    # The body was read (and cached on the connection) before validation failed.
+    state = getattr(request, "_connection_state", None)
+    raw = getattr(state, "body", None)
+    if not isinstance(raw, bytes | bytearray):
+        return None
+    try:
+        return msgspec.json.decode(raw)
+    except msgspec.DecodeError:
+        return None
+
+
+def _items_from_validation(
+    request: Request[Any, Any, Any], exc: ValidationException
+) -> list[ValidationErrorItem]:
+    cause = exc.__cause__
+    extras = exc.extra if isinstance(exc.extra, list) else []
+    source = str(getattr(extras[0].get("source"), "value", extras[0].get("source"))) if extras else "body"
+    message, _, at = str(cause).partition(" - at `") if cause else (exc.detail, "", "")
+    tokens = [a or b for a, b in _PATH_TOKEN.findall(at.rstrip("`"))]
+    if source == "body" and tokens[:1] == ["data"]:
+        tokens = tokens[1:]
+    if not tokens and extras and source != "body":
+        tokens = [str(extras[0].get("key"))]
+    kind, ctx, field = _classify(message)
+    if field is not None:
+        tokens.append(field)
+    if source == "body":
+        value = _lookup(_request_body(request), tokens) if kind != "missing" else None
+    elif source == "query":
+        value = request.query_params.get(tokens[0]) if tokens else None
+    elif source == "path":
+        value = request.path_params.get(tokens[0]) if tokens else None
+    else:
+        value = None
+    return [ValidationErrorItem(loc=[source, *tokens], msg=message, type=kind, input=value, ctx=ctx)]
+
+
+# --- handlers ------------------------------------------------------------------------------------
+
+
+def handle_validation(request: Request[Any, Any, Any], exc: ValidationException) -> Response:
+    return validation_response(_items_from_validation(request, exc))
+
+
+def handle_invalid_input(_: Request[Any, Any, Any], exc: InvalidInput) -> Response:
+    item = ValidationErrorItem(
+        loc=list(exc.loc), msg=exc.detail, type=exc.type, input=exc.input, ctx=exc.ctx
+    )
+    return validation_response([item])
+
+
+def handle_spar_error(_: Request[Any, Any, Any], exc: SparError) -> Response:
+    status = next((code for kind, code in _STATUS.items() if isinstance(exc, kind)), 400)
+    headers = {"WWW-Authenticate": "Bearer"} if status == HTTP_401_UNAUTHORIZED else None
+    return detail_response(status, exc.detail, headers)
+
+
+def handle_http_exception(_: Request[Any, Any, Any], exc: HTTPException) -> Response:
+    if exc.status_code == 400 and str(exc.detail).startswith("JSON is malformed"):
+        item = ValidationErrorItem(
+            loc=["body"], msg=str(exc.detail), type="json_invalid", input=None, ctx={}
+        )
+        return validation_response([item])
+    if exc.status_code >= HTTP_500_INTERNAL_SERVER_ERROR:
+        log.error("server error: %s", exc.detail)
+        return detail_response(exc.status_code, "internal server error")
+    return detail_response(exc.status_code, str(exc.detail), exc.headers)
+
+
+def handle_unexpected(request: Request[Any, Any, Any], exc: Exception) -> Response:
+    log.exception("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
+    return detail_response(HTTP_500_INTERNAL_SERVER_ERROR, "internal server error")
+
+
+EXCEPTION_HANDLERS = {
+    ValidationException: handle_validation,
+    InvalidInput: handle_invalid_input,
+    SparError: handle_spar_error,
+    HTTPException: handle_http_exception,
+    Exception: handle_unexpected,
+}

@@ -1,0 +1,42 @@
+"""Liveness and readiness probes (public, outside /v1)."""
+
+from __future__ import annotations
+
+import msgspec
+from litestar import Controller, Response, get
+from litestar.datastructures import State
+from sqlalchemy import text
+
+from shared.db.engine import session_scope
+
+
+class HealthStatus(msgspec.Struct):
+    status: str
+    checks: dict[str, str] = {}
+
+
+class HealthController(Controller):
+    path = "/health"
+    tags = ["health"]
+    include_in_schema = True
+
+    @get("/live", operation_id="healthLive")
+    async def live(self) -> HealthStatus:
+        """The process is up."""
+        return HealthStatus(status="ok")
+
+    @get("/ready", operation_id="healthReady")
+    async def ready(self, state: State) -> Response[HealthStatus]:
+        """The process can serve: the database answers (503 otherwise)."""
+        checks: dict[str, str] = {}
+        try:
+            async with session_scope(state.session_factory) as session:
+                await session.execute(text("SELECT 1"))
+            checks["database"] = "ok"
+        except Exception as exc:  # a probe reports, it does not raise
+            checks["database"] = f"error: {type(exc).__name__}"
+        ok = all(value == "ok" for value in checks.values())
+        return Response(
+            HealthStatus(status="ok" if ok else "unavailable", checks=checks),
+            status_code=200 if ok else 503,
+        )

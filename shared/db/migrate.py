@@ -1,0 +1,27 @@
+"""Run Alembic migrations programmatically: the schema's only source (``spar migrate``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from alembic import command
+from alembic.config import Config
+
+MIGRATIONS_DIR = Path(__file__).parent / "migrations"
+
+
+def sync_url(database_url: str) -> str:
+    """Migrations run on a synchronous driver: psycopg 3 serves both; SQLite uses pysqlite."""
+    return database_url.replace("sqlite+aiosqlite", "sqlite", 1)
+
+
+def alembic_config(database_url: str) -> Config:
+    config = Config()
+    config.set_main_option("script_location", str(MIGRATIONS_DIR))
+    # ConfigParser interpolation would choke on "%" in URL-encoded passwords.
+    config.set_main_option("sqlalchemy.url", sync_url(database_url).replace("%", "%%"))
+    return config
+
+
+def upgrade(database_url: str, revision: str = "head") -> None:
+    command.upgrade(alembic_config(database_url), revision)

@@ -1,0 +1,51 @@
+"""Domain errors.  Services raise these; ``api/exceptions.py`` maps them to HTTP answers."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class SparError(Exception):
+    """Base of every error a service raises on purpose."""
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(detail)
+        self.detail = detail
+
+
+class NotFound(SparError):
+    """The resource does not exist, or belongs to an organization the caller cannot see."""
+
+
+class Conflict(SparError):
+    """The request contradicts the current state (duplicate, protected resource...)."""
+
+
+class PermissionDenied(SparError):
+    """The caller is known but not allowed to do this."""
+
+
+class Unauthorized(SparError):
+    """No usable credentials: missing, malformed, unknown, expired or revoked token."""
+
+
+class InvalidInput(SparError):
+    """Input that passed decoding but breaks a rule only a service can check (422).
+
+    ``loc`` follows the spec's validation body: ``("body", "timezone")``.
+    """
+
+    def __init__(
+        self,
+        loc: tuple[str, ...],
+        msg: str,
+        *,
+        type: str = "value_error",  # noqa: A002 - the spec's field name
+        input: Any = None,  # noqa: A002
+        ctx: dict[str, Any] | None = None,
+    ) -> None:
+        super().__init__(msg)
+        self.loc = loc
+        self.type = type
+        self.input = input
+        self.ctx = ctx or {}

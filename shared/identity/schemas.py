@@ -1,0 +1,195 @@
+"""Request and response bodies of identity: users, organizations, members, roles, tokens."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated
+from uuid import UUID
+
+import msgspec
+
+from shared.identity.permissions import Permission
+from shared.schemas import Email, Input, Name255, Output, TimezoneName
+
+Password = Annotated[str, msgspec.Meta(min_length=8, max_length=128)]
+PersonName = Annotated[str, msgspec.Meta(min_length=1, max_length=100)]
+RoleName = Annotated[str, msgspec.Meta(min_length=1, max_length=100)]
+UNSET = msgspec.UNSET
+
+
+# --- users and sessions -------------------------------------------------------------------
+
+
+class UserRead(Output):
+    id: UUID
+    email: str
+    first_name: str
+    last_name: str
+    is_active: bool
+    timezone: str
+    created_at: datetime
+    updated_at: datetime
+    status: str
+    invited_at: datetime | None
+
+
+class RegisterBody(Input):
+    email: Email
+    password: Password
+    first_name: PersonName
+    last_name: PersonName
+    timezone: TimezoneName = "UTC"
+
+
+class LoginBody(Input):
+    email: Annotated[str, msgspec.Meta(min_length=1, max_length=320)]
+    password: Annotated[str, msgspec.Meta(min_length=1, max_length=128)]
+
+
+class AccessToken(Output):
+    access_token: str
+    expires_at: datetime
+    token_type: str = "bearer"
+
+
+class Registered(Output):
+    user: UserRead
+    access_token: str
+    expires_at: datetime
+    token_type: str = "bearer"
+
+
+# --- organizations ---------------------------------------------------------------------------
+
+
+class RoleInfo(Output):
+    id: UUID
+    name: str
+    is_system: bool
+
+
+class OrganizationRead(Output):
+    id: UUID
+    name: str
+    business_information: str
+    timezone: str
+    created_by_user_id: UUID
+    owner_user_id: UUID
+    created_at: datetime
+    updated_at: datetime
+
+
+class OrganizationWithAccess(OrganizationRead):
+    role: RoleInfo
+    permissions: list[str]
+
+
+class Me(Output):
+    user: UserRead
+    organizations: list[OrganizationWithAccess]
+
+
+class OrganizationList(Output):
+    organizations: list[OrganizationRead]
+    total: int
+
+
+class OrganizationCreate(Input):
+    name: Name255
+    business_information: Annotated[str, msgspec.Meta(max_length=20_000)] = ""
+    timezone: TimezoneName = "UTC"
+
+
+class OrganizationUpdate(Input):
+    name: Name255 | msgspec.UnsetType = UNSET
+    business_information: Annotated[str, msgspec.Meta(max_length=20_000)] | msgspec.UnsetType = (
+        UNSET
+    )
+    timezone: TimezoneName | msgspec.UnsetType = UNSET
+
+
+# --- members -------------------------------------------------------------------------------
+
+
+class MemberRead(Output):
+    id: UUID
+    user_id: UUID
+    organization_id: UUID
+    role_id: UUID
+    created_at: datetime
+    role: RoleInfo | None = None
+    user: UserRead | None = None
+    organization: OrganizationRead | None = None
+
+
+class MemberList(Output):
+    members: list[MemberRead]
+    total: int
+
+
+class MemberInvite(Input):
+    email: Email
+    role_id: UUID
+
+
+class MemberRoleUpdate(Input):
+    role_id: UUID
+
+
+# --- roles ------------------------------------------------------------------------------------
+
+
+class RoleRead(Output):
+    id: UUID
+    organization_id: UUID
+    name: str
+    is_system: bool
+    permissions: list[str]
+    created_at: datetime
+    updated_at: datetime
+
+
+class RoleList(Output):
+    roles: list[RoleRead]
+    total: int
+
+
+class RoleCreate(Input):
+    name: RoleName
+    permissions: list[Permission]
+
+
+class RoleUpdate(Input):
+    name: RoleName | msgspec.UnsetType = UNSET
+    permissions: list[Permission] | msgspec.UnsetType = UNSET
+
+
+# --- platform tokens ---------------------------------------------------------------------------
+
+
+class PlatformTokenRead(Output):
+    id: UUID
+    name: str
+    organization_id: UUID
+    permissions: list[str]
+    expires_at: datetime | None
+    last_used_at: datetime | None
+    is_active: bool
+    created_at: datetime
+    updated_at: datetime
+    token_preview: str
+
+
+class PlatformTokenCreated(PlatformTokenRead):
+    token: str
+
+
+class PlatformTokenList(Output):
+    tokens: list[PlatformTokenRead]
+    total: int
+
+
+class PlatformTokenCreate(Input):
+    name: Name255
+    permissions: list[Permission]
+    expires_at: datetime | None = None

@@ -1,0 +1,594 @@
+"""Identity rules: accounts and sessions, organizations, members, roles and platform tokens.
+
+Every function takes the caller's session (the caller owns the transaction) and, for work
+inside an organization, the caller's :class:`OrgAccess`, already resolved by the guard.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import datetime, timedelta
+from uuid import UUID
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+import msgspec
+from sqlalchemy import delete, select, update
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from shared import security
+from shared.db.base import utcnow
+from shared.db.models import Membership, Organization, PlatformToken, Role, User, UserToken
+from shared.errors import Conflict, InvalidInput, NotFound, PermissionDenied, Unauthorized
+from shared.identity import schemas
+from shared.identity.access import OrgAccess, Principal
+from shared.identity.permissions import GUEST, OWNER, SYSTEM_ROLES, ordered
+from shared.paging import Paging, paginate
+from shared.settings import Settings
+
+PLATFORM_TOKEN_TOUCH_INTERVAL = timedelta(minutes=1)
+
+
+# --- shared checks ---------------------------------------------------------------------------
+
+
+def normalize_email(email: str) -> str:
+    return email.strip().lower()
+
+
+def check_timezone(name: str, loc: tuple[str, ...] = ("body", "timezone")) -> str:
+    try:
+        ZoneInfo(name)
+    except (ZoneInfoNotFoundError, ValueError):
+        raise InvalidInput(loc, "Unknown IANA time zone", input=name) from None
+    return name
+
+
+async def _flush_unique(session: AsyncSession, message: str) -> None:
+    """Flush, turning a unique-constraint violation into a 409 with ``message``."""
+    try:
+        await session.flush()
+    except IntegrityError:
+        raise Conflict(message) from None
+
+
+# --- accounts and sessions -------------------------------------------------------------------
+
+
+async def _issue_user_token(
+    session: AsyncSession, settings: Settings, user_id: UUID
+) -> tuple[str, datetime]:
+    token = security.new_token(security.USER_TOKEN_PREFIX)
+    expires_at = utcnow() + timedelta(seconds=settings.user_token_ttl_s)
+    session.add(
+        UserToken(user_id=user_id, token_digest=security.token_digest(token), expires_at=expires_at)
+    )
+    await session.flush()
+    return token, expires_at
+
+
+async def register(
+    session: AsyncSession, settings: Settings, body: schemas.RegisterBody
+) -> tuple[User, str, datetime]:
+    """Create an account, or activate one that an invitation created; returns a first token."""
+    if not settings.allow_registration:
+        raise PermissionDenied("registration is disabled on this server")
+    check_timezone(body.timezone)
+    # argon2 is deliberately slow: keep it off the event loop.
+    password_hash = await asyncio.to_thread(security.hash_password, body.password)
+    email = normalize_email(body.email)
+    user = await session.scalar(select(User).where(User.email == email).with_for_update())
+    if user is not None and user.status != "invited":
+        raise Conflict("an account with this email already exists")
+    if user is None:
+        user = User(email=email)
+        session.add(user)
+    user.password_hash = password_hash
+    user.first_name = body.first_name
+    user.last_name = body.last_name
+    user.timezone = body.timezone
+    user.status = "active"
+    await _flush_unique(session, "an account with this email already exists")
+    token, expires_at = await _issue_user_token(session, settings, user.id)
+    return user, token, expires_at
+
+
+async def login(
+    session: AsyncSession, settings: Settings, body: schemas.LoginBody
+) -> tuple[str, datetime]:
+    """Issue a token for a matching email and password; every failure reads the same."""
+    user = await session.scalar(select(User).where(User.email == normalize_email(body.email)))
+    password_ok = await asyncio.to_thread(
+        security.verify_password, user.password_hash if user else None, body.password
+    )
+    if user is None or not password_ok or not user.is_active or user.status != "active":
+        raise Unauthorized("invalid email or password")
+    return await _issue_user_token(session, settings, user.id)
+
+
+async def logout(session: AsyncSession, principal: Principal) -> None:
+    await session.execute(
+        update(UserToken)
+        .where(UserToken.id == principal.token_id, UserToken.revoked_at.is_(None))
+        .values(revoked_at=utcnow())
+    )
+
+
+async def authenticate(session: AsyncSession, raw_token: str) -> Principal:
+    """Resolve a bearer token to its principal, or raise :class:`Unauthorized`."""
+    now = utcnow()
+    digest = security.token_digest(raw_token)
+    if raw_token.startswith(security.USER_TOKEN_PREFIX):
+        row = (
+            await session.execute(
+                select(UserToken, User)
+                .join(User, User.id == UserToken.user_id)
+                .where(UserToken.token_digest == digest)
+            )
+        ).one_or_none()
+        if row is None:
+            raise Unauthorized("invalid token")
+        token, user = row
+        if token.revoked_at is not None:
+            raise Unauthorized("token has been revoked")
+        if token.expires_at <= now:
+            raise Unauthorized("token has expired")
+        if not user.is_active or user.status != "active":
+            raise Unauthorized("account is not active")
+        return Principal(kind="user", token_id=token.id, user_id=user.id)
+    if raw_token.startswith(security.PLATFORM_TOKEN_PREFIX):
+        pat = await session.scalar(select(PlatformToken).where(PlatformToken.token_digest == digest))
+        if pat is None:
+            raise Unauthorized("invalid token")
+        if not pat.is_active:
+            raise Unauthorized("token has been revoked")
+        if pat.expires_at is not None and pat.expires_at <= now:
+            raise Unauthorized("token has expired")
+        # At most one write a minute per token, guarded in SQL so concurrent requests agree.
+        await session.execute(
+            update(PlatformToken)
+            .where(
+                PlatformToken.id == pat.id,
+                (PlatformToken.last_used_at.is_(None))
+                | (PlatformToken.last_used_at < now - PLATFORM_TOKEN_TOUCH_INTERVAL),
+            )
+            .values(last_used_at=now)
+            .execution_options(synchronize_session=False)
+        )
+        return Principal(
+            kind="platform_token",
+            token_id=pat.id,
+            organization_id=pat.organization_id,
+            permissions=frozenset(pat.permissions),
+        )
+    raise Unauthorized("invalid token")
+
+
+async def resolve_access(session: AsyncSession, principal: Principal, org_id: UUID) -> OrgAccess:
+    """The principal's access to ``org_id``; a non-member sees the organization as missing."""
+    if principal.is_user:
+        row = (
+            await session.execute(
+                select(Role.name, Role.is_system, Role.permissions)
+                .join(Membership, Membership.role_id == Role.id)
+                .where(Membership.organization_id == org_id, Membership.user_id == principal.user_id)
+            )
+        ).one_or_none()
+        if row is None:
+            raise NotFound("organization not found")
+        name, is_system, permissions = row
+        return OrgAccess(
+            principal=principal,
+            organization_id=org_id,
+            permissions=frozenset(permissions),
+            role_name=name if is_system else None,
+        )
+    if principal.organization_id != org_id:
+        raise NotFound("organization not found")
+    return OrgAccess(principal=principal, organization_id=org_id, permissions=principal.permissions)
+
+
+async def get_user(session: AsyncSession, user_id: UUID) -> User:
+    user = await session.get(User, user_id)
+    if user is None:
+        raise NotFound("user not found")
+    return user
+
+
+async def me(session: AsyncSession, principal: Principal) -> schemas.Me:
+    user = await get_user(session, principal.user_id)  # type: ignore[arg-type]
+    rows = (
+        await session.execute(
+            select(Organization, Role)
+            .join(Membership, Membership.organization_id == Organization.id)
+            .join(Role, Role.id == Membership.role_id)
+            .where(Membership.user_id == user.id)
+            .order_by(Organization.created_at, Organization.id)
+        )
+    ).tuples()
+    organizations = [
+        schemas.OrganizationWithAccess(
+            **msgspec.structs.asdict(org_read(org)),
+            role=role_info(role),
+            permissions=ordered(role.permissions),
+        )
+        for org, role in rows
+    ]
+    return schemas.Me(user=user_read(user), organizations=organizations)
+
+
+# --- organizations ---------------------------------------------------------------------------
+
+
+async def create_organization(
+    session: AsyncSession, principal: Principal, body: schemas.OrganizationCreate
+) -> Organization:
+    if not principal.is_user:
+        raise PermissionDenied("platform tokens cannot create organizations")
+    check_timezone(body.timezone)
+    org = Organization(
+        name=body.name,
+        business_information=body.business_information,
+        timezone=body.timezone,
+        created_by_user_id=principal.user_id,
+        owner_user_id=principal.user_id,
+    )
+    session.add(org)
+    await session.flush()
+    roles = {
+        name: Role(organization_id=org.id, name=name, is_system=True, permissions=list(perms))
+        for name, perms in SYSTEM_ROLES.items()
+    }
+    session.add_all(roles.values())
+    await session.flush()
+    session.add(
+        Membership(organization_id=org.id, user_id=principal.user_id, role_id=roles[OWNER].id)
+    )
+    await session.flush()
+    return org
+
+
+async def list_organizations(
+    session: AsyncSession, principal: Principal, paging: Paging
+) -> tuple[list[Organization], int]:
+    query = select(Organization)
+    if principal.is_user:
+        query = query.join(Membership, Membership.organization_id == Organization.id).where(
+            Membership.user_id == principal.user_id
+        )
+    else:
+        query = query.where(Organization.id == principal.organization_id)
+    return await paginate(session, query, paging, Organization.created_at, Organization.id)
+
+
+async def get_organization(session: AsyncSession, access: OrgAccess) -> Organization:
+    org = await session.get(Organization, access.organization_id)
+    if org is None:
+        raise NotFound("organization not found")
+    return org
+
+
+async def update_organization(
+    session: AsyncSession, access: OrgAccess, body: schemas.OrganizationUpdate
+) -> Organization:
+    org = await get_organization(session, access)
+    if body.timezone is not schemas.UNSET:
+        org.timezone = check_timezone(body.timezone)
+    if body.name is not schemas.UNSET:
+        org.name = body.name
+    if body.business_information is not schemas.UNSET:
+        org.business_information = body.business_information
+    org.updated_at = utcnow()
+    await session.flush()
+    return org
+
+
+async def delete_organization(session: AsyncSession, access: OrgAccess) -> None:
+    org = await get_organization(session, access)
+    # Memberships reference roles; remove them first so the cascade order cannot matter.
+    await session.execute(delete(Membership).where(Membership.organization_id == org.id))
+    await session.delete(org)
+    await session.flush()
+
+
+# --- roles -------------------------------------------------------------------------------------
+
+
+async def _role_in_org(session: AsyncSession, org_id: UUID, role_id: UUID) -> Role:
+    role = await session.scalar(
+        select(Role).where(Role.id == role_id, Role.organization_id == org_id)
+    )
+    if role is None:
+        raise NotFound("role not found")
+    return role
+
+
+async def _system_role(session: AsyncSession, org_id: UUID, name: str) -> Role:
+    return await session.scalar(
+        select(Role).where(Role.organization_id == org_id, Role.name == name, Role.is_system)
+    )
+
+
+async def list_roles(
+    session: AsyncSession, access: OrgAccess, paging: Paging
+) -> tuple[list[Role], int]:
+    query = select(Role).where(Role.organization_id == access.organization_id)
+    return await paginate(session, query, paging, Role.created_at, Role.id)
+
+
+async def get_role(session: AsyncSession, access: OrgAccess, role_id: UUID) -> Role:
+    return await _role_in_org(session, access.organization_id, role_id)
+
+
+async def create_role(
+    session: AsyncSession, access: OrgAccess, body: schemas.RoleCreate
+) -> Role:
+    access.require_grantable(body.permissions)
+    role = Role(
+        organization_id=access.organization_id,
+        name=body.name,
+        is_system=False,
+        permissions=ordered(body.permissions),
+    )
+    session.add(role)
+    await _flush_unique(session, f"a role named {body.name!r} already exists")
+    return role
+
+
+async def update_role(
+    session: AsyncSession, access: OrgAccess, role_id: UUID, body: schemas.RoleUpdate
+) -> Role:
+    role = await _role_in_org(session, access.organization_id, role_id)
+    if role.is_system:
+        raise Conflict("system roles cannot be changed")
+    if body.permissions is not schemas.UNSET:
+        access.require_grantable(body.permissions)
+        role.permissions = ordered(body.permissions)
+    if body.name is not schemas.UNSET:
+        role.name = body.name
+    role.updated_at = utcnow()
+    await _flush_unique(session, f"a role named {role.name!r} already exists")
+    return role
+
+
+async def delete_role(session: AsyncSession, access: OrgAccess, role_id: UUID) -> None:
+    """Delete a custom role; its members fall back to GUEST and so lose its permissions."""
+    role = await _role_in_org(session, access.organization_id, role_id)
+    if role.is_system:
+        raise Conflict("system roles cannot be deleted")
+    guest = await _system_role(session, access.organization_id, GUEST)
+    await session.execute(
+        update(Membership)
+        .where(Membership.organization_id == access.organization_id, Membership.role_id == role.id)
+        .values(role_id=guest.id)
+        .execution_options(synchronize_session=False)
+    )
+    await session.delete(role)
+    await session.flush()
+
+
+# --- members -----------------------------------------------------------------------------------
+
+
+def _member_query(org_id: UUID):  # type: ignore[no-untyped-def]
+    return (
+        select(Membership, User, Role, Organization)
+        .join(User, User.id == Membership.user_id)
+        .join(Role, Role.id == Membership.role_id)
+        .join(Organization, Organization.id == Membership.organization_id)
+        .where(Membership.organization_id == org_id)
+    )
+
+
+def member_read(row: tuple[Membership, User, Role, Organization]) -> schemas.MemberRead:
+    membership, user, role, org = row
+    return schemas.MemberRead(
+        id=membership.id,
+        user_id=membership.user_id,
+        organization_id=membership.organization_id,
+        role_id=membership.role_id,
+        created_at=membership.created_at,
+        role=role_info(role),
+        user=user_read(user),
+        organization=org_read(org),
+    )
+
+
+async def list_members(
+    session: AsyncSession, access: OrgAccess, paging: Paging
+) -> tuple[list[schemas.MemberRead], int]:
+    rows, total = await paginate(
+        session, _member_query(access.organization_id), paging, Membership.created_at, Membership.id
+    )
+    return [member_read(row) for row in rows], total
+
+
+async def get_member(session: AsyncSession, access: OrgAccess, user_id: UUID) -> schemas.MemberRead:
+    row = (
+        await session.execute(_member_query(access.organization_id).where(Membership.user_id == user_id))
+    ).tuples().one_or_none()
+    if row is None:
+        raise NotFound("member not found")
+    return member_read(row)
+
+
+async def _grantable_role(session: AsyncSession, access: OrgAccess, role_id: UUID) -> Role:
+    role = await _role_in_org(session, access.organization_id, role_id)
+    if role.is_system and role.name == OWNER:
+        raise PermissionDenied("the OWNER role cannot be granted through the member endpoints")
+    access.require_grantable(role.permissions)
+    return role
+
+
+async def _managed_membership(
+    session: AsyncSession, access: OrgAccess, user_id: UUID, action: str
+) -> tuple[Membership, Role]:
+    """The target membership, if the caller may act on it: never the owner, never a superior."""
+    row = (
+        await session.execute(
+            select(Membership, Role)
+            .join(Role, Role.id == Membership.role_id)
+            .where(Membership.organization_id == access.organization_id, Membership.user_id == user_id)
+            .with_for_update(of=Membership)
+        )
+    ).tuples().one_or_none()
+    if row is None:
+        raise NotFound("member not found")
+    membership, role = row
+    if role.is_system and role.name == OWNER:
+        raise Conflict(f"the organization owner cannot be {action}")
+    access.require_grantable(role.permissions)
+    return membership, role
+
+
+async def invite_member(
+    session: AsyncSession, access: OrgAccess, body: schemas.MemberInvite
+) -> schemas.MemberRead:
+    """Add a member by email; an unknown email becomes an ``invited`` user without a password."""
+    role = await _grantable_role(session, access, body.role_id)
+    email = normalize_email(body.email)
+    user = await session.scalar(select(User).where(User.email == email))
+    if user is None:
+        user = User(email=email, status="invited", invited_at=utcnow(), password_hash=None)
+        session.add(user)
+        await _flush_unique(session, "an account with this email was created concurrently")
+    session.add(Membership(organization_id=access.organization_id, user_id=user.id, role_id=role.id))
+    await _flush_unique(session, "this user is already a member of the organization")
+    return await get_member(session, access, user.id)
+
+
+async def change_member_role(
+    session: AsyncSession, access: OrgAccess, user_id: UUID, body: schemas.MemberRoleUpdate
+) -> schemas.MemberRead:
+    membership, _ = await _managed_membership(session, access, user_id, "re-roled")
+    role = await _grantable_role(session, access, body.role_id)
+    membership.role_id = role.id
+    await session.flush()
+    return await get_member(session, access, user_id)
+
+
+async def remove_member(session: AsyncSession, access: OrgAccess, user_id: UUID) -> None:
+    membership, _ = await _managed_membership(session, access, user_id, "removed")
+    await session.delete(membership)
+    await session.flush()
+
+
+# --- platform tokens ---------------------------------------------------------------------------
+
+
+async def create_platform_token(
+    session: AsyncSession, access: OrgAccess, body: schemas.PlatformTokenCreate
+) -> tuple[PlatformToken, str]:
+    access.require_grantable(body.permissions)
+    if body.expires_at is not None:
+        if body.expires_at.tzinfo is None:
+            raise InvalidInput(
+                ("body", "expires_at"), "expires_at needs a time zone", input=str(body.expires_at)
+            )
+        if body.expires_at <= utcnow():
+            raise InvalidInput(
+                ("body", "expires_at"),
+                "expires_at must be in the future",
+                input=body.expires_at.isoformat(),
+            )
+    raw = security.new_token(security.PLATFORM_TOKEN_PREFIX)
+    pat = PlatformToken(
+        organization_id=access.organization_id,
+        name=body.name,
+        permissions=ordered(body.permissions),
+        token_digest=security.token_digest(raw),
+        token_preview=security.token_preview(raw),
+        expires_at=body.expires_at,
+        created_by_user_id=access.principal.user_id,
+    )
+    session.add(pat)
+    await session.flush()
+    return pat, raw
+
+
+async def list_platform_tokens(
+    session: AsyncSession, access: OrgAccess, paging: Paging
+) -> tuple[list[PlatformToken], int]:
+    query = select(PlatformToken).where(PlatformToken.organization_id == access.organization_id)
+    return await paginate(session, query, paging, PlatformToken.created_at, PlatformToken.id)
+
+
+async def get_platform_token(session: AsyncSession, access: OrgAccess, token_id: UUID) -> PlatformToken:
+    pat = await session.scalar(
+        select(PlatformToken).where(
+            PlatformToken.id == token_id, PlatformToken.organization_id == access.organization_id
+        )
+    )
+    if pat is None:
+        raise NotFound("platform token not found")
+    return pat
+
+
+async def revoke_platform_token(session: AsyncSession, access: OrgAccess, token_id: UUID) -> None:
+    pat = await get_platform_token(session, access, token_id)
+    if pat.is_active:
+        pat.is_active = False
+        pat.updated_at = utcnow()
+        await session.flush()
+
+
+# --- response shapes -----------------------------------------------------------------------------
+
+
+def user_read(user: User) -> schemas.UserRead:
+    return schemas.UserRead(
+        id=user.id,
+        email=user.email,
+        first_name=user.first_name,
+        last_name=user.last_name,
+        is_active=user.is_active,
+        timezone=user.timezone,
+        created_at=user.created_at,
+        updated_at=user.updated_at,
+        status=user.status,
+        invited_at=user.invited_at,
+    )
+
+
+def org_read(org: Organization) -> schemas.OrganizationRead:
+    return schemas.OrganizationRead(
+        id=org.id,
+        name=org.name,
+        business_information=org.business_information,
+        timezone=org.timezone,
+        created_by_user_id=org.created_by_user_id,
+        owner_user_id=org.owner_user_id,
+        created_at=org.created_at,
+        updated_at=org.updated_at,
+    )
+
+
+def role_info(role: Role) -> schemas.RoleInfo:
+    return schemas.RoleInfo(id=role.id, name=role.name, is_system=role.is_system)
+
+
+def role_read(role: Role) -> schemas.RoleRead:
+    return schemas.RoleRead(
+        id=role.id,
+        organization_id=role.organization_id,
+        name=role.name,
+        is_system=role.is_system,
+        permissions=ordered(role.permissions),
+        created_at=role.created_at,
+        updated_at=role.updated_at,
+    )
+
+
+def platform_token_read(pat: PlatformToken) -> schemas.PlatformTokenRead:
+    return schemas.PlatformTokenRead(
+        id=pat.id,
+        name=pat.name,
+        organization_id=pat.organization_id,
+        permissions=ordered(pat.permissions),
+        expires_at=pat.expires_at,
+        last_used_at=pat.last_used_at,
+        is_active=pat.is_active,
+        created_at=pat.created_at,
+        updated_at=pat.updated_at,
+        token_preview=pat.token_preview,
+    )

@@ -1,0 +1,92 @@
+"""Spar's configuration: one frozen object built from ``SPAR_*`` environment variables."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from functools import lru_cache
+
+import msgspec
+
+DEFAULT_DATABASE_URL = "sqlite+aiosqlite:///./spar-dev.db"
+
+
+class SettingsError(ValueError):
+    """A ``SPAR_*`` variable holds a value Spar cannot use."""
+
+
+class Settings(msgspec.Struct, frozen=True, kw_only=True):
+    database_url: str = DEFAULT_DATABASE_URL
+    redis_url: str | None = None
+    secret_key: str | None = None
+    public_base_url: str = "http://localhost:8000"
+    egress_allow_private: bool = False
+    allow_registration: bool = True
+    user_token_ttl_s: int = 7 * 24 * 3600
+    calibration_wait_s: float = 30.0
+    db_pool_size: int = 10
+    log_level: str = "INFO"
+
+    @property
+    def is_sqlite(self) -> bool:
+        return self.database_url.startswith("sqlite")
+
+
+# Environment variable -> (field, parser).  The table is the single place that names them;
+# the README's configuration table mirrors it.
+def _bool(raw: str) -> bool:
+    value = raw.strip().lower()
+    if value in {"1", "true", "yes", "on"}:
+        return True
+    if value in {"0", "false", "no", "off"}:
+        return False
+    raise SettingsError(f"expected a boolean, got {raw!r}")
+
+
+def _positive_int(raw: str) -> int:
+    value = int(raw)
+    if value <= 0:
+        raise SettingsError(f"expected a positive integer, got {raw!r}")
+    return value
+
+
+def _positive_float(raw: str) -> float:
+    value = float(raw)
+    if value <= 0:
+        raise SettingsError(f"expected a positive number, got {raw!r}")
+    return value
+
+
+_VARIABLES = {
+    "SPAR_DATABASE_URL": ("database_url", str),
+    "SPAR_REDIS_URL": ("redis_url", str),
+    "SPAR_SECRET_KEY": ("secret_key", str),
+    "SPAR_PUBLIC_BASE_URL": ("public_base_url", lambda raw: raw.rstrip("/")),
+    "SPAR_EGRESS_ALLOW_PRIVATE": ("egress_allow_private", _bool),
+    "SPAR_ALLOW_REGISTRATION": ("allow_registration", _bool),
+    "SPAR_USER_TOKEN_TTL_S": ("user_token_ttl_s", _positive_int),
+    "SPAR_CALIBRATION_WAIT_S": ("calibration_wait_s", _positive_float),
+    "SPAR_DB_POOL_SIZE": ("db_pool_size", _positive_int),
+    "SPAR_LOG_LEVEL": ("log_level", str.upper),
+}
+
+
+def settings_from_env(environ: Mapping[str, str] | None = None) -> Settings:
+    """Build settings from ``environ`` (default: the process environment); empty means unset."""
+    environ = os.environ if environ is None else environ
+    values: dict[str, object] = {}
+    for variable, (field, parse) in _VARIABLES.items():
+        raw = environ.get(variable, "")
+        if raw == "":
+            continue
+        try:
+            values[field] = parse(raw)
+        except (ValueError, SettingsError) as exc:
+            raise SettingsError(f"{variable}: {exc}") from None
+    return Settings(**values)
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    """The process-wide settings, read once."""
+    return settings_from_env()
