@@ -60,7 +60,9 @@ def create_app(settings: Settings | None = None) -> Litestar:
         components=Components(
             security_schemes={
                 "bearer": SecurityScheme(
-                    type="http", scheme="bearer", description="`ust_…` user or `pat_…` platform token"
+                    type="http",
+                    scheme="bearer",
+                    description="`ust_…` user or `pat_…` platform token",
                 )
             }
         ),

@@ -49,7 +49,9 @@ def _org_id(connection: ASGIConnection[Any, Any, Any, Any]) -> UUID | None:
         ) from None
 
 
-async def authorize(connection: ASGIConnection[Any, Any, Any, Any], handler: BaseRouteHandler) -> None:
+async def authorize(
+    connection: ASGIConnection[Any, Any, Any, Any], handler: BaseRouteHandler
+) -> None:
     rule: AccessRule | None = handler.opt.get(ACCESS_KEY)
     if rule is None:
         if handler.http_methods == {"OPTIONS"}:  # Litestar's automatic OPTIONS answers

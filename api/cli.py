@@ -64,7 +64,9 @@ def build_parser() -> argparse.ArgumentParser:
     dev.add_argument("--port", type=int, default=8000)
     dev.set_defaults(func=cmd_dev)
 
-    migrate = commands.add_parser("migrate", help="apply database migrations (alembic upgrade head)")
+    migrate = commands.add_parser(
+        "migrate", help="apply database migrations (alembic upgrade head)"
+    )
     migrate.set_defaults(func=cmd_migrate)
 
     serve = commands.add_parser("serve", help="run the API")

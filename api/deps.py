@@ -4,15 +4,26 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from typing import Annotated
+from uuid import UUID
 
 from litestar.datastructures import State
-from litestar.di import Provide
-from litestar.params import Parameter
+from litestar.di import NamedDependency, Provide
+from litestar.params import FromPath, QueryParameter
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from api.auth import provide_access, provide_principal
+from shared.identity.access import OrgAccess, Principal
 from shared.paging import DEFAULT_LIMIT, MAX_LIMIT, Paging
 from shared.settings import Settings
+
+# Handler parameter types: dependencies are named explicitly, path ids are UUIDs (a
+# malformed one answers 422 with loc ["path", ...]).
+DbSession = NamedDependency[AsyncSession]
+Access = NamedDependency[OrgAccess]
+Caller = NamedDependency[Principal]
+Page = NamedDependency[Paging]
+Config = NamedDependency[Settings]
+PathId = FromPath[UUID]
 
 
 async def provide_db_session(state: State) -> AsyncIterator[AsyncSession]:
@@ -32,9 +43,9 @@ def provide_settings(state: State) -> Settings:
 
 def provide_paging(
     limit: Annotated[
-        int, Parameter(ge=1, le=MAX_LIMIT, description="Page size (1-500).")
+        int, QueryParameter(ge=1, le=MAX_LIMIT, description="Page size (1-500).")
     ] = DEFAULT_LIMIT,
-    offset: Annotated[int, Parameter(ge=0, description="Items to skip.")] = 0,
+    offset: Annotated[int, QueryParameter(ge=0, description="Items to skip.")] = 0,
 ) -> Paging:
     return Paging(limit=limit, offset=offset)
 

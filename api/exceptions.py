@@ -22,7 +22,14 @@ from litestar.status_codes import (
     HTTP_500_INTERNAL_SERVER_ERROR,
 )
 
-from shared.errors import Conflict, InvalidInput, NotFound, PermissionDenied, SparError, Unauthorized
+from shared.errors import (
+    Conflict,
+    InvalidInput,
+    NotFound,
+    PermissionDenied,
+    SparError,
+    Unauthorized,
+)
 
 log = logging.getLogger("spar.api")
 
@@ -53,7 +60,9 @@ _STATUS = {
 }
 
 
-def detail_response(status_code: int, detail: str, headers: dict[str, str] | None = None) -> Response:
+def detail_response(
+    status_code: int, detail: str, headers: dict[str, str] | None = None
+) -> Response:
     return Response(
         {"detail": detail}, status_code=status_code, media_type=MediaType.JSON, headers=headers
     )
@@ -82,7 +91,11 @@ _MESSAGE_TYPES: list[tuple[re.Pattern[str], str, str | None]] = [
     (re.compile(r"^Expected `\w+` <= (?P<v>[-\d.]+)"), "less_than_equal", "le"),
     (re.compile(r"^Expected `\w+` > (?P<v>[-\d.]+)"), "greater_than", "gt"),
     (re.compile(r"^Expected `\w+` < (?P<v>[-\d.]+)"), "less_than", "lt"),
-    (re.compile(r"^Expected `str` matching regex (?P<v>.+)$"), "string_pattern_mismatch", "pattern"),
+    (
+        re.compile(r"^Expected `str` matching regex (?P<v>.+)$"),
+        "string_pattern_mismatch",
+        "pattern",
+    ),
     (re.compile(r"^Invalid UUID"), "uuid_parsing", None),
     (re.compile(r"^Invalid RFC3339"), "datetime_parsing", None),
     (re.compile(r"^Invalid enum value"), "enum", None),
@@ -134,18 +147,40 @@ def _request_body(request: Request[Any, Any, Any]) -> Any:
         return None
 
 
+def _msgspec_error(exc: BaseException) -> msgspec.ValidationError | None:
+    """msgspec's error behind a ValidationException, also through the ExceptionGroup that
+    Litestar's concurrent dependency resolution wraps it in (those chains can loop)."""
+    seen: set[int] = set()
+    pending: list[BaseException | None] = [exc.__cause__]
+    while pending:
+        current = pending.pop()
+        if current is None or id(current) in seen:
+            continue
+        seen.add(id(current))
+        if isinstance(current, msgspec.ValidationError):
+            return current
+        if isinstance(current, BaseExceptionGroup):
+            pending.extend(current.exceptions)
+        pending.append(current.__cause__)
+    return None
+
+
 def _items_from_validation(
     request: Request[Any, Any, Any], exc: ValidationException
 ) -> list[ValidationErrorItem]:
-    cause = exc.__cause__
+    cause = _msgspec_error(exc)
     extras = exc.extra if isinstance(exc.extra, list) else []
-    source = str(getattr(extras[0].get("source"), "value", extras[0].get("source"))) if extras else "body"
-    message, _, at = str(cause).partition(" - at `") if cause else (exc.detail, "", "")
+    first = extras[0] if extras and isinstance(extras[0], dict) else {}
+    source = str(getattr(first.get("source"), "value", first.get("source") or "body"))
+    if cause is not None:
+        message, _, at = str(cause).partition(" - at `")
+    else:
+        message, at = str(first.get("message") or exc.detail), ""
     tokens = [a or b for a, b in _PATH_TOKEN.findall(at.rstrip("`"))]
     if source == "body" and tokens[:1] == ["data"]:
         tokens = tokens[1:]
-    if not tokens and extras and source != "body":
-        tokens = [str(extras[0].get("key"))]
+    if not tokens and first.get("key") and source != "body":
+        tokens = [str(first["key"])]
     kind, ctx, field = _classify(message)
     if field is not None:
         tokens.append(field)
@@ -157,7 +192,9 @@ def _items_from_validation(
         value = request.path_params.get(tokens[0]) if tokens else None
     else:
         value = None
-    return [ValidationErrorItem(loc=[source, *tokens], msg=message, type=kind, input=value, ctx=ctx)]
+    return [
+        ValidationErrorItem(loc=[source, *tokens], msg=message, type=kind, input=value, ctx=ctx)
+    ]
 
 
 # --- handlers ------------------------------------------------------------------------------------

@@ -7,8 +7,14 @@ Litestar documents a 400 for validation failures; Spar answers 422 with the spec
 from __future__ import annotations
 
 from litestar import Litestar
-from litestar.openapi.spec import OpenAPIMediaType, OpenAPIResponse, Operation, Reference, Schema
-from litestar.openapi.spec import OpenAPIType
+from litestar.openapi.spec import (
+    OpenAPIMediaType,
+    OpenAPIResponse,
+    OpenAPIType,
+    Operation,
+    Reference,
+    Schema,
+)
 
 _VALIDATION_ITEM = Schema(
     type=OpenAPIType.OBJECT,
@@ -51,7 +57,8 @@ def document_validation_errors(app: Litestar) -> None:
     schema.components.schemas["ValidationError"] = VALIDATION_ERROR
     schema.components.schemas["Error"] = ERROR
     validation = OpenAPIResponse(
-        description="Validation failed", content=_json(Reference("#/components/schemas/ValidationError"))
+        description="Validation failed",
+        content=_json(Reference("#/components/schemas/ValidationError")),
     )
     for path, item in (schema.paths or {}).items():
         for method in ("get", "post", "put", "patch", "delete"):

@@ -40,8 +40,8 @@ class InvalidInput(SparError):
         loc: tuple[str, ...],
         msg: str,
         *,
-        type: str = "value_error",  # noqa: A002 - the spec's field name
-        input: Any = None,  # noqa: A002
+        type: str = "value_error",
+        input: Any = None,
         ctx: dict[str, Any] | None = None,
     ) -> None:
         super().__init__(msg)

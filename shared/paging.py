@@ -25,5 +25,5 @@ async def paginate(
     total = await session.scalar(select(func.count()).select_from(query.order_by(None).subquery()))
     page = query.order_by(*order_by).limit(paging.limit).offset(paging.offset)
     result = await session.execute(page)
-    rows = list(result.scalars() if len(page.selected_columns) == 1 else result.tuples())
+    rows = list(result.scalars() if len(page.selected_columns) == 1 else result.all())
     return rows, int(total or 0)

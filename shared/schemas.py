@@ -17,7 +17,8 @@ Email = Annotated[
     ),
 ]
 TimezoneName = Annotated[
-    str, msgspec.Meta(min_length=1, max_length=64, description="An IANA time zone, e.g. Europe/Paris.")
+    str,
+    msgspec.Meta(min_length=1, max_length=64, description="An IANA time zone, e.g. Europe/Paris."),
 ]
 
 

@@ -2,25 +2,14 @@
 
 from __future__ import annotations
 
-from uuid import UUID
-
 from litestar import Controller, delete, get, patch, post
+from litestar.params import JSONBody
 from litestar.status_codes import HTTP_200_OK, HTTP_204_NO_CONTENT
-from sqlalchemy.ext.asyncio import AsyncSession
 
+from api.deps import Access, Caller, Config, DbSession, Page, PathId
 from shared.identity import schemas, services
-from shared.identity.access import (
-    AUTHENTICATED,
-    PUBLIC,
-    USER_ONLY,
-    OrgAccess,
-    Principal,
-    requires,
-    requires_role,
-)
+from shared.identity.access import AUTHENTICATED, PUBLIC, USER_ONLY, requires, requires_role
 from shared.identity.permissions import ADMIN, OWNER
-from shared.paging import Paging
-from shared.settings import Settings
 
 
 class AuthController(Controller):
@@ -29,7 +18,7 @@ class AuthController(Controller):
 
     @post("/register", operation_id="register", access=PUBLIC)
     async def register(
-        self, db_session: AsyncSession, settings: Settings, data: schemas.RegisterBody
+        self, db_session: DbSession, settings: Config, data: JSONBody[schemas.RegisterBody]
     ) -> schemas.Registered:
         """Create an account (or activate an invited one) and return a first user token."""
         user, token, expires_at = await services.register(db_session, settings, data)
@@ -39,19 +28,19 @@ class AuthController(Controller):
 
     @post("/login", operation_id="login", access=PUBLIC, status_code=HTTP_200_OK)
     async def login(
-        self, db_session: AsyncSession, settings: Settings, data: schemas.LoginBody
+        self, db_session: DbSession, settings: Config, data: JSONBody[schemas.LoginBody]
     ) -> schemas.AccessToken:
         """Exchange email and password for a user token (`ust_…`)."""
         token, expires_at = await services.login(db_session, settings, data)
         return schemas.AccessToken(access_token=token, expires_at=expires_at)
 
     @post("/logout", operation_id="logout", access=USER_ONLY, status_code=HTTP_204_NO_CONTENT)
-    async def logout(self, db_session: AsyncSession, principal: Principal) -> None:
+    async def logout(self, db_session: DbSession, principal: Caller) -> None:
         """Revoke the user token this request presents."""
         await services.logout(db_session, principal)
 
     @get("/me", operation_id="getCurrentUser", access=USER_ONLY)
-    async def me(self, db_session: AsyncSession, principal: Principal) -> schemas.Me:
+    async def me(self, db_session: DbSession, principal: Caller) -> schemas.Me:
         """The current user with each organization, its role and effective permissions."""
         return await services.me(db_session, principal)
 
@@ -62,7 +51,7 @@ class OrganizationController(Controller):
 
     @get("/", operation_id="listOrganizations", access=AUTHENTICATED)
     async def list_organizations(
-        self, db_session: AsyncSession, principal: Principal, paging: Paging
+        self, db_session: DbSession, principal: Caller, paging: Page
     ) -> schemas.OrganizationList:
         orgs, total = await services.list_organizations(db_session, principal, paging)
         return schemas.OrganizationList(
@@ -71,7 +60,7 @@ class OrganizationController(Controller):
 
     @post("/", operation_id="createOrganization", access=USER_ONLY)
     async def create_organization(
-        self, db_session: AsyncSession, principal: Principal, data: schemas.OrganizationCreate
+        self, db_session: DbSession, principal: Caller, data: JSONBody[schemas.OrganizationCreate]
     ) -> schemas.OrganizationRead:
         """Create an organization; the caller becomes its OWNER."""
         org = await services.create_organization(db_session, principal, data)
@@ -79,23 +68,23 @@ class OrganizationController(Controller):
 
     @get("/{org_id:str}", operation_id="getOrganization", access=requires("org:read"))
     async def get_organization(
-        self, db_session: AsyncSession, access: OrgAccess, org_id: UUID
+        self, db_session: DbSession, access: Access, org_id: PathId
     ) -> schemas.OrganizationRead:
         return services.org_read(await services.get_organization(db_session, access))
 
     @patch("/{org_id:str}", operation_id="updateOrganization", access=requires("org:write"))
     async def update_organization(
         self,
-        db_session: AsyncSession,
-        access: OrgAccess,
-        org_id: UUID,
-        data: schemas.OrganizationUpdate,
+        db_session: DbSession,
+        access: Access,
+        org_id: PathId,
+        data: JSONBody[schemas.OrganizationUpdate],
     ) -> schemas.OrganizationRead:
         return services.org_read(await services.update_organization(db_session, access, data))
 
     @delete("/{org_id:str}", operation_id="deleteOrganization", access=requires_role(OWNER))
     async def delete_organization(
-        self, db_session: AsyncSession, access: OrgAccess, org_id: UUID
+        self, db_session: DbSession, access: Access, org_id: PathId
     ) -> None:
         """Delete the organization and everything it owns (OWNER only)."""
         await services.delete_organization(db_session, access)
@@ -107,39 +96,43 @@ class MemberController(Controller):
 
     @get("/", operation_id="listMembers", access=requires("members:read"))
     async def list_members(
-        self, db_session: AsyncSession, access: OrgAccess, org_id: UUID, paging: Paging
+        self, db_session: DbSession, access: Access, org_id: PathId, paging: Page
     ) -> schemas.MemberList:
         members, total = await services.list_members(db_session, access, paging)
         return schemas.MemberList(members=members, total=total)
 
     @post("/", operation_id="inviteMember", access=requires("members:write"))
     async def invite_member(
-        self, db_session: AsyncSession, access: OrgAccess, org_id: UUID, data: schemas.MemberInvite
+        self,
+        db_session: DbSession,
+        access: Access,
+        org_id: PathId,
+        data: JSONBody[schemas.MemberInvite],
     ) -> schemas.MemberRead:
         """Add a member by email; an unknown email becomes an invited user."""
         return await services.invite_member(db_session, access, data)
 
     @get("/{user_id:str}", operation_id="getMember", access=requires("members:read"))
     async def get_member(
-        self, db_session: AsyncSession, access: OrgAccess, org_id: UUID, user_id: UUID
+        self, db_session: DbSession, access: Access, org_id: PathId, user_id: PathId
     ) -> schemas.MemberRead:
         return await services.get_member(db_session, access, user_id)
 
     @patch("/{user_id:str}", operation_id="updateMemberRole", access=requires("members:write"))
     async def update_member_role(
         self,
-        db_session: AsyncSession,
-        access: OrgAccess,
-        org_id: UUID,
-        user_id: UUID,
-        data: schemas.MemberRoleUpdate,
+        db_session: DbSession,
+        access: Access,
+        org_id: PathId,
+        user_id: PathId,
+        data: JSONBody[schemas.MemberRoleUpdate],
     ) -> schemas.MemberRead:
         """Give the member another role; the membership keeps its id."""
         return await services.change_member_role(db_session, access, user_id, data)
 
     @delete("/{user_id:str}", operation_id="removeMember", access=requires("members:write"))
     async def remove_member(
-        self, db_session: AsyncSession, access: OrgAccess, org_id: UUID, user_id: UUID
+        self, db_session: DbSession, access: Access, org_id: PathId, user_id: PathId
     ) -> None:
         await services.remove_member(db_session, access, user_id)
 
@@ -150,37 +143,41 @@ class RoleController(Controller):
 
     @get("/", operation_id="listRoles", access=requires("roles:read"))
     async def list_roles(
-        self, db_session: AsyncSession, access: OrgAccess, org_id: UUID, paging: Paging
+        self, db_session: DbSession, access: Access, org_id: PathId, paging: Page
     ) -> schemas.RoleList:
         roles, total = await services.list_roles(db_session, access, paging)
         return schemas.RoleList(roles=[services.role_read(r) for r in roles], total=total)
 
     @post("/", operation_id="createRole", access=requires("roles:write"))
     async def create_role(
-        self, db_session: AsyncSession, access: OrgAccess, org_id: UUID, data: schemas.RoleCreate
+        self,
+        db_session: DbSession,
+        access: Access,
+        org_id: PathId,
+        data: JSONBody[schemas.RoleCreate],
     ) -> schemas.RoleRead:
         return services.role_read(await services.create_role(db_session, access, data))
 
     @get("/{role_id:str}", operation_id="getRole", access=requires("roles:read"))
     async def get_role(
-        self, db_session: AsyncSession, access: OrgAccess, org_id: UUID, role_id: UUID
+        self, db_session: DbSession, access: Access, org_id: PathId, role_id: PathId
     ) -> schemas.RoleRead:
         return services.role_read(await services.get_role(db_session, access, role_id))
 
     @patch("/{role_id:str}", operation_id="updateRole", access=requires("roles:write"))
     async def update_role(
         self,
-        db_session: AsyncSession,
-        access: OrgAccess,
-        org_id: UUID,
-        role_id: UUID,
-        data: schemas.RoleUpdate,
+        db_session: DbSession,
+        access: Access,
+        org_id: PathId,
+        role_id: PathId,
+        data: JSONBody[schemas.RoleUpdate],
     ) -> schemas.RoleRead:
         return services.role_read(await services.update_role(db_session, access, role_id, data))
 
     @delete("/{role_id:str}", operation_id="deleteRole", access=requires("roles:write"))
     async def delete_role(
-        self, db_session: AsyncSession, access: OrgAccess, org_id: UUID, role_id: UUID
+        self, db_session: DbSession, access: Access, org_id: PathId, role_id: PathId
     ) -> None:
         """Delete a custom role (system roles: 409); its members move to GUEST."""
         await services.delete_role(db_session, access, role_id)
@@ -192,7 +189,7 @@ class PlatformTokenController(Controller):
 
     @get("/", operation_id="listPlatformTokens", access=requires_role(ADMIN))
     async def list_tokens(
-        self, db_session: AsyncSession, access: OrgAccess, org_id: UUID, paging: Paging
+        self, db_session: DbSession, access: Access, org_id: PathId, paging: Page
     ) -> schemas.PlatformTokenList:
         tokens, total = await services.list_platform_tokens(db_session, access, paging)
         return schemas.PlatformTokenList(
@@ -202,28 +199,25 @@ class PlatformTokenController(Controller):
     @post("/", operation_id="createPlatformToken", access=requires_role(ADMIN))
     async def create_token(
         self,
-        db_session: AsyncSession,
-        access: OrgAccess,
-        org_id: UUID,
-        data: schemas.PlatformTokenCreate,
+        db_session: DbSession,
+        access: Access,
+        org_id: PathId,
+        data: JSONBody[schemas.PlatformTokenCreate],
     ) -> schemas.PlatformTokenCreated:
         """Create a token; the full `pat_…` value is in this response only."""
         pat, raw = await services.create_platform_token(db_session, access, data)
-        read = services.platform_token_read(pat)
-        return schemas.PlatformTokenCreated(
-            **{f: getattr(read, f) for f in read.__struct_fields__}, token=raw
-        )
+        return services.platform_token_created(pat, raw)
 
     @get("/{token_id:str}", operation_id="getPlatformToken", access=requires_role(ADMIN))
     async def get_token(
-        self, db_session: AsyncSession, access: OrgAccess, org_id: UUID, token_id: UUID
+        self, db_session: DbSession, access: Access, org_id: PathId, token_id: PathId
     ) -> schemas.PlatformTokenRead:
         pat = await services.get_platform_token(db_session, access, token_id)
         return services.platform_token_read(pat)
 
     @delete("/{token_id:str}", operation_id="revokePlatformToken", access=requires_role(ADMIN))
     async def revoke_token(
-        self, db_session: AsyncSession, access: OrgAccess, org_id: UUID, token_id: UUID
+        self, db_session: DbSession, access: Access, org_id: PathId, token_id: PathId
     ) -> None:
         """Revoke the token (it stays listed with `is_active` false)."""
         await services.revoke_platform_token(db_session, access, token_id)

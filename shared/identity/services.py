@@ -137,7 +137,9 @@ async def authenticate(session: AsyncSession, raw_token: str) -> Principal:
             raise Unauthorized("account is not active")
         return Principal(kind="user", token_id=token.id, user_id=user.id)
     if raw_token.startswith(security.PLATFORM_TOKEN_PREFIX):
-        pat = await session.scalar(select(PlatformToken).where(PlatformToken.token_digest == digest))
+        pat = await session.scalar(
+            select(PlatformToken).where(PlatformToken.token_digest == digest)
+        )
         if pat is None:
             raise Unauthorized("invalid token")
         if not pat.is_active:
@@ -171,7 +173,9 @@ async def resolve_access(session: AsyncSession, principal: Principal, org_id: UU
             await session.execute(
                 select(Role.name, Role.is_system, Role.permissions)
                 .join(Membership, Membership.role_id == Role.id)
-                .where(Membership.organization_id == org_id, Membership.user_id == principal.user_id)
+                .where(
+                    Membership.organization_id == org_id, Membership.user_id == principal.user_id
+                )
             )
         ).one_or_none()
         if row is None:
@@ -205,7 +209,7 @@ async def me(session: AsyncSession, principal: Principal) -> schemas.Me:
             .where(Membership.user_id == user.id)
             .order_by(Organization.created_at, Organization.id)
         )
-    ).tuples()
+    ).all()
     organizations = [
         schemas.OrganizationWithAccess(
             **msgspec.structs.asdict(org_read(org)),
@@ -320,9 +324,7 @@ async def get_role(session: AsyncSession, access: OrgAccess, role_id: UUID) -> R
     return await _role_in_org(session, access.organization_id, role_id)
 
 
-async def create_role(
-    session: AsyncSession, access: OrgAccess, body: schemas.RoleCreate
-) -> Role:
+async def create_role(session: AsyncSession, access: OrgAccess, body: schemas.RoleCreate) -> Role:
     access.require_grantable(body.permissions)
     role = Role(
         organization_id=access.organization_id,
@@ -405,8 +407,10 @@ async def list_members(
 
 async def get_member(session: AsyncSession, access: OrgAccess, user_id: UUID) -> schemas.MemberRead:
     row = (
-        await session.execute(_member_query(access.organization_id).where(Membership.user_id == user_id))
-    ).tuples().one_or_none()
+        await session.execute(
+            _member_query(access.organization_id).where(Membership.user_id == user_id)
+        )
+    ).one_or_none()
     if row is None:
         raise NotFound("member not found")
     return member_read(row)
@@ -428,10 +432,12 @@ async def _managed_membership(
         await session.execute(
             select(Membership, Role)
             .join(Role, Role.id == Membership.role_id)
-            .where(Membership.organization_id == access.organization_id, Membership.user_id == user_id)
+            .where(
+                Membership.organization_id == access.organization_id, Membership.user_id == user_id
+            )
             .with_for_update(of=Membership)
         )
-    ).tuples().one_or_none()
+    ).one_or_none()
     if row is None:
         raise NotFound("member not found")
     membership, role = row
@@ -452,7 +458,9 @@ async def invite_member(
         user = User(email=email, status="invited", invited_at=utcnow(), password_hash=None)
         session.add(user)
         await _flush_unique(session, "an account with this email was created concurrently")
-    session.add(Membership(organization_id=access.organization_id, user_id=user.id, role_id=role.id))
+    session.add(
+        Membership(organization_id=access.organization_id, user_id=user.id, role_id=role.id)
+    )
     await _flush_unique(session, "this user is already a member of the organization")
     return await get_member(session, access, user.id)
 
@@ -513,7 +521,9 @@ async def list_platform_tokens(
     return await paginate(session, query, paging, PlatformToken.created_at, PlatformToken.id)
 
 
-async def get_platform_token(session: AsyncSession, access: OrgAccess, token_id: UUID) -> PlatformToken:
+async def get_platform_token(
+    session: AsyncSession, access: OrgAccess, token_id: UUID
+) -> PlatformToken:
     pat = await session.scalar(
         select(PlatformToken).where(
             PlatformToken.id == token_id, PlatformToken.organization_id == access.organization_id
@@ -591,4 +601,11 @@ def platform_token_read(pat: PlatformToken) -> schemas.PlatformTokenRead:
         created_at=pat.created_at,
         updated_at=pat.updated_at,
         token_preview=pat.token_preview,
+    )
+
+
+def platform_token_created(pat: PlatformToken, raw_token: str) -> schemas.PlatformTokenCreated:
+    """The create answer: the listing entry plus the full token, shown this once."""
+    return schemas.PlatformTokenCreated(
+        **msgspec.structs.asdict(platform_token_read(pat)), token=raw_token
     )

@@ -28,7 +28,9 @@ class User(IdMixin, TimestampMixin, Base):
 class UserToken(IdMixin, Base):
     __tablename__ = "user_tokens"
 
-    user_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"), index=True)
+    user_id: Mapped[uuid.UUID] = mapped_column(
+        ForeignKey("users.id", ondelete="CASCADE"), index=True
+    )
     token_digest: Mapped[str] = mapped_column(String(64), unique=True)
     expires_at: Mapped[datetime]
     revoked_at: Mapped[datetime | None]
