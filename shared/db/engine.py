@@ -1,4 +1,4 @@
-"""Async engines and sessions.  Engines are made lazily, inside the process and loop that uses them."""
+"""Async engines and sessions, made lazily inside the process and loop that uses them."""
 
 from __future__ import annotations
 
