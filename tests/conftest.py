@@ -1,14 +1,15 @@
 """Shared fixtures: one migrated PostgreSQL database per session, truncated between tests.
 
-``SPAR_DATABASE_URL`` names the test database (default: the local PostgreSQL,
-database ``spar_test``); the session drops and recreates it, then runs the real
-Alembic migrations, so every run starts from the schema the migrations build.
+``SPAR_DATABASE_URL`` names the test database (default: the local PostgreSQL, a
+database ``spar_test_<pid>`` of this run's own, so parallel runs never meet); the
+session drops and recreates it, then runs the real Alembic migrations, so every run
+starts from the schema the migrations build.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 
 import psycopg
 import pytest
@@ -21,28 +22,29 @@ from shared.db.migrate import upgrade
 from shared.db.models import Base
 from shared.settings import Settings
 
-DEFAULT_TEST_DATABASE_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/spar_test"
+DEFAULT_TEST_DATABASE_URL = f"postgresql+psycopg://postgres@127.0.0.1:5432/spar_test_{os.getpid()}"
 DEFAULT_TEST_REDIS_URL = "redis://127.0.0.1:6379/15"
 
 
-def _recreate_database(url: str) -> None:
+def _admin(url: str, *statements: str) -> None:
     parsed = make_url(url)
     if not parsed.drivername.startswith("postgresql"):
         raise RuntimeError("the test suite runs on PostgreSQL; set SPAR_DATABASE_URL to one")
-    name = parsed.database
     admin = parsed.set(drivername="postgresql", database="postgres")
-    conninfo = admin.render_as_string(hide_password=False)
-    with psycopg.connect(conninfo, autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        conn.execute(f'CREATE DATABASE "{name}"')
+    with psycopg.connect(admin.render_as_string(hide_password=False), autocommit=True) as conn:
+        for statement in statements:
+            conn.execute(statement.format(name=parsed.database))
 
 
 @pytest.fixture(scope="session")
-def database_url() -> str:
-    url = os.environ.get("SPAR_DATABASE_URL") or DEFAULT_TEST_DATABASE_URL
-    _recreate_database(url)
+def database_url() -> Iterator[str]:
+    given = os.environ.get("SPAR_DATABASE_URL")
+    url = given or DEFAULT_TEST_DATABASE_URL
+    _admin(url, 'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)', 'CREATE DATABASE "{name}"')
     upgrade(url)
-    return url
+    yield url
+    if not given:
+        _admin(url, 'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 @pytest.fixture(scope="session")
