@@ -13,7 +13,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from api.auth import provide_access, provide_principal
 from shared.identity.access import OrgAccess, Principal
-from shared.paging import DEFAULT_LIMIT, MAX_LIMIT, Paging
+from shared.paging import DEFAULT_LIMIT, MAX_LIMIT, MAX_OFFSET, Paging
 from shared.settings import Settings
 
 # Handler parameter types: dependencies are named explicitly, path ids are UUIDs (a
@@ -45,7 +45,7 @@ def provide_paging(
     limit: Annotated[
         int, QueryParameter(ge=1, le=MAX_LIMIT, description="Page size (1-500).")
     ] = DEFAULT_LIMIT,
-    offset: Annotated[int, QueryParameter(ge=0, description="Items to skip.")] = 0,
+    offset: Annotated[int, QueryParameter(ge=0, le=MAX_OFFSET, description="Items to skip.")] = 0,
 ) -> Paging:
     return Paging(limit=limit, offset=offset)
 

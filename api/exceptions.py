@@ -12,7 +12,7 @@ from typing import Any
 
 import msgspec
 from litestar import MediaType, Request, Response
-from litestar.exceptions import HTTPException, ValidationException
+from litestar.exceptions import HTTPException, SerializationException, ValidationException
 from litestar.status_codes import (
     HTTP_401_UNAUTHORIZED,
     HTTP_403_FORBIDDEN,
@@ -218,7 +218,8 @@ def handle_spar_error(_: Request[Any, Any, Any], exc: SparError) -> Response:
 
 
 def handle_http_exception(_: Request[Any, Any, Any], exc: HTTPException) -> Response:
-    if exc.status_code == 400 and str(exc.detail).startswith("JSON is malformed"):
+    if exc.status_code == 400 and isinstance(exc.__cause__, SerializationException):
+        # The body could not be decoded at all (malformed, truncated, empty).
         item = ValidationErrorItem(
             loc=["body"], msg=str(exc.detail), type="json_invalid", input=None, ctx={}
         )

@@ -10,6 +10,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 DEFAULT_LIMIT = 50
 MAX_LIMIT = 500
+MAX_OFFSET = 2**63 - 1  # PostgreSQL's OFFSET is a bigint
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,5 +26,6 @@ async def paginate(
     total = await session.scalar(select(func.count()).select_from(query.order_by(None).subquery()))
     page = query.order_by(*order_by).limit(paging.limit).offset(paging.offset)
     result = await session.execute(page)
-    rows = list(result.scalars() if len(page.selected_columns) == 1 else result.all())
+    single = len(page.column_descriptions) == 1  # one entity or column: return it bare
+    rows = list(result.scalars() if single else result.all())
     return rows, int(total or 0)

@@ -6,20 +6,27 @@ from typing import Annotated
 
 import msgspec
 
-Name255 = Annotated[str, msgspec.Meta(min_length=1, max_length=255)]
+# Characters PostgreSQL and UTF-8 can hold: no NUL, no lone surrogates.
+_STORABLE = "\\x00\\ud800-\\udfff"
+TEXT_PATTERN = f"^[^{_STORABLE}]*$"
+
+
+def text(min_length: int = 0, max_length: int | None = None, **extra: str) -> msgspec.Meta:
+    """Constraints of an input string: its length bounds, and storable characters only."""
+    return msgspec.Meta(min_length=min_length, max_length=max_length, pattern=TEXT_PATTERN, **extra)
+
+
+Name255 = Annotated[str, text(1, 255)]
 Email = Annotated[
     str,
     msgspec.Meta(
         min_length=3,
         max_length=320,
-        pattern=r"^[^@\s]+@[^@\s]+\.[^@\s]+$",
+        pattern=f"^[^@\\s{_STORABLE}]+@[^@\\s{_STORABLE}]+\\.[^@\\s{_STORABLE}]+$",
         description="An email address.",
     ),
 ]
-TimezoneName = Annotated[
-    str,
-    msgspec.Meta(min_length=1, max_length=64, description="An IANA time zone, e.g. Europe/Paris."),
-]
+TimezoneName = Annotated[str, text(1, 64, description="An IANA time zone, e.g. Europe/Paris.")]
 
 
 class Input(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):

@@ -9,11 +9,12 @@ from uuid import UUID
 import msgspec
 
 from shared.identity.permissions import Permission
-from shared.schemas import Email, Input, Name255, Output, TimezoneName
+from shared.schemas import Email, Input, Name255, Output, TimezoneName, text
 
-Password = Annotated[str, msgspec.Meta(min_length=8, max_length=128)]
-PersonName = Annotated[str, msgspec.Meta(min_length=1, max_length=100)]
-RoleName = Annotated[str, msgspec.Meta(min_length=1, max_length=100)]
+Password = Annotated[str, text(8, 128)]
+PersonName = Annotated[str, text(1, 100)]
+RoleName = Annotated[str, text(1, 100)]
+BusinessInformation = Annotated[str, text(0, 20_000)]
 UNSET = msgspec.UNSET
 
 
@@ -42,8 +43,8 @@ class RegisterBody(Input):
 
 
 class LoginBody(Input):
-    email: Annotated[str, msgspec.Meta(min_length=1, max_length=320)]
-    password: Annotated[str, msgspec.Meta(min_length=1, max_length=128)]
+    email: Annotated[str, text(1, 320)]
+    password: Annotated[str, text(1, 128)]
 
 
 class AccessToken(Output):
@@ -96,15 +97,13 @@ class OrganizationList(Output):
 
 class OrganizationCreate(Input):
     name: Name255
-    business_information: Annotated[str, msgspec.Meta(max_length=20_000)] = ""
+    business_information: BusinessInformation = ""
     timezone: TimezoneName = "UTC"
 
 
 class OrganizationUpdate(Input):
     name: Name255 | msgspec.UnsetType = UNSET
-    business_information: Annotated[str, msgspec.Meta(max_length=20_000)] | msgspec.UnsetType = (
-        UNSET
-    )
+    business_information: BusinessInformation | msgspec.UnsetType = UNSET
     timezone: TimezoneName | msgspec.UnsetType = UNSET
 
 

@@ -1,0 +1,75 @@
+"""Real ``spar`` processes for end-to-end tests: start, wait until healthy, stop."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def spar_executable() -> str:
+    found = shutil.which("spar", path=str(Path(sys.executable).parent)) or shutil.which("spar")
+    if found is None:
+        raise RuntimeError("the spar console script is not installed (pip install -e .)")
+    return found
+
+
+@contextmanager
+def spar_process(
+    args: list[str], env: dict[str, str], *, cwd: Path, health_url: str | None = None,
+    timeout: float = 30.0,
+) -> Iterator[subprocess.Popen[bytes]]:
+    """Run ``spar <args>``; wait for ``health_url`` to answer 200; always stop it after."""
+    log_path = cwd / f"spar-{args[0]}-{os.getpid()}-{time.monotonic_ns()}.log"
+    with log_path.open("wb") as log:
+        process = subprocess.Popen(
+            [spar_executable(), *args],
+            env={**os.environ, **env},
+            cwd=cwd,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        try:
+            if health_url:
+                _wait_healthy(process, health_url, timeout, log_path)
+            yield process
+        finally:
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGTERM)
+                try:
+                    process.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    os.killpg(process.pid, signal.SIGKILL)
+                    process.wait()
+
+
+def _wait_healthy(
+    process: subprocess.Popen[bytes], url: str, timeout: float, log_path: Path
+) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"spar exited early:\n{log_path.read_text()}")
+        try:
+            if httpx.get(url, timeout=1.0).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    raise RuntimeError(f"spar did not become healthy at {url}:\n{log_path.read_text()}")
