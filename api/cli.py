@@ -5,7 +5,9 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import secrets
 import sys
+from pathlib import Path
 
 from shared.settings import DEFAULT_DATABASE_URL, SettingsError, get_settings
 
@@ -36,10 +38,29 @@ def _serve(host: str, port: int, workers: int) -> None:
     )
 
 
+DEV_SECRET_FILE = Path(".spar-dev-secret")
+
+
+def _dev_secret_key() -> str:
+    """A local secret for ``spar dev``, made once and kept beside the SQLite file."""
+    if DEV_SECRET_FILE.exists():
+        return DEV_SECRET_FILE.read_text().strip()
+    key = secrets.token_urlsafe(32)
+    DEV_SECRET_FILE.touch(mode=0o600)
+    DEV_SECRET_FILE.write_text(key)
+    return key
+
+
 def cmd_dev(args: argparse.Namespace) -> None:
     """Everything in one process on the embedded default: SQLite file, in-memory broker."""
-    os.environ.setdefault("SPAR_DATABASE_URL", DEFAULT_DATABASE_URL)
-    os.environ.setdefault("SPAR_EGRESS_ALLOW_PRIVATE", "true")
+    for variable, default in (
+        ("SPAR_DATABASE_URL", DEFAULT_DATABASE_URL),
+        ("SPAR_EGRESS_ALLOW_PRIVATE", "true"),
+    ):
+        if not os.environ.get(variable):
+            os.environ[variable] = default
+    if not os.environ.get("SPAR_SECRET_KEY"):
+        os.environ["SPAR_SECRET_KEY"] = _dev_secret_key()
     get_settings.cache_clear()
     settings = get_settings()
     logging.getLogger("spar").info("spar dev: database %s", settings.database_url)
@@ -52,6 +73,8 @@ def cmd_migrate(_: argparse.Namespace) -> None:
 
 
 def cmd_serve(args: argparse.Namespace) -> None:
+    if not get_settings().secret_key:
+        raise SettingsError("SPAR_SECRET_KEY must be set (it encrypts secrets at rest)")
     _serve(args.host, args.port, args.workers)
 
 

@@ -28,7 +28,11 @@ headers = { Authorization = "Bearer ${SPAR_FUZZ_TOKEN}" }
 def test_no_operation_answers_a_server_error(database_url, db, tmp_path: Path):
     port = free_port()
     base = f"http://127.0.0.1:{port}"
-    env = {"SPAR_DATABASE_URL": database_url, "SPAR_LOG_LEVEL": "WARNING"}
+    env = {
+        "SPAR_DATABASE_URL": database_url,
+        "SPAR_SECRET_KEY": "fuzz-secret-key",
+        "SPAR_LOG_LEVEL": "WARNING",
+    }
     with spar_process(
         ["serve", "--host", "127.0.0.1", "--port", str(port)],
         env,
@@ -82,6 +86,7 @@ def test_no_operation_answers_a_server_error(database_url, db, tmp_path: Path):
                 "SPAR_FUZZ_TOKEN": user["access_token"],
                 "SPAR_FUZZ_ORG_ID": org["id"],
             },
+            cwd=tmp_path,
             capture_output=True,
             text=True,
             timeout=600,
