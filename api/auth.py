@@ -61,9 +61,9 @@ async def authorize(
     if rule.public:
         return
     token = bearer_token(connection)
-    org_id = _org_id(connection)
     async with session_scope(connection.app.state.session_factory) as session:
-        principal = await services.authenticate(session, token)
+        principal = await services.authenticate(session, token)  # 401 before anything else
+        org_id = _org_id(connection)
         access = await services.resolve_access(session, principal, org_id) if org_id else None
     if rule.user_only and not principal.is_user:
         raise PermissionDenied("this endpoint is for users; platform tokens cannot use it")

@@ -177,13 +177,18 @@ def _items_from_validation(
     else:
         message, at = str(first.get("message") or exc.detail), ""
     tokens = [a or b for a, b in _PATH_TOKEN.findall(at.rstrip("`"))]
+    # msgspec sees the body as the handler's ``data`` argument: "$.data.name" is body.name,
+    # and a message about "$" itself (no path) concerns the body as a whole.
+    whole_body = source == "body" and not tokens
     if source == "body" and tokens[:1] == ["data"]:
         tokens = tokens[1:]
     if not tokens and first.get("key") and source != "body":
         tokens = [str(first["key"])]
     kind, ctx, field = _classify(message)
-    if field is not None:
+    if field is not None and not whole_body:
         tokens.append(field)
+    if whole_body and kind == "missing":
+        message = "Request body is required"
     if source == "body":
         value = _lookup(_request_body(request), tokens) if kind != "missing" else None
     elif source == "query":
