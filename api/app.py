@@ -17,12 +17,13 @@ from api.exceptions import EXCEPTION_HANDLERS
 from api.health import HealthController
 from api.identity.controllers import CONTROLLERS as IDENTITY_CONTROLLERS
 from api.openapi import document_validation_errors
+from api.outbound.controllers import CONTROLLERS as OUTBOUND_CONTROLLERS
 from shared.db.engine import create_engine, create_session_factory
 from shared.settings import Settings, get_settings
 
 log = logging.getLogger("spar.api")
 
-V1_CONTROLLERS: list[Any] = [*IDENTITY_CONTROLLERS]
+V1_CONTROLLERS: list[Any] = [*IDENTITY_CONTROLLERS, *OUTBOUND_CONTROLLERS]
 
 
 def _check_access_rules(router: Router) -> None:

@@ -9,5 +9,18 @@ from shared.db.models.identity import (
     User,
     UserToken,
 )
+from shared.db.models.outbound import Agent, AllowedDomain, Credential, LLMProvider
 
-__all__ = ["Base", "Membership", "Organization", "PlatformToken", "Role", "User", "UserToken"]
+__all__ = [
+    "Agent",
+    "AllowedDomain",
+    "Base",
+    "Credential",
+    "LLMProvider",
+    "Membership",
+    "Organization",
+    "PlatformToken",
+    "Role",
+    "User",
+    "UserToken",
+]

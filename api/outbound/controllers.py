@@ -1,0 +1,225 @@
+"""Outbound configuration endpoints: allowed domains, credentials, LLM providers, agents."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from litestar import Controller, Response, delete, get, patch, post, put
+from litestar.params import JSONBody, PathParameter
+from litestar.status_codes import HTTP_200_OK, HTTP_201_CREATED
+
+from api.deps import Access, Config, DbSession, Page, PathId
+from shared.identity.access import requires
+from shared.outbound import schemas, services
+
+CredentialKeyPath = Annotated[
+    str,
+    PathParameter(
+        pattern=schemas.CREDENTIAL_KEY_PATTERN,
+        description="Credential key: letters, digits, _ . - (1-128).",
+    ),
+]
+
+
+class AllowedDomainController(Controller):
+    path = "/orgs/{org_id:str}/allowed-domains"
+    tags = ["allowed domains"]
+
+    @get("/", operation_id="listAllowedDomains", access=requires("domains:read"))
+    async def list_domains(
+        self, db_session: DbSession, access: Access, org_id: PathId, paging: Page
+    ) -> schemas.AllowedDomainList:
+        entries, total = await services.list_domains(db_session, access, paging)
+        return schemas.AllowedDomainList(
+            domains=[services.domain_read(e) for e in entries], total=total
+        )
+
+    @post("/", operation_id="createAllowedDomain", access=requires("domains:write"))
+    async def create_domain(
+        self,
+        db_session: DbSession,
+        access: Access,
+        org_id: PathId,
+        data: JSONBody[schemas.AllowedDomainCreate],
+    ) -> schemas.AllowedDomainRead:
+        """Allow a host, an IP or `*.suffix`; its headers and query params join every call."""
+        return services.domain_read(await services.create_domain(db_session, access, data))
+
+    @get("/{domain_id:str}", operation_id="getAllowedDomain", access=requires("domains:read"))
+    async def get_domain(
+        self, db_session: DbSession, access: Access, org_id: PathId, domain_id: PathId
+    ) -> schemas.AllowedDomainRead:
+        return services.domain_read(await services.get_domain(db_session, access, domain_id))
+
+    @patch("/{domain_id:str}", operation_id="updateAllowedDomain", access=requires("domains:write"))
+    async def update_domain(
+        self,
+        db_session: DbSession,
+        access: Access,
+        org_id: PathId,
+        domain_id: PathId,
+        data: JSONBody[schemas.AllowedDomainUpdate],
+    ) -> schemas.AllowedDomainRead:
+        entry = await services.update_domain(db_session, access, domain_id, data)
+        return services.domain_read(entry)
+
+    @delete(
+        "/{domain_id:str}", operation_id="deleteAllowedDomain", access=requires("domains:write")
+    )
+    async def delete_domain(
+        self, db_session: DbSession, access: Access, org_id: PathId, domain_id: PathId
+    ) -> None:
+        await services.delete_domain(db_session, access, domain_id)
+
+
+class CredentialController(Controller):
+    path = "/orgs/{org_id:str}/credentials"
+    tags = ["credentials"]
+
+    @get("/", operation_id="listCredentials", access=requires("credentials:read"))
+    async def list_credentials(
+        self, db_session: DbSession, access: Access, org_id: PathId, paging: Page
+    ) -> schemas.CredentialList:
+        """Keys and descriptions; values are write-only and never returned."""
+        rows, total = await services.list_credentials(db_session, access, paging)
+        return schemas.CredentialList(
+            credentials=[services.credential_read(c) for c in rows], total=total
+        )
+
+    @put("/{key:str}", operation_id="putCredential", access=requires("credentials:write"))
+    async def put_credential(
+        self,
+        db_session: DbSession,
+        settings: Config,
+        access: Access,
+        org_id: PathId,
+        key: CredentialKeyPath,
+        data: JSONBody[schemas.CredentialPut],
+    ) -> Response[schemas.CredentialRead]:
+        """Create (201) or replace (200) a credential; the value is encrypted at rest."""
+        credential, created = await services.put_credential(db_session, settings, access, key, data)
+        return Response(
+            services.credential_read(credential),
+            status_code=HTTP_201_CREATED if created else HTTP_200_OK,
+        )
+
+    @delete("/{key:str}", operation_id="deleteCredential", access=requires("credentials:write"))
+    async def delete_credential(
+        self, db_session: DbSession, access: Access, org_id: PathId, key: CredentialKeyPath
+    ) -> None:
+        """Delete a credential nothing references (409 names the references)."""
+        await services.delete_credential(db_session, access, key)
+
+    @get("/{key:str}/usage", operation_id="getCredentialUsage", access=requires("credentials:read"))
+    async def credential_usage(
+        self, db_session: DbSession, access: Access, org_id: PathId, key: CredentialKeyPath
+    ) -> schemas.CredentialUsage:
+        """The LLM providers and allowed domains that reference the credential."""
+        return await services.credential_usage(db_session, access, key)
+
+
+class LLMProviderController(Controller):
+    path = "/orgs/{org_id:str}/llm-providers"
+    tags = ["llm providers"]
+
+    @get("/", operation_id="listLLMProviders", access=requires("providers:read"))
+    async def list_providers(
+        self, db_session: DbSession, access: Access, org_id: PathId, paging: Page
+    ) -> schemas.LLMProviderList:
+        rows, total = await services.list_providers(db_session, access, paging)
+        return schemas.LLMProviderList(
+            llm_providers=[services.provider_read(p) for p in rows], total=total
+        )
+
+    @post("/", operation_id="createLLMProvider", access=requires("providers:write"))
+    async def create_provider(
+        self,
+        db_session: DbSession,
+        access: Access,
+        org_id: PathId,
+        data: JSONBody[schemas.LLMProviderCreate],
+    ) -> schemas.LLMProviderRead:
+        return services.provider_read(await services.create_provider(db_session, access, data))
+
+    @get("/{provider_id:str}", operation_id="getLLMProvider", access=requires("providers:read"))
+    async def get_provider(
+        self, db_session: DbSession, access: Access, org_id: PathId, provider_id: PathId
+    ) -> schemas.LLMProviderRead:
+        return services.provider_read(await services.get_provider(db_session, access, provider_id))
+
+    @patch(
+        "/{provider_id:str}", operation_id="updateLLMProvider", access=requires("providers:write")
+    )
+    async def update_provider(
+        self,
+        db_session: DbSession,
+        access: Access,
+        org_id: PathId,
+        provider_id: PathId,
+        data: JSONBody[schemas.LLMProviderUpdate],
+    ) -> schemas.LLMProviderRead:
+        provider = await services.update_provider(db_session, access, provider_id, data)
+        return services.provider_read(provider)
+
+    @delete(
+        "/{provider_id:str}", operation_id="deleteLLMProvider", access=requires("providers:write")
+    )
+    async def delete_provider(
+        self, db_session: DbSession, access: Access, org_id: PathId, provider_id: PathId
+    ) -> None:
+        """Delete a provider no agent uses (409 names the agents)."""
+        await services.delete_provider(db_session, access, provider_id)
+
+
+class AgentController(Controller):
+    path = "/orgs/{org_id:str}/agents"
+    tags = ["agents"]
+
+    @get("/", operation_id="listAgents", access=requires("agents:read"))
+    async def list_agents(
+        self, db_session: DbSession, access: Access, org_id: PathId, paging: Page
+    ) -> schemas.AgentList:
+        rows, total = await services.list_agents(db_session, access, paging)
+        return schemas.AgentList(agents=[services.agent_read(a) for a in rows], total=total)
+
+    @post("/", operation_id="createAgent", access=requires("agents:write"))
+    async def create_agent(
+        self,
+        db_session: DbSession,
+        access: Access,
+        org_id: PathId,
+        data: JSONBody[schemas.AgentCreate],
+    ) -> schemas.AgentRead:
+        """An `http` agent (endpoint_url + protocol) or an `llm` agent (provider + model)."""
+        return services.agent_read(await services.create_agent(db_session, access, data))
+
+    @get("/{agent_id:str}", operation_id="getAgent", access=requires("agents:read"))
+    async def get_agent(
+        self, db_session: DbSession, access: Access, org_id: PathId, agent_id: PathId
+    ) -> schemas.AgentRead:
+        return services.agent_read(await services.get_agent(db_session, access, agent_id))
+
+    @patch("/{agent_id:str}", operation_id="updateAgent", access=requires("agents:write"))
+    async def update_agent(
+        self,
+        db_session: DbSession,
+        access: Access,
+        org_id: PathId,
+        agent_id: PathId,
+        data: JSONBody[schemas.AgentUpdate],
+    ) -> schemas.AgentRead:
+        return services.agent_read(await services.update_agent(db_session, access, agent_id, data))
+
+    @delete("/{agent_id:str}", operation_id="deleteAgent", access=requires("agents:write"))
+    async def delete_agent(
+        self, db_session: DbSession, access: Access, org_id: PathId, agent_id: PathId
+    ) -> None:
+        await services.delete_agent(db_session, access, agent_id)
+
+
+CONTROLLERS = [
+    AllowedDomainController,
+    CredentialController,
+    LLMProviderController,
+    AgentController,
+]

@@ -1,0 +1,95 @@
+"""Calling an agent under test: protocol ``spar``, protocol ``openai_chat``, or kind ``llm``
+(Spar itself calls the provider with the agent's system prompt).  All through egress."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+from uuid import UUID
+
+import msgspec
+
+from shared.llm.clients import chat
+from shared.outbound.egress import EgressClient, EgressError, ProviderConfig
+
+
+class AgentError(EgressError):
+    """The agent answered, but not with a usable reply."""
+
+
+@dataclass(frozen=True, slots=True)
+class AgentConfig:
+    id: UUID
+    name: str
+    kind: str
+    endpoint_url: str | None = None
+    protocol: str | None = None
+    model: str | None = None
+    system_prompt: str | None = None
+    provider: ProviderConfig | None = field(default=None, repr=False)
+
+
+@dataclass(frozen=True, slots=True)
+class AgentReply:
+    content: str
+    input_tokens: int
+    output_tokens: int
+    latency_ms: float
+
+
+async def call_agent(
+    egress: EgressClient,
+    agent: AgentConfig,
+    *,
+    session_id: str,
+    message: str,
+    history: list[dict[str, str]],
+    customer_context: dict[str, Any] | None = None,
+    metadata: dict[str, Any] | None = None,
+) -> AgentReply:
+    """Send ``message`` after ``history`` (earlier user/assistant turns) and return the reply."""
+    messages = [*history, {"role": "user", "content": message}]
+    if agent.kind == "llm":
+        if agent.provider is None:
+            raise AgentError(f"agent {agent.name!r} has no LLM provider")
+        result = await chat(
+            egress, agent.provider, messages, model=agent.model, system=agent.system_prompt
+        )
+        return AgentReply(
+            result.content, result.input_tokens, result.output_tokens, result.latency_ms
+        )
+    if not agent.endpoint_url:
+        raise AgentError(f"agent {agent.name!r} has no endpoint_url")
+    if agent.protocol == "openai_chat":
+        body: dict[str, Any] = {"model": agent.model or agent.name, "messages": messages}
+    else:
+        body = {
+            "session_id": session_id,
+            "message": message,
+            "messages": messages,
+            "customer_context": customer_context or {},
+            "metadata": metadata or {},
+        }
+    response = await egress.request("POST", agent.endpoint_url, json=body)
+    if response.status_code >= 400:
+        raise AgentError(f"agent answered HTTP {response.status_code}: {response.text[:300]}")
+    try:
+        data = response.json()
+        if agent.protocol == "openai_chat":
+            content = data["choices"][0]["message"]["content"]
+            usage = data.get("usage") or {}
+            tokens_in, tokens_out = usage.get("prompt_tokens"), usage.get("completion_tokens")
+        else:
+            content = data["content"]
+            usage = data.get("usage") or {}
+            tokens_in, tokens_out = usage.get("input_tokens"), usage.get("output_tokens")
+        if not isinstance(content, str):
+            raise TypeError(content)
+        return AgentReply(content, int(tokens_in or 0), int(tokens_out or 0), response.latency_ms)
+    except (msgspec.DecodeError, KeyError, IndexError, TypeError, ValueError, AttributeError):
+        expected = (
+            "choices[0].message.content" if agent.protocol == "openai_chat" else '{"content": ...}'
+        )
+        raise AgentError(
+            f"agent reply is not of the {agent.protocol} protocol: expected {expected}"
+        ) from None

@@ -1,0 +1,348 @@
+"""The one way Spar talks to the outside: every agent and LLM call goes through here.
+
+For each request (and each redirect hop):
+
+1. the host must match the organization's allow-list (exact host, IP, or ``*.suffix``);
+   the matching entry's headers and query parameters are added, with
+   ``{{credentials.KEY}}`` resolved;
+2. the host name is resolved, and unless private egress is allowed every address must be
+   public (no private, loopback, link-local, CGNAT, multicast, reserved or metadata
+   ranges; IPv4-mapped, 6to4 and NAT64 forms are unwrapped first);
+3. the connection goes to the address that was checked (the URL is pinned to it, with the
+   original ``Host`` header and TLS server name), so DNS cannot change between check
+   and connect;
+4. 429 and 5xx answers and connection failures are retried a bounded number of times
+   with exponential backoff, honouring ``Retry-After``; redirects are re-checked from 1.
+
+Nothing here logs header values or bodies.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import random
+import re
+import socket
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from email.utils import parsedate_to_datetime
+from typing import Any
+from urllib.parse import urlencode, urljoin, urlsplit, urlunsplit
+from uuid import UUID
+
+import httpx
+import msgspec
+
+CREDENTIAL_REF = re.compile(r"\{\{\s*credentials\.([A-Za-z0-9_.-]{1,128})\s*\}\}")
+RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
+REDIRECT_STATUSES = frozenset({301, 302, 303, 307, 308})
+_CGNAT = ipaddress.ip_network("100.64.0.0/10")
+_NAT64 = ipaddress.ip_network("64:ff9b::/96")
+
+Resolver = Callable[[str, int], Awaitable[list[str]]]
+
+
+# --- errors ----------------------------------------------------------------------------------
+
+
+class EgressError(Exception):
+    """An outbound call that could not be made or did not succeed; the message says why."""
+
+
+class HostNotAllowed(EgressError):
+    def __init__(self, host: str) -> None:
+        super().__init__(
+            f"host {host!r} is not on the organization's allowed domains; add it to allow calls"
+        )
+        self.host = host
+
+
+class BlockedAddress(EgressError):
+    def __init__(self, host: str, address: str) -> None:
+        super().__init__(
+            f"host {host!r} resolves to {address}, a private or reserved address; "
+            "refused (SPAR_EGRESS_ALLOW_PRIVATE=true allows it)"
+        )
+        self.host = host
+        self.address = address
+
+
+class EgressTransportError(EgressError):
+    """Connecting, sending or reading failed (after retries)."""
+
+
+# --- policy ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class DomainRule:
+    pattern: str  # "api.example.com", "10.0.0.1", "::1" or "*.example.com"
+    headers: dict[str, str] = field(default_factory=dict)
+    query_params: dict[str, str] = field(default_factory=dict)
+
+    def matches(self, host: str) -> bool:
+        if self.pattern.startswith("*."):
+            return host.endswith(self.pattern[1:]) and len(host) > len(self.pattern) - 1
+        return host == self.pattern
+
+
+@dataclass(frozen=True, slots=True)
+class EgressPolicy:
+    rules: list[DomainRule]
+    credentials: dict[str, str] = field(default_factory=dict)
+    allow_private: bool = False
+
+    def rule_for(self, host: str) -> DomainRule | None:
+        """The most specific matching entry: an exact host beats the longest wildcard."""
+        matching = [rule for rule in self.rules if rule.matches(host)]
+        if not matching:
+            return None
+        return max(matching, key=lambda r: (not r.pattern.startswith("*."), len(r.pattern)))
+
+    def resolve_templates(self, values: Mapping[str, str]) -> dict[str, str]:
+        def substitute(match: Any) -> str:
+            key = match.group(1)
+            if key not in self.credentials:
+                raise EgressError(f"credential {key!r} referenced by an allowed domain is missing")
+            return self.credentials[key]
+
+        return {name: CREDENTIAL_REF.sub(substitute, value) for name, value in values.items()}
+
+
+@dataclass(frozen=True, slots=True)
+class ProviderConfig:
+    """An LLM provider ready to call: its API key decrypted, for this call only."""
+
+    id: UUID
+    provider: str
+    base_url: str
+    default_model: str
+    api_key: str | None = field(repr=False, default=None)
+    input_cost_per_mtok: float | None = None
+    output_cost_per_mtok: float | None = None
+
+
+# --- addresses -------------------------------------------------------------------------------
+
+
+def _normalize_host(host: str) -> str:
+    host = host.strip("[]").lower().rstrip(".")
+    try:
+        return str(ipaddress.ip_address(host))
+    except ValueError:
+        return host
+
+
+def is_public_address(address: str) -> bool:
+    ip = ipaddress.ip_address(address)
+    if isinstance(ip, ipaddress.IPv6Address):
+        embedded = ip.ipv4_mapped or ip.sixtofour
+        if embedded is None and ip in _NAT64:
+            embedded = ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF)
+        if embedded is not None:
+            return is_public_address(str(embedded))
+    if ip.is_multicast or ip.is_unspecified or ip.is_reserved or ip.is_link_local:
+        return False
+    if isinstance(ip, ipaddress.IPv4Address) and ip in _CGNAT:
+        return False
+    return ip.is_global
+
+
+async def system_resolver(host: str, port: int) -> list[str]:
+    infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    return list(dict.fromkeys(str(info[4][0]) for info in infos))
+
+
+# --- the client --------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class EgressResponse:
+    status_code: int
+    headers: httpx.Headers
+    content: bytes
+    url: str
+    latency_ms: float  # whole call, retries and redirects included
+    attempts: int
+
+    def json(self) -> Any:
+        return msgspec.json.decode(self.content)
+
+    @property
+    def text(self) -> str:
+        return self.content.decode("utf-8", errors="replace")
+
+
+def _retry_after_s(headers: httpx.Headers, cap: float) -> float | None:
+    raw = headers.get("retry-after")
+    if not raw:
+        return None
+    try:
+        return min(max(float(raw), 0.0), cap)
+    except ValueError:
+        pass
+    try:
+        when = parsedate_to_datetime(raw)
+    except (TypeError, ValueError):
+        return None
+    return min(max(when.timestamp() - time.time(), 0.0), cap)
+
+
+class EgressClient:
+    """Outbound HTTP under an organization's :class:`EgressPolicy`."""
+
+    def __init__(
+        self,
+        policy: EgressPolicy,
+        *,
+        http: httpx.AsyncClient | None = None,
+        resolver: Resolver = system_resolver,
+        timeout_s: float = 60.0,
+        connect_timeout_s: float = 10.0,
+        max_attempts: int = 3,
+        backoff_s: float = 0.5,
+        max_retry_after_s: float = 30.0,
+        max_redirects: int = 3,
+    ) -> None:
+        self.policy = policy
+        self._http = http
+        self._resolver = resolver
+        self._timeout = httpx.Timeout(timeout_s, connect=connect_timeout_s)
+        self._max_attempts = max_attempts
+        self._backoff_s = backoff_s
+        self._max_retry_after_s = max_retry_after_s
+        self._max_redirects = max_redirects
+
+    async def request(
+        self,
+        method: str,
+        url: str,
+        *,
+        json: Any = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> EgressResponse:
+        started = time.perf_counter()
+        attempts = 0
+        for _hop in range(self._max_redirects + 1):
+            response, used = await self._send_with_retries(method, url, json, headers or {})
+            attempts += used
+            if response.status_code not in REDIRECT_STATUSES or "location" not in response.headers:
+                return EgressResponse(
+                    status_code=response.status_code,
+                    headers=response.headers,
+                    content=response.content,
+                    url=url,
+                    latency_ms=(time.perf_counter() - started) * 1000,
+                    attempts=attempts,
+                )
+            url = urljoin(url, response.headers["location"])
+            if response.status_code == 303:
+                method, json = "GET", None
+        raise EgressError(f"too many redirects (more than {self._max_redirects})")
+
+    async def _send_with_retries(
+        self, method: str, url: str, json: Any, headers: Mapping[str, str]
+    ) -> tuple[httpx.Response, int]:
+        prepared = await self._prepare(url, headers)
+        for attempt in range(1, self._max_attempts + 1):
+            try:
+                response = await self._send(method, prepared, json)
+            except httpx.TimeoutException as exc:
+                if attempt == self._max_attempts:
+                    raise EgressTransportError(
+                        f"timed out calling {prepared.display} after {attempt} attempts"
+                    ) from exc
+                delay = None
+            except httpx.TransportError as exc:
+                if attempt == self._max_attempts:
+                    raise EgressTransportError(
+                        f"could not reach {prepared.display} after {attempt} attempts: "
+                        f"{type(exc).__name__}"
+                    ) from exc
+                delay = None
+            else:
+                if response.status_code not in RETRY_STATUSES or attempt == self._max_attempts:
+                    return response, attempt
+                delay = _retry_after_s(response.headers, self._max_retry_after_s)
+            if delay is None:
+                delay = self._backoff_s * 2 ** (attempt - 1) * (0.5 + random.random())  # noqa: S311
+            await asyncio.sleep(delay)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    async def _prepare(self, url: str, extra_headers: Mapping[str, str]) -> _Prepared:
+        parts = urlsplit(url)
+        if parts.scheme not in {"http", "https"} or not parts.hostname:
+            raise EgressError(f"not an absolute http(s) URL: {url!r}")
+        if parts.username or parts.password:
+            raise EgressError("URLs with user info are refused")
+        host = _normalize_host(parts.hostname)
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+        rule = self.policy.rule_for(host)
+        if rule is None:
+            raise HostNotAllowed(host)
+        addresses = await self._resolve(host, port)
+        if not self.policy.allow_private:
+            for address in addresses:
+                if not is_public_address(address):
+                    raise BlockedAddress(host, address)
+        address = addresses[0]
+        netloc_host = f"[{address}]" if ":" in address else address
+        query = parts.query
+        if rule.query_params:
+            extra_query = urlencode(self.policy.resolve_templates(rule.query_params))
+            query = f"{query}&{extra_query}" if query else extra_query
+        pinned = urlunsplit((parts.scheme, f"{netloc_host}:{port}", parts.path or "/", query, ""))
+        default_port = port == (443 if parts.scheme == "https" else 80)
+        host_header = parts.hostname if default_port else f"{parts.hostname}:{port}"
+        headers = {
+            **dict(extra_headers),
+            **self.policy.resolve_templates(rule.headers),
+            "Host": host_header,
+        }
+        return _Prepared(
+            url=pinned,
+            headers=headers,
+            sni_hostname=parts.hostname if parts.scheme == "https" else None,
+            display=f"{parts.scheme}://{parts.hostname}:{port}{parts.path}",
+        )
+
+    async def _resolve(self, host: str, port: int) -> list[str]:
+        try:
+            return [str(ipaddress.ip_address(host))]
+        except ValueError:
+            pass
+        try:
+            addresses = await self._resolver(host, port)
+        except OSError as exc:
+            raise EgressTransportError(f"could not resolve {host!r}: {exc}") from exc
+        if not addresses:
+            raise EgressTransportError(f"{host!r} has no addresses")
+        return addresses
+
+    async def _send(self, method: str, prepared: _Prepared, json: Any) -> httpx.Response:
+        extensions = {"sni_hostname": prepared.sni_hostname} if prepared.sni_hostname else {}
+        content = msgspec.json.encode(json) if json is not None else None
+        headers = dict(prepared.headers)
+        if content is not None:
+            headers.setdefault("Content-Type", "application/json")
+        request_kwargs: dict[str, Any] = {
+            "headers": headers,
+            "content": content,
+            "extensions": extensions,
+            "timeout": self._timeout,
+            "follow_redirects": False,
+        }
+        if self._http is not None:
+            return await self._http.request(method, prepared.url, **request_kwargs)
+        async with httpx.AsyncClient(trust_env=False) as http:
+            return await http.request(method, prepared.url, **request_kwargs)
+
+
+@dataclass(frozen=True, slots=True)
+class _Prepared:
+    url: str
+    headers: dict[str, str] = field(repr=False)
+    sni_hostname: str | None
+    display: str

@@ -1,0 +1,188 @@
+"""Request and response bodies of outbound configuration (DESIGN §5.1, spec 5-8)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Literal
+from uuid import UUID
+
+import msgspec
+
+from shared.schemas import Input, Name255, Output, text
+
+UNSET = msgspec.UNSET
+UnsetType = msgspec.UnsetType
+
+CREDENTIAL_KEY_PATTERN = "^[A-Za-z0-9_.-]{1,128}$"
+CredentialKey = Annotated[str, msgspec.Meta(pattern=CREDENTIAL_KEY_PATTERN)]
+Url = Annotated[str, text(1, 2048, description="An http(s) URL.")]
+Model = Annotated[str, text(1, 255)]
+HeaderMap = dict[Annotated[str, text(1, 255)], Annotated[str, text(0, 8192)]]
+ProviderKind = Literal["openai", "anthropic", "openai_compatible"]
+AgentKind = Literal["http", "llm"]
+AgentProtocol = Literal["spar", "openai_chat"]
+Cost = Annotated[float, msgspec.Meta(ge=0)]
+
+
+# --- allowed domains ---------------------------------------------------------------------------
+
+
+class AllowedDomainCreate(Input):
+    domain: Annotated[str, text(1, 255, description="host, IP or *.suffix")]
+    headers: HeaderMap = {}
+    query_params: HeaderMap = {}
+
+
+class AllowedDomainUpdate(Input):
+    domain: Annotated[str, text(1, 255)] | UnsetType = UNSET
+    headers: HeaderMap | UnsetType = UNSET
+    query_params: HeaderMap | UnsetType = UNSET
+
+
+class AllowedDomainRead(Output):
+    id: UUID
+    organization_id: UUID
+    domain: str
+    headers: dict[str, str]
+    query_params: dict[str, str]
+    created_at: datetime
+    updated_at: datetime
+
+
+class AllowedDomainList(Output):
+    domains: list[AllowedDomainRead]
+    total: int
+
+
+# --- credentials ----------------------------------------------------------------------------
+
+
+class CredentialPut(Input):
+    value: Annotated[str, text(1, 65_536)]
+    description: Annotated[str, text(0, 1000)] = ""
+
+
+class CredentialRead(Output):
+    """A credential as the API shows it: never its value."""
+
+    key: str
+    description: str
+    created_at: datetime
+    updated_at: datetime
+
+
+class CredentialList(Output):
+    credentials: list[CredentialRead]
+    total: int
+
+
+class ProviderReference(Output):
+    id: UUID
+    provider: str
+    name: str
+
+
+class DomainReference(Output):
+    id: UUID
+    domain: str
+
+
+class CredentialUsage(Output):
+    llm_providers: list[ProviderReference]
+    domains: list[DomainReference]
+
+
+# --- LLM providers -------------------------------------------------------------------------------
+
+
+class LLMProviderCreate(Input):
+    name: Name255
+    provider: ProviderKind
+    default_model: Model
+    base_url: Url | None = None
+    credential_key: CredentialKey | None = None
+    input_cost_per_mtok: Cost | None = None
+    output_cost_per_mtok: Cost | None = None
+    is_default_judge: bool = False
+
+
+class LLMProviderUpdate(Input):
+    name: Name255 | UnsetType = UNSET
+    provider: ProviderKind | UnsetType = UNSET
+    default_model: Model | UnsetType = UNSET
+    base_url: Url | UnsetType | None = UNSET
+    credential_key: CredentialKey | UnsetType | None = UNSET
+    input_cost_per_mtok: Cost | UnsetType | None = UNSET
+    output_cost_per_mtok: Cost | UnsetType | None = UNSET
+    is_default_judge: bool | UnsetType = UNSET
+
+
+class LLMProviderRead(Output):
+    id: UUID
+    organization_id: UUID
+    name: str
+    provider: str
+    base_url: str
+    default_model: str
+    credential_key: str | None
+    input_cost_per_mtok: float | None
+    output_cost_per_mtok: float | None
+    is_default_judge: bool
+    created_at: datetime
+    updated_at: datetime
+
+
+class LLMProviderList(Output):
+    llm_providers: list[LLMProviderRead]
+    total: int
+
+
+# --- agents -----------------------------------------------------------------------------------
+
+
+class AgentCreate(Input):
+    name: Name255
+    kind: AgentKind
+    description: Annotated[str, text(0, 10_000)] = ""
+    endpoint_url: Url | None = None
+    protocol: AgentProtocol | None = None
+    llm_provider_id: UUID | None = None
+    model: Model | None = None
+    system_prompt: Annotated[str, text(0, 100_000)] | None = None
+    judge_provider_id: UUID | None = None
+    judge_model: Model | None = None
+
+
+class AgentUpdate(Input):
+    name: Name255 | UnsetType = UNSET
+    kind: AgentKind | UnsetType = UNSET
+    description: Annotated[str, text(0, 10_000)] | UnsetType = UNSET
+    endpoint_url: Url | UnsetType | None = UNSET
+    protocol: AgentProtocol | UnsetType | None = UNSET
+    llm_provider_id: UUID | UnsetType | None = UNSET
+    model: Model | UnsetType | None = UNSET
+    system_prompt: Annotated[str, text(0, 100000)] | UnsetType | None = UNSET
+    judge_provider_id: UUID | UnsetType | None = UNSET
+    judge_model: Model | UnsetType | None = UNSET
+
+
+class AgentRead(Output):
+    id: UUID
+    organization_id: UUID
+    name: str
+    description: str
+    kind: str
+    endpoint_url: str | None
+    protocol: str | None
+    llm_provider_id: UUID | None
+    model: str | None
+    system_prompt: str | None
+    judge_provider_id: UUID | None
+    judge_model: str | None
+    created_at: datetime
+    updated_at: datetime
+
+
+class AgentList(Output):
+    agents: list[AgentRead]
+    total: int
