@@ -101,6 +101,13 @@ class EgressPolicy:
             return None
         return max(matching, key=lambda r: (not r.pattern.startswith("*."), len(r.pattern)))
 
+    def redact(self, text: str, *extra_secrets: str | None) -> str:
+        """``text`` with every credential value it knows replaced, for error messages."""
+        for secret in (*self.credentials.values(), *extra_secrets):
+            if secret and len(secret) >= 4:
+                text = text.replace(secret, "[redacted]")
+        return text
+
     def resolve_templates(self, values: Mapping[str, str]) -> dict[str, str]:
         def substitute(match: Any) -> str:
             key = match.group(1)
