@@ -18,12 +18,14 @@ from api.health import HealthController
 from api.identity.controllers import CONTROLLERS as IDENTITY_CONTROLLERS
 from api.openapi import document_validation_errors
 from api.outbound.controllers import CONTROLLERS as OUTBOUND_CONTROLLERS
+from api.scenarios.controllers import CONTROLLERS as SCENARIO_CONTROLLERS
 from shared.db.engine import create_engine, create_session_factory
+from shared.queue import get_broker
 from shared.settings import Settings, get_settings
 
 log = logging.getLogger("spar.api")
 
-V1_CONTROLLERS: list[Any] = [*IDENTITY_CONTROLLERS, *OUTBOUND_CONTROLLERS]
+V1_CONTROLLERS: list[Any] = [*IDENTITY_CONTROLLERS, *OUTBOUND_CONTROLLERS, *SCENARIO_CONTROLLERS]
 
 
 def _check_access_rules(router: Router) -> None:
@@ -48,6 +50,7 @@ def create_app(settings: Settings | None = None) -> Litestar:
     async def open_database(app: Litestar) -> None:
         app.state.engine = create_engine(settings)
         app.state.session_factory = create_session_factory(app.state.engine)
+        app.state.broker = get_broker(settings.redis_url)
 
     async def close_database(app: Litestar) -> None:
         await app.state.engine.dispose()
@@ -80,4 +83,24 @@ def create_app(settings: Settings | None = None) -> Litestar:
     )
     app.state.settings = settings
     document_validation_errors(app)
+    return app
+
+
+def create_dev_app() -> Litestar:
+    """``spar dev``: the API plus the workers in-process, on the in-memory broker."""
+    import dramatiq
+
+    app = create_app()
+
+    async def start_worker(app: Litestar) -> None:
+        import workers.actors  # noqa: F401 - declares the actors on the in-memory broker
+
+        app.state.worker = dramatiq.Worker(app.state.broker, worker_threads=8)
+        app.state.worker.start()
+
+    async def stop_worker(app: Litestar) -> None:
+        app.state.worker.stop()
+
+    app.on_startup.append(start_worker)
+    app.on_shutdown.insert(0, stop_worker)
     return app

@@ -9,6 +9,7 @@ import secrets
 import sys
 from pathlib import Path
 
+from shared.queue import QUEUES
 from shared.settings import DEFAULT_DATABASE_URL, SettingsError, get_settings
 
 
@@ -65,11 +66,35 @@ def cmd_dev(args: argparse.Namespace) -> None:
     settings = get_settings()
     logging.getLogger("spar").info("spar dev: database %s", settings.database_url)
     _migrate()
-    _serve(args.host, args.port, workers=1)
+    import uvicorn
+
+    uvicorn.run(
+        "api.app:create_dev_app",
+        factory=True,
+        host=args.host,
+        port=args.port,
+        log_level=settings.log_level.lower(),
+    )
 
 
 def cmd_migrate(_: argparse.Namespace) -> None:
     _migrate()
+
+
+def cmd_worker(args: argparse.Namespace) -> None:
+    """Dramatiq worker processes for the given queues (all of them by default)."""
+    from dramatiq.cli import main as dramatiq_main
+    from dramatiq.cli import make_argument_parser
+
+    settings = get_settings()
+    if not settings.redis_url:
+        raise SettingsError("SPAR_REDIS_URL must be set: workers take their work from Redis")
+    if not settings.secret_key:
+        raise SettingsError("SPAR_SECRET_KEY must be set (it decrypts credentials)")
+    queues = [q.strip() for q in args.queues.split(",") if q.strip()]
+    argv = ["workers.actors", "--processes", str(args.processes), "--threads", str(args.threads)]
+    argv += ["--queues", *queues, "--skip-logging"]
+    sys.exit(dramatiq_main(make_argument_parser().parse_args(argv)))
 
 
 def cmd_serve(args: argparse.Namespace) -> None:
@@ -91,6 +116,12 @@ def build_parser() -> argparse.ArgumentParser:
         "migrate", help="apply database migrations (alembic upgrade head)"
     )
     migrate.set_defaults(func=cmd_migrate)
+
+    worker = commands.add_parser("worker", help="run Dramatiq workers")
+    worker.add_argument("--queues", default=",".join(QUEUES), help="comma-separated queues")
+    worker.add_argument("--processes", type=int, default=2)
+    worker.add_argument("--threads", type=int, default=16)
+    worker.set_defaults(func=cmd_worker)
 
     serve = commands.add_parser("serve", help="run the API")
     serve.add_argument("--host", default="0.0.0.0")  # noqa: S104 - a server listens

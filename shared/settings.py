@@ -24,6 +24,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     allow_registration: bool = True
     user_token_ttl_s: int = 7 * 24 * 3600
     calibration_wait_s: float = 30.0
+    egress_timeout_s: float = 60.0
     db_pool_size: int = 10
     log_level: str = "INFO"
 
@@ -66,6 +67,7 @@ _VARIABLES = {
     "SPAR_ALLOW_REGISTRATION": ("allow_registration", _bool),
     "SPAR_USER_TOKEN_TTL_S": ("user_token_ttl_s", _positive_int),
     "SPAR_CALIBRATION_WAIT_S": ("calibration_wait_s", _positive_float),
+    "SPAR_EGRESS_TIMEOUT_S": ("egress_timeout_s", _positive_float),
     "SPAR_DB_POOL_SIZE": ("db_pool_size", _positive_int),
     "SPAR_LOG_LEVEL": ("log_level", str.upper),
 }

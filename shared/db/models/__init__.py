@@ -10,17 +10,31 @@ from shared.db.models.identity import (
     UserToken,
 )
 from shared.db.models.outbound import Agent, AllowedDomain, Credential, LLMProvider
+from shared.db.models.scenarios import (
+    Criterion,
+    CriterionResult,
+    Scenario,
+    ScenarioRun,
+    ScenarioTurn,
+    TurnResult,
+)
 
 __all__ = [
     "Agent",
     "AllowedDomain",
     "Base",
     "Credential",
+    "Criterion",
+    "CriterionResult",
     "LLMProvider",
     "Membership",
     "Organization",
     "PlatformToken",
     "Role",
+    "Scenario",
+    "ScenarioRun",
+    "ScenarioTurn",
+    "TurnResult",
     "User",
     "UserToken",
 ]

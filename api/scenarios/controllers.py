@@ -1,0 +1,120 @@
+"""Scenario and scenario-run endpoints (spec 10-14, DESIGN §3 runs)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+from uuid import UUID
+
+from litestar import Controller, delete, get, post, put
+from litestar.datastructures import State
+from litestar.params import JSONBody, QueryParameter
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from api.deps import Access, DbSession, Page, PathId
+from shared.identity.access import requires
+from shared.queue import RUN_SCENARIO, send
+from shared.scenarios import schemas, services
+
+
+async def commit_then_send(db_session: AsyncSession, state: State, run_id: UUID) -> None:
+    """Enqueue only once the run row is committed: a worker must always find it."""
+    await db_session.commit()
+    send(state.broker, RUN_SCENARIO, str(run_id))
+
+
+class ScenarioController(Controller):
+    path = "/orgs/{org_id:str}/scenarios"
+    tags = ["scenarios"]
+
+    @get("/", operation_id="listScenarios", access=requires("scenarios:read"))
+    async def list_scenarios(
+        self,
+        db_session: DbSession,
+        access: Access,
+        org_id: PathId,
+        paging: Page,
+        tag: Annotated[
+            str | None, QueryParameter(description="Only scenarios with this tag.")
+        ] = None,
+    ) -> schemas.ScenarioList:
+        rows, total = await services.list_scenarios(db_session, access, paging, tag)
+        return schemas.ScenarioList(scenarios=rows, total=total)
+
+    @post("/", operation_id="createScenario", access=requires("scenarios:write"))
+    async def create_scenario(
+        self,
+        db_session: DbSession,
+        access: Access,
+        org_id: PathId,
+        data: JSONBody[schemas.ScenarioCreate],
+    ) -> schemas.ScenarioRead:
+        return services.scenario_read(await services.create_scenario(db_session, access, data))
+
+    @get("/runs", operation_id="listScenarioRuns", access=requires("scenarios:read"))
+    async def list_runs(
+        self,
+        db_session: DbSession,
+        access: Access,
+        org_id: PathId,
+        paging: Page,
+        scenario_id: Annotated[UUID | None, QueryParameter()] = None,
+        agent_id: Annotated[UUID | None, QueryParameter()] = None,
+        status: Annotated[schemas.RunStatus | None, QueryParameter()] = None,
+    ) -> schemas.ScenarioRunList:
+        runs, total = await services.list_runs(
+            db_session, access, paging, scenario_id=scenario_id, agent_id=agent_id, status=status
+        )
+        return schemas.ScenarioRunList(
+            runs=[services.run_read(r, with_results=False) for r in runs], total=total
+        )
+
+    @get("/runs/{run_id:str}", operation_id="getScenarioRun", access=requires("scenarios:read"))
+    async def get_run(
+        self, db_session: DbSession, access: Access, org_id: PathId, run_id: PathId
+    ) -> schemas.ScenarioRunRead:
+        """A run with its turn and criterion results."""
+        run = await services.get_run(db_session, access, run_id)
+        return services.run_read(run, with_results=True)
+
+    @get("/{scenario_id:str}", operation_id="getScenario", access=requires("scenarios:read"))
+    async def get_scenario(
+        self, db_session: DbSession, access: Access, org_id: PathId, scenario_id: PathId
+    ) -> schemas.ScenarioRead:
+        return services.scenario_read(await services.get_scenario(db_session, access, scenario_id))
+
+    @put("/{scenario_id:str}", operation_id="updateScenario", access=requires("scenarios:write"))
+    async def update_scenario(
+        self,
+        db_session: DbSession,
+        access: Access,
+        org_id: PathId,
+        scenario_id: PathId,
+        data: JSONBody[schemas.ScenarioUpdate],
+    ) -> schemas.ScenarioRead:
+        """Update the given fields; `turns`, when given, replaces every turn."""
+        scenario = await services.update_scenario(db_session, access, scenario_id, data)
+        return services.scenario_read(scenario)
+
+    @delete("/{scenario_id:str}", operation_id="deleteScenario", access=requires("scenarios:write"))
+    async def delete_scenario(
+        self, db_session: DbSession, access: Access, org_id: PathId, scenario_id: PathId
+    ) -> None:
+        await services.delete_scenario(db_session, access, scenario_id)
+
+    @post("/{scenario_id:str}/run", operation_id="runScenario", access=requires("scenarios:run"))
+    async def run_scenario(
+        self,
+        db_session: DbSession,
+        state: State,
+        access: Access,
+        org_id: PathId,
+        scenario_id: PathId,
+        data: JSONBody[schemas.RunCreate],
+    ) -> schemas.ScenarioRunRead:
+        """Start a run against the agent: 201 with the pending run; poll it until terminal."""
+        run = await services.start_run(db_session, access, scenario_id, data)
+        await commit_then_send(db_session, state, run.id)
+        return services.run_read(run, with_results=True)
+
+
+CONTROLLERS = [ScenarioController]

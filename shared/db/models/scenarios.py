@@ -1,0 +1,130 @@
+"""Scenarios (turns and criteria), scenario runs and their turn and criterion results."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import Boolean, ForeignKey, Index, Integer, String, Text, UniqueConstraint
+from sqlalchemy.orm import Mapped, mapped_column, relationship
+
+from shared.db.base import Base, IdMixin, JSONType, TimestampMixin, utcnow
+
+
+class Scenario(IdMixin, TimestampMixin, Base):
+    __tablename__ = "scenarios"
+    __table_args__ = (Index("ix_scenarios_org_created", "organization_id", "created_at"),)
+
+    organization_id: Mapped[uuid.UUID] = mapped_column(
+        ForeignKey("organizations.id", ondelete="CASCADE")
+    )
+    name: Mapped[str] = mapped_column(String(255))
+    description: Mapped[str | None] = mapped_column(Text)
+    tags: Mapped[list[str]] = mapped_column(JSONType, default=list)
+    customer_context: Mapped[dict[str, Any]] = mapped_column(JSONType, default=dict)
+    created_by_user_id: Mapped[uuid.UUID | None] = mapped_column(
+        ForeignKey("users.id", ondelete="SET NULL")
+    )
+
+    turns: Mapped[list[ScenarioTurn]] = relationship(
+        lazy="raise",
+        order_by="ScenarioTurn.order_index",
+        cascade="all, delete-orphan",
+        passive_deletes=True,
+    )
+
+
+class ScenarioTurn(IdMixin, Base):
+    __tablename__ = "scenario_turns"
+    __table_args__ = (UniqueConstraint("scenario_id", "order_index"),)
+
+    scenario_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("scenarios.id", ondelete="CASCADE"))
+    order_index: Mapped[int] = mapped_column(Integer)
+    user_message: Mapped[str] = mapped_column(Text)
+    required: Mapped[bool] = mapped_column(Boolean, default=False)
+
+    criteria: Mapped[list[Criterion]] = relationship(
+        lazy="raise",
+        order_by="Criterion.order_index",
+        cascade="all, delete-orphan",
+        passive_deletes=True,
+    )
+
+
+class Criterion(IdMixin, Base):
+    __tablename__ = "criteria"
+    __table_args__ = (UniqueConstraint("turn_id", "order_index"),)
+
+    turn_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("scenario_turns.id", ondelete="CASCADE"))
+    order_index: Mapped[int] = mapped_column(Integer)
+    question: Mapped[str] = mapped_column(Text)
+    criteria_type: Mapped[str] = mapped_column(String(32))
+    few_shot_examples: Mapped[list[dict[str, Any]]] = mapped_column(JSONType, default=list)
+
+
+class ScenarioRun(IdMixin, TimestampMixin, Base):
+    """One execution of a scenario against an agent.
+
+    ``scenario_id`` and ``agent_id`` are plain ids, not foreign keys: a run keeps its
+    history (and its ``snapshot`` of turns and criteria) after either is deleted.
+    """
+
+    __tablename__ = "scenario_runs"
+    __table_args__ = (
+        Index("ix_scenario_runs_org_created", "organization_id", "created_at"),
+        Index("ix_scenario_runs_status_updated", "status", "updated_at"),
+    )
+
+    organization_id: Mapped[uuid.UUID] = mapped_column(
+        ForeignKey("organizations.id", ondelete="CASCADE")
+    )
+    scenario_id: Mapped[uuid.UUID] = mapped_column(index=True)
+    agent_id: Mapped[uuid.UUID] = mapped_column(index=True)
+    status: Mapped[str] = mapped_column(String(16), default="pending")
+    started_at: Mapped[datetime | None]
+    completed_at: Mapped[datetime | None]
+    session_id: Mapped[str | None] = mapped_column(String(64))
+    cost_summary: Mapped[dict[str, Any]] = mapped_column(JSONType, default=dict)
+    error_message: Mapped[str | None] = mapped_column(Text)
+    snapshot: Mapped[dict[str, Any]] = mapped_column(JSONType, default=dict)
+    created_by_user_id: Mapped[uuid.UUID | None] = mapped_column(
+        ForeignKey("users.id", ondelete="SET NULL")
+    )
+
+    turn_results: Mapped[list[TurnResult]] = relationship(
+        lazy="raise", order_by="TurnResult.turn_index", passive_deletes=True
+    )
+
+
+class TurnResult(IdMixin, Base):
+    __tablename__ = "turn_results"
+    __table_args__ = (UniqueConstraint("run_id", "turn_index"),)
+
+    run_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("scenario_runs.id", ondelete="CASCADE"))
+    turn_index: Mapped[int] = mapped_column(Integer)
+    user_message: Mapped[str] = mapped_column(Text, default="")
+    response_content: Mapped[str] = mapped_column(Text, default="")
+    passed: Mapped[bool] = mapped_column(Boolean)
+    stopped_early: Mapped[bool] = mapped_column(Boolean, default=False)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+    criteria_results: Mapped[list[CriterionResult]] = relationship(
+        lazy="raise", order_by="CriterionResult.order_index", passive_deletes=True
+    )
+
+
+class CriterionResult(IdMixin, Base):
+    __tablename__ = "criterion_results"
+    __table_args__ = (UniqueConstraint("turn_result_id", "criteria_id"),)
+
+    turn_result_id: Mapped[uuid.UUID] = mapped_column(
+        ForeignKey("turn_results.id", ondelete="CASCADE")
+    )
+    criteria_id: Mapped[uuid.UUID]
+    order_index: Mapped[int] = mapped_column(Integer, default=0)
+    verdict: Mapped[str] = mapped_column(String(8))
+    critique: Mapped[str] = mapped_column(Text, default="")
+    evidence: Mapped[str] = mapped_column(Text, default="")
+    input_tokens: Mapped[int] = mapped_column(Integer, default=0)
+    output_tokens: Mapped[int] = mapped_column(Integer, default=0)

@@ -1,0 +1,134 @@
+"""The LLM judge, shared by scenario runs and calibration (DESIGN §5.5).
+
+Prompt: the criterion question, its few-shot examples, the conversation so far and the
+organization's business information.  Structured output (JSON schema) where the
+provider supports it, tolerant parsing otherwise.  A malformed answer is retried, then
+raised as :class:`JudgeError` — never read as a PASS.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+
+from shared.llm.clients import LLMError, chat
+from shared.outbound.egress import EgressClient, ProviderConfig
+
+VERDICT_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "verdict": {"type": "string", "enum": ["PASS", "FAIL"]},
+        "critique": {"type": "string"},
+        "evidence": {"type": "string"},
+    },
+    "required": ["verdict", "critique", "evidence"],
+    "additionalProperties": False,
+}
+
+SYSTEM_PROMPT = """You are a strict, fair evaluator of a conversational AI agent.
+You are given a criterion (a yes/no question about the agent's latest reply), optional
+labelled examples, and the conversation so far. Decide whether the agent's LATEST reply
+satisfies the criterion. Answer PASS only if it clearly does; otherwise FAIL.
+Respond with a JSON object: {"verdict": "PASS" | "FAIL", "critique": one or two sentences
+explaining the decision, "evidence": a short quote from the reply supporting it}."""
+
+MAX_ATTEMPTS = 2
+
+
+class JudgeError(LLMError):
+    """The judge could not give a usable verdict."""
+
+
+@dataclass(frozen=True, slots=True)
+class Judgement:
+    verdict: str  # "PASS" or "FAIL"
+    critique: str
+    evidence: str
+    input_tokens: int
+    output_tokens: int
+    latency_ms: float
+    calls: int
+
+
+def build_prompt(
+    question: str,
+    conversation: list[dict[str, str]],
+    few_shot_examples: list[dict[str, Any]] | None = None,
+    business_information: str | None = None,
+) -> str:
+    parts = []
+    if business_information:
+        parts.append(f"Context about the business the agent serves:\n{business_information}")
+    parts.append(f"Criterion: {question}")
+    for n, example in enumerate(few_shot_examples or [], start=1):
+        parts.append(
+            f"Example {n}:\nReply: {example.get('response', '')}\n"
+            f"Verdict: {example.get('verdict', '')}\nCritique: {example.get('critique', '')}"
+        )
+    transcript = "\n".join(f"{m['role'].upper()}: {m['content']}" for m in conversation)
+    parts.append(
+        f"Conversation so far (the last ASSISTANT message is the one to judge):\n{transcript}"
+    )
+    return "\n\n".join(parts)
+
+
+_FENCE = re.compile(r"^```(?:json)?\s*|\s*```$", re.IGNORECASE)
+
+
+def parse_verdict(content: str) -> tuple[str, str, str] | None:
+    """(verdict, critique, evidence) from a reply; ``None`` when it is not a usable verdict."""
+    text = _FENCE.sub("", content.strip())
+    candidates = [text]
+    start, end = text.find("{"), text.rfind("}")
+    if 0 <= start < end:
+        candidates.append(text[start : end + 1])
+    for candidate in candidates:
+        try:
+            data = msgspec.json.decode(candidate)
+        except msgspec.DecodeError:
+            continue
+        if not isinstance(data, dict):
+            continue
+        verdict = str(data.get("verdict", "")).strip().upper()
+        if verdict not in {"PASS", "FAIL"}:
+            return None
+        return verdict, str(data.get("critique") or ""), str(data.get("evidence") or "")
+    return None
+
+
+async def judge(
+    egress: EgressClient,
+    provider: ProviderConfig,
+    *,
+    question: str,
+    conversation: list[dict[str, str]],
+    few_shot_examples: list[dict[str, Any]] | None = None,
+    business_information: str | None = None,
+    model: str | None = None,
+) -> Judgement:
+    prompt = build_prompt(question, conversation, few_shot_examples, business_information)
+    input_tokens = output_tokens = 0
+    latency_ms = 0.0
+    for attempt in range(1, MAX_ATTEMPTS + 1):
+        result = await chat(
+            egress,
+            provider,
+            [{"role": "user", "content": prompt}],
+            model=model,
+            system=SYSTEM_PROMPT,
+            json_schema=VERDICT_SCHEMA,
+            max_tokens=512,
+        )
+        input_tokens += result.input_tokens
+        output_tokens += result.output_tokens
+        latency_ms += result.latency_ms
+        parsed = parse_verdict(result.content)
+        if parsed is not None:
+            verdict, critique, evidence = parsed
+            return Judgement(
+                verdict, critique, evidence, input_tokens, output_tokens, latency_ms, attempt
+            )
+    raise JudgeError(f"the judge gave no usable verdict after {MAX_ATTEMPTS} attempts")

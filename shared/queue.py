@@ -1,0 +1,39 @@
+"""The Dramatiq broker and how every process sends work to the queues (DESIGN §1).
+
+Redis when ``SPAR_REDIS_URL`` is set, otherwise Dramatiq's in-memory stub broker (the
+embedded ``spar dev``).  Messages are sent by actor name, so senders (the API, the
+scheduler) never import the actors.  Send only after the transaction that created the
+row has committed: the message is just a pointer to it.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import Any
+
+import dramatiq
+from dramatiq.brokers.redis import RedisBroker
+from dramatiq.brokers.stub import StubBroker
+from dramatiq.middleware import AsyncIO
+
+QUEUES = ("runs", "batches", "documents", "calibration", "triggers")
+RUN_SCENARIO = ("runs", "run_scenario")
+
+
+@lru_cache(maxsize=4)
+def get_broker(redis_url: str | None) -> dramatiq.Broker:
+    """One broker per process and URL, with the AsyncIO middleware for async actors."""
+    broker: dramatiq.Broker = RedisBroker(url=redis_url) if redis_url else StubBroker()
+    broker.add_middleware(AsyncIO())
+    for queue in QUEUES:
+        broker.declare_queue(queue)
+    return broker
+
+
+def send(broker: dramatiq.Broker, target: tuple[str, str], *args: Any) -> None:
+    queue_name, actor_name = target
+    broker.enqueue(
+        dramatiq.Message(
+            queue_name=queue_name, actor_name=actor_name, args=args, kwargs={}, options={}
+        )
+    )

@@ -1,0 +1,165 @@
+"""Request and response bodies of scenarios and scenario runs (spec 10-14, DESIGN §5.2)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Any, Literal
+from uuid import UUID
+
+import msgspec
+
+from shared.schemas import Input, Name255, Output, text
+
+UNSET = msgspec.UNSET
+UnsetType = msgspec.UnsetType
+
+CriteriaType = Literal["llm_evaluated", "contains", "not_contains", "regex"]
+Verdict = Literal["PASS", "FAIL"]
+RunStatus = Literal["pending", "running", "passed", "failed", "error"]
+TERMINAL_STATUSES = frozenset({"passed", "failed", "error"})
+Tag = Annotated[str, text(1, 100)]
+LongText = Annotated[str, text(0, 100_000)]
+
+
+class FewShotExample(Input):
+    response: LongText
+    verdict: Verdict
+    critique: LongText = ""
+
+
+class CriterionCreate(Input):
+    question: Annotated[str, text(1, 10_000)]
+    criteria_type: CriteriaType = "llm_evaluated"
+    few_shot_examples: list[FewShotExample] = []
+    # Accepted for the spec's request shape; criteria are ordered by their position.
+    order_index: Annotated[int, msgspec.Meta(ge=0)] = 0
+
+
+class ScenarioTurnCreate(Input):
+    user_message: Annotated[str, text(1, 100_000)]
+    required: bool = False
+    criteria: list[CriterionCreate] = []
+
+
+TurnList = Annotated[list[ScenarioTurnCreate], msgspec.Meta(min_length=1, max_length=200)]
+
+
+class ScenarioCreate(Input):
+    name: Name255
+    turns: TurnList
+    description: LongText | None = None
+    tags: Annotated[list[Tag], msgspec.Meta(max_length=50)] = []
+    customer_context: dict[str, Any] = {}
+
+
+class ScenarioUpdate(Input):
+    """PUT body: every field optional; ``turns`` given (not null) replaces all turns."""
+
+    name: Name255 | UnsetType | None = UNSET
+    description: LongText | UnsetType | None = UNSET
+    tags: Annotated[list[Tag], msgspec.Meta(max_length=50)] | UnsetType | None = UNSET
+    customer_context: dict[str, Any] | UnsetType = UNSET
+    turns: (
+        Annotated[list[ScenarioTurnCreate], msgspec.Meta(min_length=1, max_length=200)]
+        | UnsetType
+        | None
+    ) = UNSET
+
+
+class FewShotExampleRead(Output):
+    response: str
+    verdict: str
+    critique: str
+
+
+class CriterionRead(Output):
+    id: UUID
+    turn_id: UUID
+    question: str
+    criteria_type: str
+    few_shot_examples: list[FewShotExampleRead]
+    order_index: int
+
+
+class ScenarioTurnRead(Output):
+    id: UUID
+    scenario_id: UUID
+    order_index: int
+    user_message: str
+    required: bool
+    criteria: list[CriterionRead]
+
+
+class ScenarioRead(Output):
+    id: UUID
+    organization_id: UUID
+    name: str
+    description: str | None
+    tags: list[str]
+    customer_context: dict[str, Any]
+    created_by_user_id: UUID | None
+    turns: list[ScenarioTurnRead]
+    created_at: datetime
+    updated_at: datetime
+
+
+class ScenarioSummary(Output):
+    id: UUID
+    organization_id: UUID
+    name: str
+    description: str | None
+    tags: list[str]
+    turn_count: int
+    created_at: datetime
+    updated_at: datetime
+
+
+class ScenarioList(Output):
+    scenarios: list[ScenarioSummary]
+    total: int
+
+
+# --- runs -------------------------------------------------------------------------------------
+
+
+class RunCreate(Input):
+    agent_id: UUID
+
+
+class CriterionResultRead(Output):
+    id: UUID
+    criteria_id: UUID
+    verdict: str
+    critique: str
+    evidence: str
+    input_tokens: int
+    output_tokens: int
+
+
+class ScenarioTurnResultRead(Output):
+    id: UUID
+    turn_index: int
+    stopped_early: bool
+    passed: bool
+    response_content: str
+    criteria_results: list[CriterionResultRead]
+
+
+class ScenarioRunRead(Output):
+    id: UUID
+    scenario_id: UUID
+    agent_id: UUID
+    status: str
+    started_at: datetime | None
+    completed_at: datetime | None
+    created_at: datetime
+    updated_at: datetime
+    session_id: str | None = None
+    cost_summary: dict[str, Any] = {}
+    error_message: str | None = None
+    turn_results: list[ScenarioTurnResultRead] | UnsetType = UNSET
+
+
+class ScenarioRunList(Output):
+    runs: list[ScenarioRunRead]
+    total: int

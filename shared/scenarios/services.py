@@ -1,0 +1,336 @@
+"""Scenario rules: turns and criteria stored in order, and runs started from a snapshot."""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from typing import Any
+from uuid import UUID
+
+from sqlalchemy import Select, String, cast, func, or_, select, type_coerce
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.orm import selectinload
+
+from shared.db.base import utcnow
+from shared.db.models import (
+    Criterion,
+    CriterionResult,
+    Scenario,
+    ScenarioRun,
+    ScenarioTurn,
+    TurnResult,
+)
+from shared.errors import InvalidInput, NotFound
+from shared.identity.access import OrgAccess
+from shared.outbound.services import agent_in_org
+from shared.paging import Paging, paginate
+from shared.scenarios import schemas
+
+
+def _check_criteria(turns: list[schemas.ScenarioTurnCreate]) -> None:
+    for t, turn in enumerate(turns):
+        for c, criterion in enumerate(turn.criteria):
+            if criterion.criteria_type == "regex":
+                try:
+                    re.compile(criterion.question)
+                except re.error as exc:
+                    raise InvalidInput(
+                        ("body", "turns", str(t), "criteria", str(c), "question"),
+                        f"Invalid regular expression: {exc}",
+                        input=criterion.question,
+                    ) from None
+
+
+def _build_turns(scenario_id: UUID, turns: list[schemas.ScenarioTurnCreate]) -> list[ScenarioTurn]:
+    built = []
+    for index, turn in enumerate(turns):
+        turn_id = uuid.uuid4()
+        built.append(
+            ScenarioTurn(
+                id=turn_id,
+                scenario_id=scenario_id,
+                order_index=index,
+                user_message=turn.user_message,
+                required=turn.required,
+                criteria=[
+                    Criterion(
+                        turn_id=turn_id,
+                        order_index=position,
+                        question=criterion.question,
+                        criteria_type=criterion.criteria_type,
+                        few_shot_examples=[
+                            {"response": e.response, "verdict": e.verdict, "critique": e.critique}
+                            for e in criterion.few_shot_examples
+                        ],
+                    )
+                    for position, criterion in enumerate(turn.criteria)
+                ],
+            )
+        )
+    return built
+
+
+def _with_turns(query: Select[Any]) -> Select[Any]:
+    return query.options(selectinload(Scenario.turns).selectinload(ScenarioTurn.criteria))
+
+
+async def get_scenario(session: AsyncSession, access: OrgAccess, scenario_id: UUID) -> Scenario:
+    scenario = await session.scalar(
+        _with_turns(
+            select(Scenario).where(
+                Scenario.id == scenario_id, Scenario.organization_id == access.organization_id
+            )
+        ).execution_options(populate_existing=True)
+    )
+    if scenario is None:
+        raise NotFound("scenario not found")
+    return scenario
+
+
+async def create_scenario(
+    session: AsyncSession, access: OrgAccess, body: schemas.ScenarioCreate
+) -> Scenario:
+    _check_criteria(body.turns)
+    scenario_id = uuid.uuid4()
+    scenario = Scenario(
+        id=scenario_id,
+        organization_id=access.organization_id,
+        name=body.name,
+        description=body.description,
+        tags=list(dict.fromkeys(body.tags)),
+        customer_context=body.customer_context,
+        created_by_user_id=access.principal.user_id,
+        turns=_build_turns(scenario_id, body.turns),
+    )
+    session.add(scenario)
+    await session.flush()
+    return await get_scenario(session, access, scenario_id)
+
+
+async def update_scenario(
+    session: AsyncSession, access: OrgAccess, scenario_id: UUID, body: schemas.ScenarioUpdate
+) -> Scenario:
+    scenario = await get_scenario(session, access, scenario_id)
+    if body.name not in (schemas.UNSET, None):
+        scenario.name = body.name
+    if body.description is not schemas.UNSET:
+        scenario.description = body.description
+    if body.tags not in (schemas.UNSET, None):
+        scenario.tags = list(dict.fromkeys(body.tags))
+    if body.customer_context is not schemas.UNSET:
+        scenario.customer_context = body.customer_context
+    if body.turns not in (schemas.UNSET, None):
+        _check_criteria(body.turns)
+        scenario.turns.clear()
+        await session.flush()  # old turns (and their criteria) go before new order_index rows
+        scenario.turns.extend(_build_turns(scenario.id, body.turns))
+    scenario.updated_at = utcnow()
+    await session.flush()
+    return await get_scenario(session, access, scenario_id)
+
+
+async def delete_scenario(session: AsyncSession, access: OrgAccess, scenario_id: UUID) -> None:
+    """Delete the scenario; its runs keep their history (they hold a snapshot)."""
+    scenario = await get_scenario(session, access, scenario_id)
+    await session.delete(scenario)
+    await session.flush()
+
+
+def tag_filter(session: AsyncSession, tags: list[str]) -> Any:
+    """Scenarios carrying any of ``tags`` (JSONB containment on PostgreSQL)."""
+    if session.get_bind().dialect.name == "postgresql":
+        column = type_coerce(Scenario.tags, JSONB)
+        return or_(*(column.contains([tag]) for tag in tags))
+    # SQLite (spar dev): the JSON text holds each tag as a quoted string.
+    return or_(*(cast(Scenario.tags, String).contains(json.dumps(tag)) for tag in tags))
+
+
+async def list_scenarios(
+    session: AsyncSession, access: OrgAccess, paging: Paging, tag: str | None
+) -> tuple[list[schemas.ScenarioSummary], int]:
+    turn_count = (
+        select(func.count(ScenarioTurn.id))
+        .where(ScenarioTurn.scenario_id == Scenario.id)
+        .scalar_subquery()
+    )
+    query = select(Scenario, turn_count).where(Scenario.organization_id == access.organization_id)
+    if tag:
+        query = query.where(tag_filter(session, [tag]))
+    rows, total = await paginate(session, query, paging, Scenario.created_at, Scenario.id)
+    return [
+        schemas.ScenarioSummary(
+            id=s.id,
+            organization_id=s.organization_id,
+            name=s.name,
+            description=s.description,
+            tags=list(s.tags),
+            turn_count=count,
+            created_at=s.created_at,
+            updated_at=s.updated_at,
+        )
+        for s, count in rows
+    ], total
+
+
+def snapshot(scenario: Scenario) -> dict[str, Any]:
+    """What a run executes: the scenario as it is now, so later edits don't change the run."""
+    return {
+        "name": scenario.name,
+        "customer_context": scenario.customer_context,
+        "turns": [
+            {
+                "id": str(turn.id),
+                "order_index": turn.order_index,
+                "user_message": turn.user_message,
+                "required": turn.required,
+                "criteria": [
+                    {
+                        "id": str(c.id),
+                        "order_index": c.order_index,
+                        "question": c.question,
+                        "criteria_type": c.criteria_type,
+                        "few_shot_examples": c.few_shot_examples,
+                    }
+                    for c in turn.criteria
+                ],
+            }
+            for turn in scenario.turns
+        ],
+    }
+
+
+async def start_run(
+    session: AsyncSession, access: OrgAccess, scenario_id: UUID, body: schemas.RunCreate
+) -> ScenarioRun:
+    """A pending run of the scenario against the agent; the caller commits, then enqueues."""
+    scenario = await get_scenario(session, access, scenario_id)
+    await agent_in_org(session, access.organization_id, body.agent_id)
+    run = ScenarioRun(
+        id=uuid.uuid4(),
+        organization_id=access.organization_id,
+        scenario_id=scenario.id,
+        agent_id=body.agent_id,
+        status="pending",
+        snapshot=snapshot(scenario),
+        created_by_user_id=access.principal.user_id,
+        turn_results=[],
+    )
+    run.session_id = f"spar-{run.id}"
+    session.add(run)
+    await session.flush()
+    return run
+
+
+async def get_run(session: AsyncSession, access: OrgAccess, run_id: UUID) -> ScenarioRun:
+    run = await session.scalar(
+        select(ScenarioRun)
+        .where(ScenarioRun.id == run_id, ScenarioRun.organization_id == access.organization_id)
+        .options(selectinload(ScenarioRun.turn_results).selectinload(TurnResult.criteria_results))
+        .execution_options(populate_existing=True)
+    )
+    if run is None:
+        raise NotFound("scenario run not found")
+    return run
+
+
+async def list_runs(
+    session: AsyncSession,
+    access: OrgAccess,
+    paging: Paging,
+    *,
+    scenario_id: UUID | None = None,
+    agent_id: UUID | None = None,
+    status: str | None = None,
+) -> tuple[list[ScenarioRun], int]:
+    query = select(ScenarioRun).where(ScenarioRun.organization_id == access.organization_id)
+    if scenario_id:
+        query = query.where(ScenarioRun.scenario_id == scenario_id)
+    if agent_id:
+        query = query.where(ScenarioRun.agent_id == agent_id)
+    if status:
+        query = query.where(ScenarioRun.status == status)
+    return await paginate(session, query, paging, ScenarioRun.created_at, ScenarioRun.id)
+
+
+# --- response shapes ---------------------------------------------------------------------------
+
+
+def scenario_read(scenario: Scenario) -> schemas.ScenarioRead:
+    return schemas.ScenarioRead(
+        id=scenario.id,
+        organization_id=scenario.organization_id,
+        name=scenario.name,
+        description=scenario.description,
+        tags=list(scenario.tags),
+        customer_context=dict(scenario.customer_context),
+        created_by_user_id=scenario.created_by_user_id,
+        created_at=scenario.created_at,
+        updated_at=scenario.updated_at,
+        turns=[
+            schemas.ScenarioTurnRead(
+                id=turn.id,
+                scenario_id=turn.scenario_id,
+                order_index=turn.order_index,
+                user_message=turn.user_message,
+                required=turn.required,
+                criteria=[
+                    schemas.CriterionRead(
+                        id=c.id,
+                        turn_id=c.turn_id,
+                        question=c.question,
+                        criteria_type=c.criteria_type,
+                        order_index=c.order_index,
+                        few_shot_examples=[
+                            schemas.FewShotExampleRead(**example) for example in c.few_shot_examples
+                        ],
+                    )
+                    for c in turn.criteria
+                ],
+            )
+            for turn in scenario.turns
+        ],
+    )
+
+
+def run_read(run: ScenarioRun, *, with_results: bool) -> schemas.ScenarioRunRead:
+    results: list[schemas.ScenarioTurnResultRead] | schemas.UnsetType = schemas.UNSET
+    if with_results:
+        results = [
+            schemas.ScenarioTurnResultRead(
+                id=turn.id,
+                turn_index=turn.turn_index,
+                stopped_early=turn.stopped_early,
+                passed=turn.passed,
+                response_content=turn.response_content,
+                criteria_results=[_criterion_result_read(c) for c in turn.criteria_results],
+            )
+            for turn in run.turn_results
+        ]
+    return schemas.ScenarioRunRead(
+        id=run.id,
+        scenario_id=run.scenario_id,
+        agent_id=run.agent_id,
+        status=run.status,
+        started_at=run.started_at,
+        completed_at=run.completed_at,
+        created_at=run.created_at,
+        updated_at=run.updated_at,
+        session_id=run.session_id,
+        cost_summary=dict(run.cost_summary),
+        error_message=run.error_message,
+        turn_results=results,
+    )
+
+
+def _criterion_result_read(result: CriterionResult) -> schemas.CriterionResultRead:
+    return schemas.CriterionResultRead(
+        id=result.id,
+        criteria_id=result.criteria_id,
+        verdict=result.verdict,
+        critique=result.critique,
+        evidence=result.evidence,
+        input_tokens=result.input_tokens,
+        output_tokens=result.output_tokens,
+    )
