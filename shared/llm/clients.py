@@ -52,7 +52,7 @@ async def chat(
 def _ok_json(egress: EgressClient, provider: ProviderConfig, response: Any, who: str) -> Any:
     if response.status_code >= 400:
         # Providers sometimes echo the key they were given: never let it into a message.
-        body = egress.policy.redact(response.text[:300], provider.api_key)
+        body = egress.policy.redact(response.text, provider.api_key)[:300]
         raise LLMError(f"{who} answered HTTP {response.status_code}: {body}")
     try:
         return response.json()

@@ -72,7 +72,7 @@ async def call_agent(
         }
     response = await egress.request("POST", agent.endpoint_url, json=body)
     if response.status_code >= 400:
-        body = egress.policy.redact(response.text[:300])
+        body = egress.policy.redact(response.text)[:300]
         raise AgentError(f"agent answered HTTP {response.status_code}: {body}")
     try:
         data = response.json()

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import ipaddress
+import math
 import random
 import re
 import socket
@@ -152,6 +153,8 @@ def is_public_address(address: str) -> bool:
             return is_public_address(str(embedded))
     if ip.is_multicast or ip.is_unspecified or ip.is_reserved or ip.is_link_local:
         return False
+    if isinstance(ip, ipaddress.IPv6Address) and ip.is_site_local:  # deprecated fec0::/10
+        return False
     if isinstance(ip, ipaddress.IPv4Address) and ip in _CGNAT:
         return False
     return ip.is_global
@@ -182,14 +185,24 @@ class EgressResponse:
         return self.content.decode("utf-8", errors="replace")
 
 
+_SENSITIVE = frozenset({"authorization", "proxy-authorization", "cookie", "x-api-key"})
+
+
+def _origin(url: str) -> tuple[str, str | None, int | None]:
+    parts = urlsplit(url)
+    return parts.scheme, parts.hostname, parts.port
+
+
 def _retry_after_s(headers: httpx.Headers, cap: float) -> float | None:
     raw = headers.get("retry-after")
     if not raw:
         return None
     try:
-        return min(max(float(raw), 0.0), cap)
+        seconds = float(raw)
     except ValueError:
         pass
+    else:
+        return min(max(seconds, 0.0), cap) if math.isfinite(seconds) else None
     try:
         when = parsedate_to_datetime(raw)
     except (TypeError, ValueError):
@@ -244,7 +257,11 @@ class EgressClient:
                     latency_ms=(time.perf_counter() - started) * 1000,
                     attempts=attempts,
                 )
-            url = urljoin(url, response.headers["location"])
+            next_url = urljoin(url, response.headers["location"])
+            if _origin(next_url) != _origin(url):
+                # Like every HTTP client: the caller's credentials stay with the first origin.
+                headers = {k: v for k, v in (headers or {}).items() if k.lower() not in _SENSITIVE}
+            url = next_url
             if response.status_code == 303:
                 method, json = "GET", None
         raise EgressError(f"too many redirects (more than {self._max_redirects})")
@@ -302,7 +319,8 @@ class EgressClient:
             query = f"{query}&{extra_query}" if query else extra_query
         pinned = urlunsplit((parts.scheme, f"{netloc_host}:{port}", parts.path or "/", query, ""))
         default_port = port == (443 if parts.scheme == "https" else 80)
-        host_header = parts.hostname if default_port else f"{parts.hostname}:{port}"
+        name = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
+        host_header = name if default_port else f"{name}:{port}"
         headers = {
             **dict(extra_headers),
             **self.policy.resolve_templates(rule.headers),

@@ -213,14 +213,15 @@ async def put_credential(
         .with_for_update()
     )
     created = credential is None
+    now = utcnow()
     if credential is None:
         credential = Credential(
-            organization_id=access.organization_id, key=key, ciphertext=ciphertext
+            organization_id=access.organization_id, key=key, ciphertext=ciphertext, created_at=now
         )
         session.add(credential)
     credential.ciphertext = ciphertext
     credential.description = body.description
-    credential.updated_at = utcnow()
+    credential.updated_at = now
     await _flush_unique(session, f"credential {key} was created concurrently; retry")
     return credential, created
 
@@ -401,13 +402,15 @@ async def _settle_agent(session: AsyncSession, agent: Agent) -> None:
             raise InvalidInput(("body", "endpoint_url"), "endpoint_url is required for http agents")
         _check_url(agent.endpoint_url, ("body", "endpoint_url"))
         agent.protocol = agent.protocol or "spar"
-    else:
-        if agent.llm_provider_id is None:
-            raise InvalidInput(
-                ("body", "llm_provider_id"), "llm_provider_id is required for llm agents"
-            )
+    elif agent.llm_provider_id is None:
+        raise InvalidInput(
+            ("body", "llm_provider_id"), "llm_provider_id is required for llm agents"
+        )
+    # Every provider reference must be a provider of this organization, whatever the kind.
+    if agent.llm_provider_id is not None:
         provider = await _provider_in_org(session, agent.organization_id, agent.llm_provider_id)
-        agent.model = agent.model or provider.default_model
+        if agent.kind == "llm":
+            agent.model = agent.model or provider.default_model
     if agent.judge_provider_id is not None:
         await _provider_in_org(session, agent.organization_id, agent.judge_provider_id)
 

@@ -1,0 +1,507 @@
+"""Loopback fakes of the services Spar calls: real HTTP servers speaking the real protocols.
+
+Every fake is a real HTTP/1.1 server on ``127.0.0.1`` (an ephemeral port) served from a
+background thread, so Spar's own code — the egress client, the LLM and agent clients —
+runs unchanged against it.  Each fake:
+
+* is a context manager (``with FakeOpenAI() as openai: ...``), or ``start()`` / ``stop()``;
+* exposes ``.url`` (``http://127.0.0.1:<port>``, no trailing slash) and ``.port``;
+* records every request it receives in ``.requests`` (a list of :class:`RecordedRequest`:
+  method, path, query, lower-cased headers, raw body and parsed JSON body), recorded
+  *before* any scripted delay, so a request whose client gave up is still seen (request
+  bodies must come with a Content-Length, as httpx sends them; chunked uploads are not
+  read);
+* is scriptable: ``enqueue(Reply(...), ...)`` queues canned responses served one per
+  request, in order; when the queue is empty the fake answers with its protocol's
+  normal reply (or the ``default`` :class:`Reply` of a :class:`FakeServer`).
+
+Protocol fakes:
+
+* :class:`FakeOpenAI` — ``POST …/chat/completions`` → a chat completion;
+* :class:`FakeAnthropic` — ``POST …/v1/messages`` → an Anthropic message;
+* :class:`FakeAgent` — Spar's agent protocol ``spar``: ``POST <endpoint>`` →
+  ``{"content", "usage": {"input_tokens", "output_tokens"}}``;
+* :class:`FakeServer` — anything else (status codes, redirects, ``Retry-After``).
+
+The protocol fakes take ``reply``: a string, or a function of the parsed JSON request
+body returning the reply text, so a scenario can answer according to what it was sent.
+
+Typical use in a test module::
+
+    @pytest.fixture
+    def openai() -> Iterator[FakeOpenAI]:
+        with FakeOpenAI(reply="hello") as fake:
+            yield fake
+
+    async def test_x(openai: FakeOpenAI) -> None:
+        openai.enqueue(Reply(status=503), Reply(status=503))  # two failures, then normal
+        ...
+        assert openai.requests[-1].json["model"] == "gpt-test"
+
+:func:`loopback_only_http` gives an ``httpx.AsyncClient`` that refuses (before any
+connection) to talk to anything but a loopback address: pass it as the egress client's
+``http=`` in tests that must never leave the machine even if the code under test regressed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import itertools
+import json
+import socket
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, Self
+from urllib.parse import parse_qs, urlsplit
+
+import httpx
+
+__all__ = [
+    "FakeAgent",
+    "FakeAnthropic",
+    "FakeOpenAI",
+    "FakeServer",
+    "NonLoopbackTraffic",
+    "RecordedRequest",
+    "Reply",
+    "anthropic_message",
+    "loopback_only_http",
+    "openai_completion",
+    "unused_loopback_url",
+]
+
+_ids = itertools.count(1)
+
+
+# --- what a fake records and what it answers -----------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class RecordedRequest:
+    """One request as the fake received it."""
+
+    method: str
+    path: str  # without the query string
+    query: dict[str, list[str]]  # parse_qs, blank values kept
+    raw_query: str
+    headers: dict[str, str]  # names lower-cased (HTTP header names are case-insensitive)
+    body: bytes
+    received_at: float  # time.monotonic()
+
+    @property
+    def json(self) -> Any:
+        """The body parsed as JSON, or ``None`` when empty or not JSON."""
+        if not self.body:
+            return None
+        try:
+            return json.loads(self.body)
+        except ValueError:
+            return None
+
+    def header(self, name: str, default: str | None = None) -> str | None:
+        return self.headers.get(name.lower(), default)
+
+    def query_value(self, name: str) -> str | None:
+        """The single value of query parameter ``name`` (``None`` if absent)."""
+        values = self.query.get(name)
+        return values[0] if values else None
+
+
+@dataclass(frozen=True, slots=True)
+class Reply:
+    """A canned response.  ``body`` (bytes or str, sent as is) wins over ``json``."""
+
+    status: int = 200
+    json: Any = None
+    body: bytes | str | None = None
+    headers: dict[str, str] = field(default_factory=dict)
+    delay: float = 0.0  # seconds to wait before answering
+
+    @classmethod
+    def redirect(cls, location: str, status: int = 302) -> Reply:
+        return cls(status=status, headers={"Location": location})
+
+    def encoded(self) -> tuple[bytes, str | None]:
+        """The body bytes and the content type to announce (if the reply sets none)."""
+        if self.body is not None:
+            raw = self.body.encode() if isinstance(self.body, str) else self.body
+            return raw, "text/plain; charset=utf-8"
+        if self.json is not None:
+            return json.dumps(self.json).encode(), "application/json"
+        return b"", None
+
+
+Responder = Callable[[RecordedRequest], Reply]
+
+
+# --- the server ----------------------------------------------------------------------------------
+
+
+class _HTTPServer(ThreadingHTTPServer):
+    daemon_threads = True
+    block_on_close = False  # stop() must not wait for kept-alive or delayed connections
+    allow_reuse_address = True
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # A client that gave up (read timeout) makes the delayed answer fail: expected.
+        pass
+
+
+class FakeServer:
+    """A scriptable HTTP server on 127.0.0.1; answers every method on every path.
+
+    ``default`` is the answer when the queue is empty: a :class:`Reply`, or a function of
+    the :class:`RecordedRequest` returning one.  Subclasses override :meth:`handle`.
+    """
+
+    def __init__(self, default: Reply | Responder | None = None) -> None:
+        self.default: Reply | Responder = default if default is not None else Reply(json={})
+        self.requests: list[RecordedRequest] = []
+        self._queue: deque[Reply] = deque()
+        self._lock = threading.Lock()
+        self._received = threading.Condition(self._lock)
+        self._server: _HTTPServer | None = None
+        self._thread: threading.Thread | None = None
+
+    # lifecycle
+
+    def start(self) -> Self:
+        if self._server is not None:
+            return self
+        self._server = _HTTPServer(("127.0.0.1", 0), self._handler_class())
+        self._thread = threading.Thread(
+            target=self._server.serve_forever,
+            kwargs={"poll_interval": 0.05},
+            name=f"{type(self).__name__}-{self.port}",
+            daemon=True,
+        )
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        if self._server is None:
+            return
+        self._server.shutdown()
+        self._server.server_close()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        self._server = None
+        self._thread = None
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    @property
+    def port(self) -> int:
+        if self._server is None:
+            raise RuntimeError(f"{type(self).__name__} is not started")
+        return int(self._server.server_address[1])
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    # scripting
+
+    def enqueue(self, *replies: Reply) -> None:
+        """Answer the next requests with ``replies``, in order, before the normal answer."""
+        with self._lock:
+            self._queue.extend(replies)
+
+    def reset(self) -> None:
+        """Forget recorded requests and queued replies."""
+        with self._lock:
+            self.requests.clear()
+            self._queue.clear()
+
+    def wait_for_requests(self, count: int, timeout: float = 5.0) -> list[RecordedRequest]:
+        """Block the calling thread until at least ``count`` requests arrived (else
+        ``TimeoutError``).  From async code use :meth:`requests_received`."""
+        with self._received:
+            if not self._received.wait_for(lambda: len(self.requests) >= count, timeout):
+                raise TimeoutError(f"{len(self.requests)} requests received, wanted {count}")
+            return list(self.requests)
+
+    async def requests_received(self, count: int, wait_s: float = 5.0) -> list[RecordedRequest]:
+        """:meth:`wait_for_requests` without blocking the event loop (``wait_s`` bounds it:
+        the waiting thread cannot be cancelled)."""
+        return await asyncio.to_thread(self.wait_for_requests, count, wait_s)
+
+    @property
+    def paths(self) -> list[str]:
+        return [request.path for request in self.requests]
+
+    def handle(self, request: RecordedRequest) -> Reply:
+        """The answer when nothing is queued; protocol fakes override this."""
+        return self.default(request) if callable(self.default) else self.default
+
+    # internals
+
+    def _record_and_choose(self, request: RecordedRequest) -> Reply:
+        with self._received:
+            self.requests.append(request)
+            self._received.notify_all()
+            queued = self._queue.popleft() if self._queue else None
+        return queued if queued is not None else self.handle(request)
+
+    def _handler_class(self) -> type[BaseHTTPRequestHandler]:
+        fake = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+            server_version = "SparFake/1.0"
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+            def _serve(self) -> None:
+                length = int(self.headers.get("Content-Length") or 0)
+                body = self.rfile.read(length) if length else b""
+                parts = urlsplit(self.path)
+                request = RecordedRequest(
+                    method=self.command,
+                    path=parts.path,
+                    query=parse_qs(parts.query, keep_blank_values=True),
+                    raw_query=parts.query,
+                    headers={name.lower(): value for name, value in self.headers.items()},
+                    body=body,
+                    received_at=time.monotonic(),
+                )
+                reply = fake._record_and_choose(request)
+                if reply.delay:
+                    time.sleep(reply.delay)
+                payload, content_type = reply.encoded()
+                self.send_response(reply.status)
+                names = {name.lower() for name in reply.headers}
+                for name, value in reply.headers.items():
+                    self.send_header(name, value)
+                if content_type and "content-type" not in names:
+                    self.send_header("Content-Type", content_type)
+                self.send_header("Content-Length", str(len(payload)))
+                self.end_headers()
+                if self.command != "HEAD":
+                    self.wfile.write(payload)
+
+            do_GET = do_POST = do_PUT = do_PATCH = do_DELETE = do_HEAD = do_OPTIONS = _serve
+
+        return Handler
+
+
+# --- protocol fakes ------------------------------------------------------------------------------
+
+ReplyText = str | Callable[[Any], str]
+
+
+def _reply_text(reply: ReplyText, body: Any) -> str:
+    return reply(body) if callable(reply) else reply
+
+
+def openai_completion(
+    content: str | None,
+    *,
+    model: str = "gpt-fake",
+    prompt_tokens: int = 11,
+    completion_tokens: int = 7,
+) -> dict[str, Any]:
+    """A ``chat.completion`` object as the OpenAI API returns it."""
+    return {
+        "id": f"chatcmpl-fake{next(_ids)}",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": content},
+                "finish_reason": "stop",
+            }
+        ],
+        "usage": {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens,
+        },
+    }
+
+
+def anthropic_message(
+    text: str,
+    *,
+    model: str = "claude-fake",
+    input_tokens: int = 13,
+    output_tokens: int = 5,
+) -> dict[str, Any]:
+    """A ``message`` object as the Anthropic Messages API returns it."""
+    return {
+        "id": f"msg_fake{next(_ids)}",
+        "type": "message",
+        "role": "assistant",
+        "model": model,
+        "content": [{"type": "text", "text": text}],
+        "stop_reason": "end_turn",
+        "stop_sequence": None,
+        "usage": {"input_tokens": input_tokens, "output_tokens": output_tokens},
+    }
+
+
+def _not_found(request: RecordedRequest) -> Reply:
+    return Reply(
+        status=404,
+        json={"error": {"message": f"no route {request.method} {request.path}"}},
+    )
+
+
+class FakeOpenAI(FakeServer):
+    """OpenAI chat completions: ``POST <anything>/chat/completions``.
+
+    The answer echoes the request's ``model``; ``reply`` is the assistant text (or a
+    function of the request body); ``prompt_tokens`` / ``completion_tokens`` the usage.
+    Use ``f"{fake.url}/v1"`` as a provider ``base_url``, or ``f"{fake.url}/v1/chat/completions"``
+    as the endpoint of an ``openai_chat`` agent.
+    """
+
+    def __init__(
+        self,
+        reply: ReplyText = "Hello from the fake OpenAI.",
+        *,
+        prompt_tokens: int = 11,
+        completion_tokens: int = 7,
+    ) -> None:
+        super().__init__()
+        self.reply = reply
+        self.prompt_tokens = prompt_tokens
+        self.completion_tokens = completion_tokens
+
+    def handle(self, request: RecordedRequest) -> Reply:
+        if request.method != "POST" or not request.path.endswith("/chat/completions"):
+            return _not_found(request)
+        body = request.json
+        if not isinstance(body, dict) or not isinstance(body.get("messages"), list):
+            return Reply(status=400, json={"error": {"message": "messages is required"}})
+        return Reply(
+            json=openai_completion(
+                _reply_text(self.reply, body),
+                model=str(body.get("model") or "gpt-fake"),
+                prompt_tokens=self.prompt_tokens,
+                completion_tokens=self.completion_tokens,
+            )
+        )
+
+
+class FakeAnthropic(FakeServer):
+    """Anthropic messages: ``POST <anything>/v1/messages``; use ``fake.url`` as base_url."""
+
+    def __init__(
+        self,
+        reply: ReplyText = "Hello from the fake Anthropic.",
+        *,
+        input_tokens: int = 13,
+        output_tokens: int = 5,
+    ) -> None:
+        super().__init__()
+        self.reply = reply
+        self.input_tokens = input_tokens
+        self.output_tokens = output_tokens
+
+    def handle(self, request: RecordedRequest) -> Reply:
+        if request.method != "POST" or not request.path.endswith("/v1/messages"):
+            return _not_found(request)
+        body = request.json
+        if not isinstance(body, dict) or not isinstance(body.get("messages"), list):
+            return Reply(
+                status=400,
+                json={"type": "error", "error": {"type": "invalid_request_error"}},
+            )
+        return Reply(
+            json=anthropic_message(
+                _reply_text(self.reply, body),
+                model=str(body.get("model") or "claude-fake"),
+                input_tokens=self.input_tokens,
+                output_tokens=self.output_tokens,
+            )
+        )
+
+
+class FakeAgent(FakeServer):
+    """An agent under test speaking protocol ``spar`` on ``POST <any path>``.
+
+    ``reply`` is the reply text or a function of the request body (``{"session_id",
+    "message", "messages", "customer_context", "metadata"}``).  ``usage=None`` leaves the
+    optional ``usage`` out of the answer.
+    """
+
+    def __init__(
+        self,
+        reply: ReplyText = "Hello from the fake agent.",
+        *,
+        usage: tuple[int, int] | None = (17, 3),
+    ) -> None:
+        super().__init__()
+        self.reply = reply
+        self.usage = usage
+
+    def handle(self, request: RecordedRequest) -> Reply:
+        if request.method != "POST":
+            return _not_found(request)
+        body = request.json
+        if not isinstance(body, dict) or "message" not in body:
+            return Reply(status=400, json={"error": "expected a spar agent request"})
+        answer: dict[str, Any] = {"content": _reply_text(self.reply, body)}
+        if self.usage is not None:
+            answer["usage"] = {"input_tokens": self.usage[0], "output_tokens": self.usage[1]}
+        return Reply(json=answer)
+
+
+# --- helpers -------------------------------------------------------------------------------------
+
+
+def unused_loopback_url() -> str:
+    """``http://127.0.0.1:<port>`` where nothing listens (connection refused)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    return f"http://127.0.0.1:{port}"
+
+
+class NonLoopbackTraffic(Exception):
+    """Raised instead of connecting anywhere but loopback."""
+
+
+def _is_loopback(host: str) -> bool:
+    try:
+        ip = ipaddress.ip_address(host.strip("[]"))
+    except ValueError:
+        return False  # a name: would need DNS
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    return ip.is_loopback
+
+
+class _LoopbackOnlyTransport(httpx.AsyncBaseTransport):
+    def __init__(self) -> None:
+        self._inner = httpx.AsyncHTTPTransport()
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        if not _is_loopback(request.url.host):
+            raise NonLoopbackTraffic(f"refusing to connect to {request.url.host!r}")
+        return await self._inner.handle_async_request(request)
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+
+def loopback_only_http() -> httpx.AsyncClient:
+    """An ``httpx.AsyncClient`` that only ever connects to loopback IP addresses.
+
+    Anything else raises :class:`NonLoopbackTraffic` (not an ``httpx`` error, so no retry
+    swallows it) before a socket is opened.  Close it (``async with``) after use.
+    """
+    return httpx.AsyncClient(transport=_LoopbackOnlyTransport(), trust_env=False)
