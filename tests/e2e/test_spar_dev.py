@@ -1,8 +1,12 @@
 """A newcomer's first command: ``spar dev`` on the embedded SQLite default, no services."""
 
+import json
+import time
+
 import httpx
 import pytest
 
+from tests.support.fakes import FakeAgent, FakeOpenAI
 from tests.support.processes import free_port, spar_process
 
 pytestmark = pytest.mark.slow
@@ -62,3 +66,75 @@ def test_spar_serve_refuses_to_start_without_a_secret_key(tmp_path):
     )
     assert result.returncode != 0
     assert "SPAR_SECRET_KEY" in result.stderr
+
+
+def test_spar_dev_runs_a_scenario_with_its_embedded_worker(tmp_path):
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    env = {"SPAR_DATABASE_URL": "", "SPAR_REDIS_URL": "", "SPAR_SECRET_KEY": ""}
+    verdict = json.dumps({"verdict": "PASS", "critique": "polite", "evidence": "Hello"})
+    with (
+        FakeAgent(reply=lambda body: f"Hello, {body['message']}") as agent,
+        FakeOpenAI(reply=verdict) as judge,
+        spar_process(
+            ["dev", "--port", str(port)], env, cwd=tmp_path, health_url=f"{base}/health/ready"
+        ),
+        httpx.Client(base_url=base, timeout=10) as http,
+    ):
+        token = http.post(
+            "/v1/auth/register",
+            json={
+                "email": "dev@example.com",
+                "password": "dev-password",
+                "first_name": "D",
+                "last_name": "V",
+            },
+        ).json()["access_token"]
+        h = {"Authorization": f"Bearer {token}"}
+        org = http.post("/v1/organizations", json={"name": "Dev"}, headers=h).json()["id"]
+        assert (
+            http.put(
+                f"/v1/orgs/{org}/credentials/judge_key", json={"value": "sk-dev"}, headers=h
+            ).status_code
+            == 201
+        )
+        http.post(f"/v1/orgs/{org}/allowed-domains/", json={"domain": "127.0.0.1"}, headers=h)
+        http.post(
+            f"/v1/orgs/{org}/llm-providers",
+            json={
+                "name": "judge",
+                "provider": "openai_compatible",
+                "base_url": judge.url,
+                "default_model": "judge-1",
+                "credential_key": "judge_key",
+                "is_default_judge": True,
+            },
+            headers=h,
+        )
+        agent_id = http.post(
+            f"/v1/orgs/{org}/agents",
+            json={"name": "bot", "kind": "http", "endpoint_url": agent.url},
+            headers=h,
+        ).json()["id"]
+        scenario_id = http.post(
+            f"/v1/orgs/{org}/scenarios",
+            json={
+                "name": "hello",
+                "turns": [{"user_message": "Hi", "criteria": [{"question": "Polite?"}]}],
+            },
+            headers=h,
+        ).json()["id"]
+        run = http.post(
+            f"/v1/orgs/{org}/scenarios/{scenario_id}/run", json={"agent_id": agent_id}, headers=h
+        )
+        assert run.status_code == 201, run.text
+        deadline = time.monotonic() + 20
+        while True:
+            state = http.get(f"/v1/orgs/{org}/scenarios/runs/{run.json()['id']}", headers=h).json()
+            if state["status"] in {"passed", "failed", "error"} or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+    assert state["status"] == "passed", state
+    assert state["turn_results"][0]["response_content"] == "Hello, Hi"
+    # The judge got the decrypted credential, through the egress policy.
+    assert judge.requests[0].header("authorization") == "Bearer sk-dev"

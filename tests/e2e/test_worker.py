@@ -1,0 +1,227 @@
+"""Scenario runs end to end: the API (in-process, real HTTP semantics), a real ``spar
+worker`` process on Redis, loopback fakes for the agent and the judge."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+import redis
+from sqlalchemy import func, select
+
+from shared.db.models import CriterionResult, TurnResult
+from shared.queue import RUN_SCENARIO, get_broker, send
+from tests.support.factories import tenant
+from tests.support.fakes import FakeAgent, FakeOpenAI
+from tests.support.processes import spar_process
+
+pytestmark = pytest.mark.slow
+
+VERDICT = json.dumps({"verdict": "PASS", "critique": "fine", "evidence": "ok"})
+
+
+@pytest.fixture
+def worker_env(database_url, settings):
+    redis.Redis.from_url(settings.redis_url).flushdb()
+    return {
+        "SPAR_DATABASE_URL": database_url,
+        "SPAR_REDIS_URL": settings.redis_url,
+        "SPAR_SECRET_KEY": settings.secret_key,
+        "SPAR_EGRESS_ALLOW_PRIVATE": "true",
+        "SPAR_LOG_LEVEL": "WARNING",
+    }
+
+
+async def _setup(client, agent_url: str, judge_url: str, turns: int = 2):
+    t = await tenant(client)
+    h, org = t.owner.headers, t.id
+    domain = await client.post(
+        f"/v1/orgs/{org}/allowed-domains/", json={"domain": "127.0.0.1"}, headers=h
+    )
+    assert domain.status_code == 201, domain.text
+    provider = await client.post(
+        f"/v1/orgs/{org}/llm-providers",
+        json={
+            "name": "judge",
+            "provider": "openai_compatible",
+            "base_url": judge_url,
+            "default_model": "judge-1",
+            "is_default_judge": True,
+        },
+        headers=h,
+    )
+    assert provider.status_code == 201, provider.text
+    agent = await client.post(
+        f"/v1/orgs/{org}/agents",
+        json={"name": "bot", "kind": "http", "endpoint_url": agent_url},
+        headers=h,
+    )
+    assert agent.status_code == 201, agent.text
+    scenario = await client.post(
+        f"/v1/orgs/{org}/scenarios",
+        json={
+            "name": "greeting",
+            "turns": [
+                {
+                    "user_message": f"message {n}",
+                    "criteria": [
+                        {"question": "Is it polite?"},
+                        {"question": f"message {n}", "criteria_type": "contains"},
+                    ],
+                }
+                for n in range(turns)
+            ],
+        },
+        headers=h,
+    )
+    assert scenario.status_code == 201, scenario.text
+    return t, agent.json()["id"], scenario.json()["id"]
+
+
+async def _poll(client, t, run_id: str, *, until, within: float = 30.0) -> dict:
+    deadline = time.monotonic() + within
+    while True:
+        run = (
+            await client.get(f"/v1/orgs/{t.id}/scenarios/runs/{run_id}", headers=t.owner.headers)
+        ).json()
+        if until(run):
+            return run
+        if time.monotonic() > deadline:
+            raise AssertionError(f"run did not reach the expected state: {run}")
+        await asyncio.sleep(0.1)
+
+
+async def _result_counts(db, run_id: str) -> tuple[int, int, int]:
+    turns = await db.scalar(
+        select(func.count()).select_from(TurnResult).where(TurnResult.run_id == run_id)
+    )
+    distinct = await db.scalar(
+        select(func.count(func.distinct(TurnResult.turn_index))).where(TurnResult.run_id == run_id)
+    )
+    criteria = await db.scalar(
+        select(func.count())
+        .select_from(CriterionResult)
+        .join(TurnResult, TurnResult.id == CriterionResult.turn_result_id)
+        .where(TurnResult.run_id == run_id)
+    )
+    return turns, distinct, criteria
+
+
+async def test_a_worker_process_runs_a_scenario_to_passed(client, db, worker_env, tmp_path: Path):
+    with (
+        FakeAgent(reply=lambda body: f"Sure: {body['message']}") as agent,
+        FakeOpenAI(reply=VERDICT) as judge,
+        spar_process(
+            ["worker", "--processes", "1", "--threads", "4", "--queues", "runs"],
+            worker_env,
+            cwd=tmp_path,
+        ),
+    ):
+        t, agent_id, scenario_id = await _setup(client, agent.url, judge.url)
+        started = await client.post(
+            f"/v1/orgs/{t.id}/scenarios/{scenario_id}/run",
+            json={"agent_id": agent_id},
+            headers=t.owner.headers,
+        )
+        assert started.status_code == 201, started.text
+        assert started.json()["status"] == "pending"
+        run = await _poll(
+            client,
+            t,
+            started.json()["id"],
+            until=lambda r: r["status"] in {"passed", "failed", "error"},
+        )
+    assert run["status"] == "passed", run
+    assert [turn["response_content"] for turn in run["turn_results"]] == [
+        "Sure: message 0",
+        "Sure: message 1",
+    ]
+    assert all(len(turn["criteria_results"]) == 2 for turn in run["turn_results"])
+    assert run["cost_summary"]["agent"]["calls"] == 2
+    assert run["cost_summary"]["judge"]["calls"] == 2
+    assert len(agent.requests) == 2
+    assert await _result_counts(db, run["id"]) == (2, 2, 4)
+
+
+async def test_the_same_message_delivered_twice_runs_once(
+    client, db, app, worker_env, tmp_path: Path
+):
+    with (
+        FakeAgent(reply=lambda body: (time.sleep(0.3), f"ok {body['message']}")[1]) as agent,
+        FakeOpenAI(reply=VERDICT) as judge,
+        spar_process(
+            ["worker", "--processes", "2", "--threads", "4", "--queues", "runs"],
+            worker_env,
+            cwd=tmp_path,
+        ),
+    ):
+        t, agent_id, scenario_id = await _setup(client, agent.url, judge.url, turns=3)
+        started = await client.post(
+            f"/v1/orgs/{t.id}/scenarios/{scenario_id}/run",
+            json={"agent_id": agent_id},
+            headers=t.owner.headers,
+        )
+        run_id = started.json()["id"]
+        # At-least-once delivery: the same message again, while the first is being worked on.
+        send(app.state.broker, RUN_SCENARIO, run_id)
+        run = await _poll(
+            client, t, run_id, until=lambda r: r["status"] in {"passed", "failed", "error"}
+        )
+        await asyncio.sleep(1.0)  # let a late duplicate finish whatever it would do
+    assert run["status"] == "passed", run
+    assert await _result_counts(db, run_id) == (3, 3, 6)
+    again = (
+        await client.get(f"/v1/orgs/{t.id}/scenarios/runs/{run_id}", headers=t.owner.headers)
+    ).json()
+    assert again["completed_at"] == run["completed_at"]
+
+
+async def test_a_worker_killed_mid_run_is_resumed_by_the_next(
+    client, db, app, worker_env, tmp_path: Path
+):
+    worker_args = ["worker", "--processes", "1", "--threads", "2", "--queues", "runs"]
+    with (
+        FakeAgent(reply=lambda body: (time.sleep(0.6), f"ok {body['message']}")[1]) as agent,
+        FakeOpenAI(reply=VERDICT) as judge,
+    ):
+        t, agent_id, scenario_id = await _setup(client, agent.url, judge.url, turns=4)
+        with spar_process(worker_args, worker_env, cwd=tmp_path) as worker:
+            started = await client.post(
+                f"/v1/orgs/{t.id}/scenarios/{scenario_id}/run",
+                json={"agent_id": agent_id},
+                headers=t.owner.headers,
+            )
+            run_id = started.json()["id"]
+            await _poll(client, t, run_id, until=lambda r: len(r["turn_results"]) >= 1)
+            os.killpg(worker.pid, signal.SIGKILL)
+            worker.wait()
+        crashed = (
+            await client.get(f"/v1/orgs/{t.id}/scenarios/runs/{run_id}", headers=t.owner.headers)
+        ).json()
+        assert crashed["status"] == "running"
+        committed = len(crashed["turn_results"])
+        assert 1 <= committed < 4
+        with spar_process(worker_args, worker_env, cwd=tmp_path):
+            # The killed worker never acknowledged the message: the broker hands it out again
+            # after its heartbeat times out, and the scheduler's sweeper re-enqueues stuck
+            # runs.  Either way it is the same message again: send it as they would.
+            send(get_broker(worker_env["SPAR_REDIS_URL"]), RUN_SCENARIO, run_id)
+            run = await _poll(
+                client, t, run_id, until=lambda r: r["status"] in {"passed", "failed", "error"}
+            )
+    assert run["status"] == "passed", run
+    assert await _result_counts(db, run_id) == (4, 4, 8)
+    # The resumed worker replayed nothing already committed: each turn's message reached the
+    # agent once, except possibly the one in flight when the worker died.
+    messages = [request.json["message"] for request in agent.requests]
+    assert sorted(set(messages)) == [f"message {n}" for n in range(4)]
+    assert len(messages) <= 5
+    resumed = [r.json for r in agent.requests if r.json["message"] == "message 3"][-1]
+    assert [m["content"] for m in resumed["messages"] if m["role"] == "user"] == [
+        f"message {n}" for n in range(4)
+    ]
