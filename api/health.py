@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import msgspec
 from litestar import Controller, Response, get
 from litestar.datastructures import State
@@ -27,7 +29,7 @@ class HealthController(Controller):
 
     @get("/ready", operation_id="healthReady")
     async def ready(self, state: State) -> Response[HealthStatus]:
-        """The process can serve: the database answers (503 otherwise)."""
+        """The process can serve: the database and the broker answer (503 otherwise)."""
         checks: dict[str, str] = {}
         try:
             async with session_scope(state.session_factory) as session:
@@ -35,6 +37,12 @@ class HealthController(Controller):
             checks["database"] = "ok"
         except Exception as exc:  # a probe reports, it does not raise
             checks["database"] = f"error: {type(exc).__name__}"
+        if state.settings.redis_url:
+            try:
+                await asyncio.to_thread(state.broker.client.ping)
+                checks["broker"] = "ok"
+            except Exception as exc:  # a probe reports, it does not raise
+                checks["broker"] = f"error: {type(exc).__name__}"
         ok = all(value == "ok" for value in checks.values())
         return Response(
             HealthStatus(status="ok" if ok else "unavailable", checks=checks),

@@ -50,7 +50,7 @@ async def test_liveness_and_readiness(client):
     assert live.status_code == 200 and live.json()["status"] == "ok"
     ready = await client.get("/health/ready")
     assert ready.status_code == 200
-    assert ready.json()["checks"]["database"] == "ok"
+    assert ready.json()["checks"] == {"database": "ok", "broker": "ok"}
 
 
 async def test_readiness_fails_when_the_database_is_unreachable(settings):
@@ -58,12 +58,15 @@ async def test_readiness_fails_when_the_database_is_unreachable(settings):
     from litestar.testing import AsyncTestClient
 
     unreachable = msgspec.structs.replace(
-        settings, database_url="postgresql+psycopg://postgres@127.0.0.1:1/nowhere"
+        settings,
+        database_url="postgresql+psycopg://postgres@127.0.0.1:1/nowhere",
+        redis_url="redis://127.0.0.1:1/0",
     )
     async with AsyncTestClient(app=create_app(unreachable)) as other:
         ready = await other.get("/health/ready")
         assert ready.status_code == 503
         assert ready.json()["checks"]["database"].startswith("error")
+        assert ready.json()["checks"]["broker"].startswith("error")
         assert (await other.get("/health/live")).status_code == 200
 
 
