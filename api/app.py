@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import Any
 
@@ -12,6 +13,7 @@ from litestar.openapi.plugins import SwaggerRenderPlugin
 from litestar.openapi.spec import Components, SecurityScheme
 
 from api.auth import ACCESS_KEY, authorize
+from api.batches.controllers import CONTROLLERS as BATCH_CONTROLLERS
 from api.deps import DEPENDENCIES
 from api.exceptions import EXCEPTION_HANDLERS
 from api.health import HealthController
@@ -25,7 +27,12 @@ from shared.settings import Settings, get_settings
 
 log = logging.getLogger("spar.api")
 
-V1_CONTROLLERS: list[Any] = [*IDENTITY_CONTROLLERS, *OUTBOUND_CONTROLLERS, *SCENARIO_CONTROLLERS]
+V1_CONTROLLERS: list[Any] = [
+    *IDENTITY_CONTROLLERS,
+    *OUTBOUND_CONTROLLERS,
+    *SCENARIO_CONTROLLERS,
+    *BATCH_CONTROLLERS,
+]
 
 
 def _check_access_rules(router: Router) -> None:
@@ -94,11 +101,24 @@ def create_dev_app() -> Litestar:
 
     async def start_worker(app: Litestar) -> None:
         import workers.actors  # noqa: F401 - declares the actors on the in-memory broker
+        from scheduler.main import sweep_forever
 
         app.state.worker = dramatiq.Worker(app.state.broker, worker_threads=8)
         app.state.worker.start()
+        # The sweeper, in the API's loop: one process, nothing to elect.
+        app.state.sweeper_stop = asyncio.Event()
+        app.state.sweeper = asyncio.create_task(
+            sweep_forever(
+                app.state.session_factory,
+                app.state.broker,
+                app.state.settings,
+                app.state.sweeper_stop,
+            )
+        )
 
     async def stop_worker(app: Litestar) -> None:
+        app.state.sweeper_stop.set()
+        await app.state.sweeper
         app.state.worker.stop()
 
     app.on_startup.append(start_worker)

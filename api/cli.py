@@ -97,6 +97,16 @@ def cmd_worker(args: argparse.Namespace) -> None:
     sys.exit(dramatiq_main(make_argument_parser().parse_args(argv)))
 
 
+def cmd_scheduler(_: argparse.Namespace) -> None:
+    """The sweeper (and, later, cron triggers); run several, one is active."""
+    from scheduler.main import main as scheduler_main
+
+    settings = get_settings()
+    if not settings.redis_url:
+        raise SettingsError("SPAR_REDIS_URL must be set: the scheduler sends work to Redis")
+    scheduler_main()
+
+
 def cmd_serve(args: argparse.Namespace) -> None:
     if not get_settings().secret_key:
         raise SettingsError("SPAR_SECRET_KEY must be set (it encrypts secrets at rest)")
@@ -122,6 +132,9 @@ def build_parser() -> argparse.ArgumentParser:
     worker.add_argument("--processes", type=int, default=2)
     worker.add_argument("--threads", type=int, default=16)
     worker.set_defaults(func=cmd_worker)
+
+    scheduler = commands.add_parser("scheduler", help="run the scheduler (sweeper)")
+    scheduler.set_defaults(func=cmd_scheduler)
 
     serve = commands.add_parser("serve", help="run the API")
     serve.add_argument("--host", default="0.0.0.0")  # noqa: S104 - a server listens

@@ -18,6 +18,7 @@ from dramatiq.middleware import AsyncIO
 
 QUEUES = ("runs", "batches", "documents", "calibration", "triggers")
 RUN_SCENARIO = ("runs", "run_scenario")
+DISPATCH_BATCH = ("batches", "dispatch_batch")
 
 
 @lru_cache(maxsize=4)

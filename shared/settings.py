@@ -25,6 +25,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     user_token_ttl_s: int = 7 * 24 * 3600
     calibration_wait_s: float = 30.0
     egress_timeout_s: float = 60.0
+    sweep_interval_s: float = 15.0
+    run_stall_s: float = 300.0
     db_pool_size: int = 10
     log_level: str = "INFO"
 
@@ -68,6 +70,8 @@ _VARIABLES = {
     "SPAR_USER_TOKEN_TTL_S": ("user_token_ttl_s", _positive_int),
     "SPAR_CALIBRATION_WAIT_S": ("calibration_wait_s", _positive_float),
     "SPAR_EGRESS_TIMEOUT_S": ("egress_timeout_s", _positive_float),
+    "SPAR_SWEEP_INTERVAL_S": ("sweep_interval_s", _positive_float),
+    "SPAR_RUN_STALL_S": ("run_stall_s", _positive_float),
     "SPAR_DB_POOL_SIZE": ("db_pool_size", _positive_int),
     "SPAR_LOG_LEVEL": ("log_level", str.upper),
 }

@@ -1,5 +1,5 @@
 """Every actor, for ``spar worker`` (``dramatiq workers.actors``)."""
 
-from workers.runs import run_scenario
+from workers.runs import dispatch_batch, run_scenario
 
-__all__ = ["run_scenario"]
+__all__ = ["dispatch_batch", "run_scenario"]

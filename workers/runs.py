@@ -1,4 +1,7 @@
-"""Actor for scenario runs (queue ``runs``): thin, the rules live in shared.scenarios.runner."""
+"""Actors for scenario runs (queue ``runs``) and batch dispatch (queue ``batches``).
+
+Thin: the rules live in shared.scenarios.runner and shared.batches.services.
+"""
 
 from __future__ import annotations
 
@@ -6,17 +9,22 @@ from uuid import UUID
 
 import dramatiq
 
-from shared.queue import RUN_SCENARIO
+from shared.batches.services import dispatch_committed
+from shared.queue import DISPATCH_BATCH, RUN_SCENARIO, send
 from shared.runtime import get_runtime
 from shared.scenarios.runner import execute_run
-from workers.broker import broker  # noqa: F401 - sets the broker before the actor is declared
+from workers.broker import broker
 
-queue_name, actor_name = RUN_SCENARIO
+
+async def _refill(batch_id: UUID) -> None:
+    """Hand out the batch's next runs (committed first), then send them."""
+    for run_id in await dispatch_committed(get_runtime().session_factory, batch_id):
+        send(broker, RUN_SCENARIO, str(run_id))
 
 
 @dramatiq.actor(
-    actor_name=actor_name,
-    queue_name=queue_name,
+    actor_name=RUN_SCENARIO[1],
+    queue_name=RUN_SCENARIO[0],
     # A run is resumable and idempotent, so a retry after a crash is safe; a few are enough.
     max_retries=3,
     min_backoff=1_000,
@@ -26,4 +34,20 @@ queue_name, actor_name = RUN_SCENARIO
 )
 async def run_scenario(run_id: str) -> None:
     runtime = get_runtime()
-    await execute_run(runtime.session_factory, runtime.settings, UUID(run_id), http=runtime.http)
+    batch_id = await execute_run(
+        runtime.session_factory, runtime.settings, UUID(run_id), http=runtime.http
+    )
+    if batch_id is not None:
+        await _refill(batch_id)
+
+
+@dramatiq.actor(
+    actor_name=DISPATCH_BATCH[1],
+    queue_name=DISPATCH_BATCH[0],
+    max_retries=5,
+    min_backoff=500,
+    max_backoff=10_000,
+    time_limit=60 * 1000,
+)
+async def dispatch_batch(batch_id: str) -> None:
+    await _refill(UUID(batch_id))

@@ -28,6 +28,7 @@ from sqlalchemy import select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from shared.batches.services import count_terminal_run
 from shared.db.base import utcnow
 from shared.db.engine import session_scope
 from shared.db.models import CriterionResult, Organization, ScenarioRun, TurnResult
@@ -254,17 +255,24 @@ async def _record_turn(
 
 async def finish(
     factory: async_sessionmaker[AsyncSession], run_id: UUID, status: str, error: str | None = None
-) -> bool:
-    """Move a non-terminal run to ``status``; False when it was already terminal."""
+) -> UUID | None:
+    """Move a non-terminal run to ``status`` and, in the same transaction, count it in its
+    batch.  Returns the batch to refill, if the run belongs to one and was counted now."""
     async with session_scope(factory) as session:
         now = utcnow()
-        result = await session.execute(
-            update(ScenarioRun)
-            .where(ScenarioRun.id == run_id, ScenarioRun.status.in_(("pending", "running")))
-            .values(status=status, completed_at=now, updated_at=now, error_message=error)
-            .execution_options(synchronize_session=False)
-        )
-        return result.rowcount == 1
+        moved = (
+            await session.execute(
+                update(ScenarioRun)
+                .where(ScenarioRun.id == run_id, ScenarioRun.status.in_(("pending", "running")))
+                .values(status=status, completed_at=now, updated_at=now, error_message=error)
+                .returning(ScenarioRun.batch_run_id)
+                .execution_options(synchronize_session=False)
+            )
+        ).first()
+        if moved is None or moved[0] is None:
+            return None
+        await count_terminal_run(session, moved[0], status)
+        return moved[0]
 
 
 async def execute_run(
@@ -273,19 +281,23 @@ async def execute_run(
     run_id: UUID,
     *,
     http: httpx.AsyncClient | None = None,
-) -> None:
+) -> UUID | None:
+    """Play the run to a terminal state (or leave it to the delivery that owns it).
+
+    Returns the batch whose window this run's end has freed, for the caller to refill.
+    """
     try:
         claimed = await _claim(factory, settings, run_id, http)
         if claimed is None:
-            return
+            return None
         context, done = claimed
         status = await _run_turns(factory, context, done)
     except RunAborted as exc:
         log.info("run %s ends in error: %s", run_id, exc)
-        await finish(factory, run_id, "error", str(exc))
-        return
-    if status is not None:
-        await finish(factory, run_id, status)
+        return await finish(factory, run_id, "error", str(exc))
+    if status is None:
+        return None
+    return await finish(factory, run_id, status)
 
 
 async def _run_turns(

@@ -1,6 +1,7 @@
 """Every ORM model, imported here so Alembic and the metadata see the whole schema."""
 
 from shared.db.base import Base
+from shared.db.models.batches import BatchRun
 from shared.db.models.identity import (
     Membership,
     Organization,
@@ -23,6 +24,7 @@ __all__ = [
     "Agent",
     "AllowedDomain",
     "Base",
+    "BatchRun",
     "Credential",
     "Criterion",
     "CriterionResult",

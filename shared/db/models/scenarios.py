@@ -74,6 +74,7 @@ class ScenarioRun(IdMixin, TimestampMixin, Base):
     __table_args__ = (
         Index("ix_scenario_runs_org_created", "organization_id", "created_at"),
         Index("ix_scenario_runs_status_updated", "status", "updated_at"),
+        Index("ix_scenario_runs_batch_status", "batch_run_id", "status"),
     )
 
     organization_id: Mapped[uuid.UUID] = mapped_column(
@@ -91,6 +92,11 @@ class ScenarioRun(IdMixin, TimestampMixin, Base):
     created_by_user_id: Mapped[uuid.UUID | None] = mapped_column(
         ForeignKey("users.id", ondelete="SET NULL")
     )
+    # Batch membership: the window counts runs dispatched and not yet terminal.
+    batch_run_id: Mapped[uuid.UUID | None] = mapped_column(
+        ForeignKey("batch_runs.id", ondelete="CASCADE")
+    )
+    dispatched_at: Mapped[datetime | None]
 
     turn_results: Mapped[list[TurnResult]] = relationship(
         lazy="raise", order_by="TurnResult.turn_index", passive_deletes=True

@@ -1,0 +1,135 @@
+"""Batch-run endpoints: create, read (spec 15), list, cancel, and live progress (SSE)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Annotated
+from uuid import UUID
+
+import msgspec
+from litestar import Controller, get, post
+from litestar.datastructures import State
+from litestar.params import JSONBody, QueryParameter
+from litestar.response import ServerSentEvent, ServerSentEventMessage
+from litestar.status_codes import HTTP_200_OK
+from sqlalchemy import select
+
+from api.deps import Access, DbSession, Page, PathId
+from shared.batches import schemas, services
+from shared.db.engine import session_scope
+from shared.db.models import ScenarioRun
+from shared.identity.access import OrgAccess, requires
+from shared.queue import DISPATCH_BATCH, send
+from shared.scenarios.schemas import TERMINAL_STATUSES
+
+EVENT_POLL_S = 0.5
+
+
+class BatchRunController(Controller):
+    path = "/orgs/{org_id:str}/scenarios/batch-runs"
+    tags = ["batch runs"]
+
+    @post("/", operation_id="createBatchRun", access=requires("scenarios:run"))
+    async def create_batch(
+        self,
+        db_session: DbSession,
+        state: State,
+        access: Access,
+        org_id: PathId,
+        data: JSONBody[schemas.BatchRunCreate],
+    ) -> schemas.BatchRunRead:
+        """Run many scenarios (by id and/or tag) against one agent: 201, status `queued`."""
+        batch = await services.create_batch(db_session, access, data)
+        await db_session.commit()  # the runs exist before anyone is told about them
+        send(state.broker, DISPATCH_BATCH, str(batch.id))
+        return services.batch_read(batch)
+
+    @get("/", operation_id="listBatchRuns", access=requires("scenarios:read"))
+    async def list_batches(
+        self,
+        db_session: DbSession,
+        access: Access,
+        org_id: PathId,
+        paging: Page,
+        status: Annotated[schemas.BatchStatus | None, QueryParameter()] = None,
+    ) -> schemas.BatchRunList:
+        rows, total = await services.list_batches(db_session, access, paging, status)
+        return schemas.BatchRunList(batch_runs=[services.batch_read(b) for b in rows], total=total)
+
+    @get("/{batch_run_id:str}", operation_id="getBatchRun", access=requires("scenarios:read"))
+    async def get_batch(
+        self, db_session: DbSession, access: Access, org_id: PathId, batch_run_id: PathId
+    ) -> schemas.BatchRunRead:
+        """The batch with its counters and a summary of every run."""
+        batch = await services.get_batch(db_session, access, batch_run_id)
+        runs = await services.run_summaries(db_session, batch.id)
+        return services.batch_read(batch, runs)
+
+    @post(
+        "/{batch_run_id:str}/cancel",
+        operation_id="cancelBatchRun",
+        access=requires("scenarios:run"),
+        status_code=HTTP_200_OK,
+    )
+    async def cancel_batch(
+        self, db_session: DbSession, access: Access, org_id: PathId, batch_run_id: PathId
+    ) -> schemas.BatchRunRead:
+        """Stop the batch: runs not yet started end as cancelled errors; status `error`."""
+        return services.batch_read(await services.cancel_batch(db_session, access, batch_run_id))
+
+    @get(
+        "/{batch_run_id:str}/events",
+        operation_id="streamBatchRunEvents",
+        access=requires("scenarios:read"),
+    )
+    async def events(
+        self,
+        db_session: DbSession,
+        state: State,
+        access: Access,
+        org_id: PathId,
+        batch_run_id: PathId,
+    ) -> ServerSentEvent:
+        """Server-Sent Events: `progress` (counters) on every change, `run` per finished run,
+        and a final `end` once the batch is completed or in error."""
+        await services.get_batch(db_session, access, batch_run_id)  # 404 before streaming
+        return ServerSentEvent(_progress(state, access, batch_run_id))
+
+
+async def _progress(
+    state: State, access: OrgAccess, batch_id: UUID
+) -> AsyncIterator[ServerSentEventMessage]:
+    seen: set[UUID] = set()
+    last: bytes | None = None
+    while True:
+        async with session_scope(state.session_factory) as session:
+            batch = await services.get_batch(session, access, batch_id)
+            finished = (
+                await session.execute(
+                    select(ScenarioRun.id, ScenarioRun.scenario_id, ScenarioRun.status)
+                    .where(
+                        ScenarioRun.batch_run_id == batch_id,
+                        ScenarioRun.status.in_(TERMINAL_STATUSES),
+                    )
+                    .order_by(ScenarioRun.completed_at, ScenarioRun.id)
+                )
+            ).all()
+        for run_id, scenario_id, status in finished:
+            if run_id not in seen:
+                seen.add(run_id)
+                payload = {"id": str(run_id), "scenario_id": str(scenario_id), "status": status}
+                yield ServerSentEventMessage(
+                    event="run", data=msgspec.json.encode(payload).decode()
+                )
+        progress = msgspec.json.encode(services.batch_read(batch))
+        if progress != last:
+            last = progress
+            yield ServerSentEventMessage(event="progress", data=progress.decode())
+        if batch.status in ("completed", "error"):
+            yield ServerSentEventMessage(event="end", data=progress.decode())
+            return
+        await asyncio.sleep(EVENT_POLL_S)
+
+
+CONTROLLERS = [BatchRunController]

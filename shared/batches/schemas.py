@@ -1,0 +1,56 @@
+"""Request and response bodies of batch runs (spec 15, DESIGN §3 and §5.3)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Literal
+from uuid import UUID
+
+import msgspec
+
+from shared.scenarios.schemas import Tag
+from shared.schemas import Input, Output
+
+BatchStatus = Literal["queued", "running", "completed", "error"]
+MAX_BATCH_SCENARIOS = 10_000
+
+
+class BatchRunCreate(Input):
+    agent_id: UUID
+    scenario_ids: Annotated[list[UUID], msgspec.Meta(max_length=MAX_BATCH_SCENARIOS)] = []
+    tags: Annotated[list[Tag], msgspec.Meta(max_length=50)] = []
+    max_concurrency: Annotated[int, msgspec.Meta(ge=1, le=100)] = 10
+
+
+class BatchRunItemSummary(Output):
+    id: UUID
+    scenario_id: UUID
+    scenario_name: str
+    status: str
+    passed_turns: int
+    total_turns: int
+
+
+class BatchRunRead(Output):
+    id: UUID
+    organization_id: UUID
+    agent_id: UUID
+    agent_name: str
+    status: str
+    total_scenarios: int
+    completed_scenarios: int
+    passed_scenarios: int
+    failed_scenarios: int
+    error_scenarios: int
+    max_concurrency: int
+    started_at: datetime | None
+    completed_at: datetime | None
+    created_at: datetime
+    updated_at: datetime
+    error_message: str | None = None
+    runs: list[BatchRunItemSummary] | msgspec.UnsetType = msgspec.UNSET
+
+
+class BatchRunList(Output):
+    batch_runs: list[BatchRunRead]
+    total: int

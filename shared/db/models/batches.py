@@ -1,0 +1,38 @@
+"""Batch runs: many scenario runs of one agent, dispatched through a sliding window."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+
+from sqlalchemy import ForeignKey, Index, Integer, String, Text
+from sqlalchemy.orm import Mapped, mapped_column
+
+from shared.db.base import Base, IdMixin, TimestampMixin
+
+
+class BatchRun(IdMixin, TimestampMixin, Base):
+    __tablename__ = "batch_runs"
+    __table_args__ = (
+        Index("ix_batch_runs_org_created", "organization_id", "created_at"),
+        Index("ix_batch_runs_status", "status"),
+    )
+
+    organization_id: Mapped[uuid.UUID] = mapped_column(
+        ForeignKey("organizations.id", ondelete="CASCADE")
+    )
+    agent_id: Mapped[uuid.UUID]
+    agent_name: Mapped[str] = mapped_column(String(255))
+    status: Mapped[str] = mapped_column(String(16), default="queued")
+    max_concurrency: Mapped[int] = mapped_column(Integer, default=10)
+    total_scenarios: Mapped[int] = mapped_column(Integer, default=0)
+    completed_scenarios: Mapped[int] = mapped_column(Integer, default=0)
+    passed_scenarios: Mapped[int] = mapped_column(Integer, default=0)
+    failed_scenarios: Mapped[int] = mapped_column(Integer, default=0)
+    error_scenarios: Mapped[int] = mapped_column(Integer, default=0)
+    started_at: Mapped[datetime | None]
+    completed_at: Mapped[datetime | None]
+    error_message: Mapped[str | None] = mapped_column(Text)
+    created_by_user_id: Mapped[uuid.UUID | None] = mapped_column(
+        ForeignKey("users.id", ondelete="SET NULL")
+    )
