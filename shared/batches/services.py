@@ -25,6 +25,7 @@ from shared.batches import schemas
 from shared.db.base import utcnow
 from shared.db.engine import session_scope
 from shared.db.models import BatchRun, Scenario, ScenarioRun, ScenarioTurn, TurnResult
+from shared.db.queries import one_in_org
 from shared.errors import Conflict, InvalidInput, NotFound
 from shared.identity.access import OrgAccess
 from shared.outbound.services import agent_in_org
@@ -99,14 +100,9 @@ async def create_batch(
 
 
 async def get_batch(session: AsyncSession, access: OrgAccess, batch_id: UUID) -> BatchRun:
-    batch = await session.scalar(
-        select(BatchRun)
-        .where(BatchRun.id == batch_id, BatchRun.organization_id == access.organization_id)
-        .execution_options(populate_existing=True)
+    return await one_in_org(
+        session, BatchRun, access.organization_id, batch_id, "batch run", populate_existing=True
     )
-    if batch is None:
-        raise NotFound("batch run not found")
-    return batch
 
 
 async def list_batches(

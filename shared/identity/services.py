@@ -14,12 +14,12 @@ from zoneinfo import available_timezones
 
 import msgspec
 from sqlalchemy import delete, select, update
-from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from shared import security
 from shared.db.base import utcnow
 from shared.db.models import Membership, Organization, PlatformToken, Role, User, UserToken
+from shared.db.queries import flush_unique, one_in_org
 from shared.errors import Conflict, InvalidInput, NotFound, PermissionDenied, Unauthorized
 from shared.identity import schemas
 from shared.identity.access import OrgAccess, Principal
@@ -47,14 +47,6 @@ def check_timezone(name: str, loc: tuple[str, ...] = ("body", "timezone")) -> st
     if name not in _iana_zones():
         raise InvalidInput(loc, "Unknown IANA time zone", input=name)
     return name
-
-
-async def _flush_unique(session: AsyncSession, message: str) -> None:
-    """Flush, turning a unique-constraint violation into a 409 with ``message``."""
-    try:
-        await session.flush()
-    except IntegrityError:
-        raise Conflict(message) from None
 
 
 # --- accounts and sessions -------------------------------------------------------------------
@@ -93,7 +85,7 @@ async def register(
     user.last_name = body.last_name
     user.timezone = body.timezone
     user.status = "active"
-    await _flush_unique(session, "an account with this email already exists")
+    await flush_unique(session, "an account with this email already exists")
     token, expires_at = await _issue_user_token(session, settings, user.id)
     return user, token, expires_at
 
@@ -304,12 +296,7 @@ async def delete_organization(session: AsyncSession, access: OrgAccess) -> None:
 
 
 async def _role_in_org(session: AsyncSession, org_id: UUID, role_id: UUID) -> Role:
-    role = await session.scalar(
-        select(Role).where(Role.id == role_id, Role.organization_id == org_id)
-    )
-    if role is None:
-        raise NotFound("role not found")
-    return role
+    return await one_in_org(session, Role, org_id, role_id, "role")
 
 
 async def _system_role(session: AsyncSession, org_id: UUID, name: str) -> Role:
@@ -338,7 +325,7 @@ async def create_role(session: AsyncSession, access: OrgAccess, body: schemas.Ro
         permissions=ordered(body.permissions),
     )
     session.add(role)
-    await _flush_unique(session, f"a role named {body.name!r} already exists")
+    await flush_unique(session, f"a role named {body.name!r} already exists")
     return role
 
 
@@ -354,7 +341,7 @@ async def update_role(
     if body.name is not schemas.UNSET:
         role.name = body.name
     role.updated_at = utcnow()
-    await _flush_unique(session, f"a role named {role.name!r} already exists")
+    await flush_unique(session, f"a role named {role.name!r} already exists")
     return role
 
 
@@ -462,11 +449,11 @@ async def invite_member(
     if user is None:
         user = User(email=email, status="invited", invited_at=utcnow(), password_hash=None)
         session.add(user)
-        await _flush_unique(session, "an account with this email was created concurrently")
+        await flush_unique(session, "an account with this email was created concurrently")
     session.add(
         Membership(organization_id=access.organization_id, user_id=user.id, role_id=role.id)
     )
-    await _flush_unique(session, "this user is already a member of the organization")
+    await flush_unique(session, "this user is already a member of the organization")
     return await get_member(session, access, user.id)
 
 
@@ -529,14 +516,9 @@ async def list_platform_tokens(
 async def get_platform_token(
     session: AsyncSession, access: OrgAccess, token_id: UUID
 ) -> PlatformToken:
-    pat = await session.scalar(
-        select(PlatformToken).where(
-            PlatformToken.id == token_id, PlatformToken.organization_id == access.organization_id
-        )
+    return await one_in_org(
+        session, PlatformToken, access.organization_id, token_id, "platform token"
     )
-    if pat is None:
-        raise NotFound("platform token not found")
-    return pat
 
 
 async def revoke_platform_token(session: AsyncSession, access: OrgAccess, token_id: UUID) -> None:

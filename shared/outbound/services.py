@@ -12,12 +12,12 @@ import re
 from uuid import UUID, uuid4
 
 from sqlalchemy import select
-from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from shared.crypto import secret_box
 from shared.db.base import utcnow
 from shared.db.models import Agent, AllowedDomain, Credential, LLMProvider
+from shared.db.queries import flush_unique, one_in_org
 from shared.errors import Conflict, InvalidInput, NotFound
 from shared.identity.access import OrgAccess
 from shared.outbound import schemas
@@ -107,13 +107,6 @@ async def _require_credentials(
         )
 
 
-async def _flush_unique(session: AsyncSession, message: str) -> None:
-    try:
-        await session.flush()
-    except IntegrityError:
-        raise Conflict(message) from None
-
-
 # --- allowed domains ---------------------------------------------------------------------------
 
 
@@ -125,14 +118,9 @@ async def list_domains(
 
 
 async def get_domain(session: AsyncSession, access: OrgAccess, domain_id: UUID) -> AllowedDomain:
-    entry = await session.scalar(
-        select(AllowedDomain).where(
-            AllowedDomain.id == domain_id, AllowedDomain.organization_id == access.organization_id
-        )
+    return await one_in_org(
+        session, AllowedDomain, access.organization_id, domain_id, "allowed domain"
     )
-    if entry is None:
-        raise NotFound("allowed domain not found")
-    return entry
 
 
 async def _check_domain_maps(
@@ -160,7 +148,7 @@ async def create_domain(
         query_params=dict(body.query_params),
     )
     session.add(entry)
-    await _flush_unique(session, f"{domain} is already allowed")
+    await flush_unique(session, f"{domain} is already allowed")
     return entry
 
 
@@ -177,7 +165,7 @@ async def update_domain(
     await _check_domain_maps(session, access.organization_id, headers, query_params)
     entry.headers, entry.query_params = headers, query_params
     entry.updated_at = utcnow()
-    await _flush_unique(session, f"{entry.domain} is already allowed")
+    await flush_unique(session, f"{entry.domain} is already allowed")
     return entry
 
 
@@ -222,7 +210,7 @@ async def put_credential(
     credential.ciphertext = ciphertext
     credential.description = body.description
     credential.updated_at = now
-    await _flush_unique(session, f"credential {key} was created concurrently; retry")
+    await flush_unique(session, f"credential {key} was created concurrently; retry")
     return credential, created
 
 
@@ -283,14 +271,7 @@ async def get_provider(session: AsyncSession, access: OrgAccess, provider_id: UU
 
 
 async def _provider_in_org(session: AsyncSession, org_id: UUID, provider_id: UUID) -> LLMProvider:
-    provider = await session.scalar(
-        select(LLMProvider).where(
-            LLMProvider.id == provider_id, LLMProvider.organization_id == org_id
-        )
-    )
-    if provider is None:
-        raise NotFound("llm provider not found")
-    return provider
+    return await one_in_org(session, LLMProvider, org_id, provider_id, "llm provider")
 
 
 async def list_providers(
@@ -381,12 +362,7 @@ async def get_agent(session: AsyncSession, access: OrgAccess, agent_id: UUID) ->
 
 
 async def agent_in_org(session: AsyncSession, org_id: UUID, agent_id: UUID) -> Agent:
-    agent = await session.scalar(
-        select(Agent).where(Agent.id == agent_id, Agent.organization_id == org_id)
-    )
-    if agent is None:
-        raise NotFound("agent not found")
-    return agent
+    return await one_in_org(session, Agent, org_id, agent_id, "agent")
 
 
 async def list_agents(

@@ -1,0 +1,36 @@
+"""Query helpers every domain's services share."""
+
+from __future__ import annotations
+
+from typing import Any, TypeVar
+from uuid import UUID
+
+from sqlalchemy import select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from shared.errors import Conflict, NotFound
+
+T = TypeVar("T")
+
+
+async def one_in_org(
+    session: AsyncSession, model: type[T], org_id: UUID, row_id: UUID, what: str, **options: Any
+) -> T:
+    """The row ``row_id`` of ``model`` if it belongs to ``org_id``; otherwise 404 — another
+    organization's id reads exactly like a missing one."""
+    query = select(model).where(model.id == row_id, model.organization_id == org_id)  # type: ignore[attr-defined]
+    if options:
+        query = query.execution_options(**options)
+    row = await session.scalar(query)
+    if row is None:
+        raise NotFound(f"{what} not found")
+    return row
+
+
+async def flush_unique(session: AsyncSession, message: str) -> None:
+    """Flush, turning a unique-constraint violation into a 409 with ``message``."""
+    try:
+        await session.flush()
+    except IntegrityError:
+        raise Conflict(message) from None
