@@ -15,6 +15,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from api.app import create_app
 from shared.settings import Settings
+from tests.support.design import ALL_PERMISSIONS, READS
 from tests.support.factories import (
     PASSWORD,
     add_member,
@@ -26,32 +27,7 @@ from tests.support.factories import (
     unique_email,
 )
 
-# DESIGN §4, written out here so the test does not trust the code's own catalogue.
-ALL_PERMISSIONS = {
-    "org:read",
-    "org:write",
-    "members:read",
-    "members:write",
-    "roles:read",
-    "roles:write",
-    "domains:read",
-    "domains:write",
-    "credentials:read",
-    "credentials:write",
-    "providers:read",
-    "providers:write",
-    "agents:read",
-    "agents:write",
-    "scenarios:read",
-    "scenarios:write",
-    "scenarios:run",
-    "knowledge:read",
-    "knowledge:write",
-    "knowledge:delete",
-    "triggers:read",
-    "triggers:write",
-}
-READ_PERMISSIONS = {p for p in ALL_PERMISSIONS if p.endswith(":read")}
+READ_PERMISSIONS = READS
 
 USER_FIELDS = {
     "id",

@@ -25,44 +25,9 @@ from litestar.testing import AsyncTestClient
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from tests.support.design import ALL_PERMISSIONS, ROLE_PERMISSIONS, USER_ROLES
 from tests.support.factories import Caller, Tenant, create_token, tenant
 
-ALL_PERMISSIONS = frozenset(
-    {
-        "org:read",
-        "org:write",
-        "members:read",
-        "members:write",
-        "roles:read",
-        "roles:write",
-        "domains:read",
-        "domains:write",
-        "credentials:read",
-        "credentials:write",
-        "providers:read",
-        "providers:write",
-        "agents:read",
-        "agents:write",
-        "scenarios:read",
-        "scenarios:write",
-        "scenarios:run",
-        "knowledge:read",
-        "knowledge:write",
-        "knowledge:delete",
-        "triggers:read",
-        "triggers:write",
-    }
-)
-READS = frozenset(p for p in ALL_PERMISSIONS if p.endswith(":read"))
-ROLE_PERMISSIONS: dict[str, frozenset[str]] = {
-    "OWNER": ALL_PERMISSIONS,
-    "ADMIN": ALL_PERMISSIONS,
-    "MEMBER": READS
-    | {"scenarios:write", "scenarios:run", "knowledge:write", "triggers:write", "agents:write"},
-    "VIEWER": READS,
-    "GUEST": frozenset(),
-}
-USER_ROLES = ("OWNER", "ADMIN", "MEMBER", "VIEWER", "GUEST")
 _serial = itertools.count(1)
 
 

@@ -20,6 +20,7 @@ from typing import Any
 
 from litestar.testing import AsyncTestClient
 
+from tests.support.design import ALL_PERMISSIONS, ROLE_PERMISSIONS, USER_ROLES
 from tests.support.factories import (
     Caller,
     Tenant,
@@ -31,43 +32,6 @@ from tests.support.factories import (
 )
 
 # --- the expected matrix, from DESIGN §4 ---------------------------------------------------------
-
-ALL_PERMISSIONS = frozenset(
-    {
-        "org:read",
-        "org:write",
-        "members:read",
-        "members:write",
-        "roles:read",
-        "roles:write",
-        "domains:read",
-        "domains:write",
-        "credentials:read",
-        "credentials:write",
-        "providers:read",
-        "providers:write",
-        "agents:read",
-        "agents:write",
-        "scenarios:read",
-        "scenarios:write",
-        "scenarios:run",
-        "knowledge:read",
-        "knowledge:write",
-        "knowledge:delete",
-        "triggers:read",
-        "triggers:write",
-    }
-)
-READS = frozenset(p for p in ALL_PERMISSIONS if p.endswith(":read"))
-ROLE_PERMISSIONS: dict[str, frozenset[str]] = {
-    "OWNER": ALL_PERMISSIONS,
-    "ADMIN": ALL_PERMISSIONS,
-    "MEMBER": READS
-    | {"scenarios:write", "scenarios:run", "knowledge:write", "triggers:write", "agents:write"},
-    "VIEWER": READS,
-    "GUEST": frozenset(),
-}
-USER_ROLES = ("OWNER", "ADMIN", "MEMBER", "VIEWER", "GUEST")
 
 
 @dataclass(frozen=True)

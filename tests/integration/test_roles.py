@@ -9,7 +9,7 @@ from uuid import uuid4
 
 from litestar.testing import AsyncTestClient
 
-from shared.identity.permissions import ALL_PERMISSIONS
+from tests.support.design import PERMISSION_CATALOGUE as ALL_PERMISSIONS
 from tests.support.factories import Caller, Tenant, add_member, tenant
 
 READS = {p for p in ALL_PERMISSIONS if p.endswith(":read")}

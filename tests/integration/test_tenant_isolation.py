@@ -14,32 +14,8 @@ from typing import Any
 
 from litestar.testing import AsyncTestClient
 
+from tests.support.design import PERMISSION_CATALOGUE as ALL_PERMISSIONS
 from tests.support.factories import Caller, Tenant, create_token, tenant, unique_email
-
-ALL_PERMISSIONS = [
-    "org:read",
-    "org:write",
-    "members:read",
-    "members:write",
-    "roles:read",
-    "roles:write",
-    "domains:read",
-    "domains:write",
-    "credentials:read",
-    "credentials:write",
-    "providers:read",
-    "providers:write",
-    "agents:read",
-    "agents:write",
-    "scenarios:read",
-    "scenarios:write",
-    "scenarios:run",
-    "knowledge:read",
-    "knowledge:write",
-    "knowledge:delete",
-    "triggers:read",
-    "triggers:write",
-]
 
 
 @dataclass
