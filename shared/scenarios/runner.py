@@ -22,7 +22,8 @@ from typing import Any
 from uuid import UUID
 
 import httpx
-from jinja2 import StrictUndefined, TemplateError
+from jinja2 import StrictUndefined, TemplateError, nodes
+from jinja2.exceptions import SecurityError
 from jinja2.sandbox import SandboxedEnvironment
 from sqlalchemy import select, update
 from sqlalchemy.exc import IntegrityError
@@ -42,7 +43,29 @@ from shared.settings import Settings
 
 log = logging.getLogger("spar.runs")
 
-_templates = SandboxedEnvironment(undefined=StrictUndefined, autoescape=False)
+MAX_RENDERED_CHARS = 100_000
+
+
+class _Sandbox(SandboxedEnvironment):
+    """Jinja's sandbox, also refusing the arithmetic that builds huge values."""
+
+    intercepted_binops = frozenset({"*", "**"})
+
+    def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
+        if operator == "**":
+            raise SecurityError("the power operator is not allowed in templates")
+        if isinstance(left, int) and not isinstance(left, bool) and isinstance(right, str | list):
+            left, right = right, left
+        if (
+            isinstance(left, str | list)
+            and isinstance(right, int)
+            and len(left) * right > MAX_RENDERED_CHARS
+        ):
+            raise SecurityError("template value too large")
+        return super().call_binop(context, operator, left, right)
+
+
+_templates = _Sandbox(undefined=StrictUndefined, autoescape=False)
 
 
 class RunAborted(Exception):
@@ -52,9 +75,20 @@ class RunAborted(Exception):
 def render_message(template: str, customer_context: dict[str, Any]) -> str:
     """A turn's user message rendered in the sandbox with the customer context's keys."""
     try:
-        return _templates.from_string(template).render(**customer_context)
-    except TemplateError as exc:
+        parsed = _templates.parse(template)
+        if any(node.name == "self" for node in parsed.find_all(nodes.Name)):
+            # Jinja binds "self" to the template itself; it cannot be a context variable.
+            raise RunAborted(
+                "user message template failed: 'self' is reserved in templates; "
+                "rename that customer_context key"
+            )
+        # One mapping, not keywords: no context key can collide with render()'s parameters.
+        rendered = _templates.from_string(parsed).render(customer_context)
+    except (TemplateError, ArithmeticError, TypeError, ValueError, MemoryError) as exc:
         raise RunAborted(f"user message template failed: {type(exc).__name__}: {exc}") from None
+    if len(rendered) > MAX_RENDERED_CHARS:
+        raise RunAborted("user message template failed: the rendered message is too long")
+    return rendered
 
 
 def deterministic_verdict(kind: str, pattern: str, reply: str) -> tuple[str, str, str]:
