@@ -27,6 +27,8 @@ class AgentConfig:
     model: str | None = None
     system_prompt: str | None = None
     provider: ProviderConfig | None = field(default=None, repr=False)
+    judge_provider_id: UUID | None = None
+    judge_model: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

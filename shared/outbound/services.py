@@ -486,6 +486,8 @@ async def load_agent(
         model=agent.model,
         system_prompt=agent.system_prompt,
         provider=provider,
+        judge_provider_id=agent.judge_provider_id,
+        judge_model=agent.judge_model,
     )
 
 

@@ -168,10 +168,9 @@ async def _claim(
             )
         )
         try:
-            agent_row = await outbound.agent_in_org(session, run.organization_id, run.agent_id)
             agent = await outbound.load_agent(session, settings, run.organization_id, run.agent_id)
             policy = await outbound.load_egress_policy(session, settings, run.organization_id)
-            judge_id = agent_row.judge_provider_id or await outbound.default_judge_provider_id(
+            judge_id = agent.judge_provider_id or await outbound.default_judge_provider_id(
                 session, run.organization_id
             )
             judge_provider = (
@@ -192,7 +191,7 @@ async def _claim(
             agent=agent,
             egress=EgressClient(policy, http=http, timeout_s=settings.egress_timeout_s),
             judge_provider=judge_provider,
-            judge_model=agent_row.judge_model,
+            judge_model=agent.judge_model,
             business_information=business or "",
         )
         return context, done
