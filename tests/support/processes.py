@@ -31,7 +31,11 @@ def spar_executable() -> str:
 
 @contextmanager
 def spar_process(
-    args: list[str], env: dict[str, str], *, cwd: Path, health_url: str | None = None,
+    args: list[str],
+    env: dict[str, str],
+    *,
+    cwd: Path,
+    health_url: str | None = None,
     timeout: float = 30.0,
 ) -> Iterator[subprocess.Popen[bytes]]:
     """Run ``spar <args>``; wait for ``health_url`` to answer 200; always stop it after."""
