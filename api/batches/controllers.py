@@ -92,7 +92,7 @@ class BatchRunController(Controller):
         batch_run_id: PathId,
     ) -> ServerSentEvent:
         """Server-Sent Events: `progress` (counters) on every change, `run` per finished run,
-        and a final `end` once the batch is completed or in error."""
+        and a final `end` once the batch is over and every one of its runs is counted."""
         await services.get_batch(db_session, access, batch_run_id)  # 404 before streaming
         return ServerSentEvent(_progress(state, access, batch_run_id))
 
@@ -126,7 +126,10 @@ async def _progress(
         if progress != last:
             last = progress
             yield ServerSentEventMessage(event="progress", data=progress.decode())
-        if batch.status in ("completed", "error"):
+        # A cancelled batch still counts the runs that were in flight: end after the last.
+        if batch.status in ("completed", "error") and (
+            batch.completed_scenarios >= batch.total_scenarios
+        ):
             yield ServerSentEventMessage(event="end", data=progress.decode())
             return
         await asyncio.sleep(EVENT_POLL_S)
