@@ -1,0 +1,409 @@
+"""Chaos: a batch of 300 two-turn scenarios on two real ``spar worker`` processes and a
+real ``spar scheduler``; one worker is killed with SIGKILL mid-batch, then replaced.
+
+The batch must still complete with every run terminal, exact counters (equal to what
+the runs themselves say, and to what the scenarios were built to produce), the window
+never exceeded, and no turn or criterion result written twice.  Recovery comes from
+Dramatiq's at-least-once delivery and the scheduler's sweeper (``SPAR_RUN_STALL_S=3``,
+``SPAR_SWEEP_INTERVAL_S=1``), which re-sends runs the dead worker held and refills the
+window if the worker died between a run's end and its refill.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import signal
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+from uuid import UUID
+
+import pytest
+import redis
+from dramatiq import Message
+from sqlalchemy import func, select, text
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from shared.db.models import CriterionResult, ScenarioRun, TurnResult
+from tests.support.factories import tenant
+from tests.support.fakes import FakeAgent, FakeOpenAI
+from tests.support.processes import spar_process
+
+pytestmark = pytest.mark.slow
+
+SCENARIOS = 300
+WINDOW = 20
+AGENT_DELAY_S = 0.05
+JUDGE_DELAY_S = 0.03
+KILL_AT = 0.25  # share of runs completed when worker A dies
+DEADLINE_S = 150.0
+WORKER_ARGS = ["worker", "--processes", "1", "--threads", "16", "--queues", "runs,batches"]
+
+
+def expected_status(n: int) -> str:
+    """What scenario ``n`` is built to end as (see :func:`scenario_body`)."""
+    if n % 20 == 7:
+        return "error"
+    if n % 10 == 3:
+        return "failed"
+    return "passed"
+
+
+def scenario_body(n: int) -> dict[str, Any]:
+    """Two turns, each with a deterministic check and an LLM-judged criterion.
+
+    Turn 2 fails its check for ``failed`` scenarios and cannot render (an undefined
+    template variable) for ``error`` ones, so turn 1 is always committed first.
+    """
+    status = expected_status(n)
+    second = {
+        "passed": f"second {n}",
+        "failed": f"second {n}",
+        "error": f"second {n} {{{{ no_such_variable }}}}",
+    }[status]
+    check = "never-said" if status == "failed" else "second"
+    return {
+        "name": f"chaos {n:03d}",
+        "tags": ["chaos"],
+        "turns": [
+            {
+                "user_message": f"first {n}",
+                "criteria": [
+                    {"question": "first", "criteria_type": "contains"},
+                    {"question": "Is the reply polite?"},
+                ],
+            },
+            {
+                "user_message": second,
+                "criteria": [
+                    {"question": check, "criteria_type": "contains"},
+                    {"question": "Does it answer the question?"},
+                ],
+            },
+        ],
+    }
+
+
+class SlowAgent(FakeAgent):
+    """Echoes the message after a fixed delay; counts the runs it serves at once."""
+
+    def __init__(self) -> None:
+        super().__init__(reply=self._answer)
+        self._lock = threading.Lock()
+        self._active: Counter[str] = Counter()
+        self.max_runs_at_once = 0
+
+    def _answer(self, body: dict[str, Any]) -> str:
+        run_id = str((body.get("metadata") or {}).get("run_id"))
+        with self._lock:
+            self._active[run_id] += 1
+            self.max_runs_at_once = max(self.max_runs_at_once, len(+self._active))
+        try:
+            time.sleep(AGENT_DELAY_S)
+        finally:
+            with self._lock:
+                self._active[run_id] -= 1
+        return f"Echo: {body['message']}"
+
+
+def judge_reply(body: dict[str, Any]) -> str:
+    time.sleep(JUDGE_DELAY_S)
+    return json.dumps({"verdict": "PASS", "critique": "fine", "evidence": "ok"})
+
+
+@pytest.fixture
+def chaos_env(database_url: str, settings: Any) -> dict[str, str]:
+    redis.Redis.from_url(settings.redis_url).flushdb()
+    return {
+        "SPAR_DATABASE_URL": database_url,
+        "SPAR_REDIS_URL": settings.redis_url,
+        "SPAR_SECRET_KEY": settings.secret_key,
+        "SPAR_EGRESS_ALLOW_PRIVATE": "true",
+        "SPAR_LOG_LEVEL": "WARNING",
+        "SPAR_SWEEP_INTERVAL_S": "1",
+        "SPAR_RUN_STALL_S": "3",
+    }
+
+
+def logs(directory: Path) -> str:
+    """The tail of every process log, for a failure message."""
+    parts = []
+    for path in sorted(directory.glob("spar-*.log")):
+        parts.append(f"--- {path.name}\n{path.read_text(errors='replace')[-3000:]}")
+    return "\n".join(parts)
+
+
+async def setup(client: Any, agent_url: str, judge_url: str) -> tuple[Any, str]:
+    t = await tenant(client)
+    h = t.owner.headers
+    response = await client.post(
+        f"/v1/orgs/{t.id}/allowed-domains/", json={"domain": "127.0.0.1"}, headers=h
+    )
+    assert response.status_code == 201, response.text
+    response = await client.post(
+        f"/v1/orgs/{t.id}/llm-providers",
+        json={
+            "name": "judge",
+            "provider": "openai_compatible",
+            "base_url": f"{judge_url}/v1",
+            "default_model": "judge-1",
+            "is_default_judge": True,
+        },
+        headers=h,
+    )
+    assert response.status_code == 201, response.text
+    response = await client.post(
+        f"/v1/orgs/{t.id}/agents",
+        json={"name": "bot", "kind": "http", "endpoint_url": f"{agent_url}/chat"},
+        headers=h,
+    )
+    assert response.status_code == 201, response.text
+    agent_id = response.json()["id"]
+    for n in range(SCENARIOS):
+        response = await client.post(f"/v1/orgs/{t.id}/scenarios", json=scenario_body(n), headers=h)
+        assert response.status_code == 201, response.text
+    return t, agent_id
+
+
+async def in_flight(db: AsyncSession, batch_id: str) -> int:
+    count = await db.scalar(
+        select(func.count())
+        .select_from(ScenarioRun)
+        .where(
+            ScenarioRun.batch_run_id == UUID(batch_id),
+            ScenarioRun.dispatched_at.is_not(None),
+            ScenarioRun.status.in_(("pending", "running")),
+        )
+    )
+    await db.commit()
+    return int(count or 0)
+
+
+def sweeper_resent(directory: Path) -> int:
+    """Stalled runs the scheduler's sweeper re-sent, from its log (INFO)."""
+    return sum(
+        int(match)
+        for log in directory.glob("spar-scheduler-*.log")
+        for match in re.findall(r"sweeper re-sent (\d+) stalled runs", log.read_text())
+    )
+
+
+def held_runs(r: redis.Redis, worker_id: str) -> set[str]:
+    """Run ids of the ``runs`` messages a Dramatiq worker process has fetched and not yet
+    acknowledged (its ack set): what it strands if it dies."""
+    message_ids = list(r.smembers(f"dramatiq:__acks__.{worker_id}.runs"))
+    if not message_ids:
+        return set()
+    bodies = r.hmget("dramatiq:runs.msgs", message_ids)
+    return {Message.decode(body).args[0] for body in bodies if body}
+
+
+def consumers(r: redis.Redis) -> set[str]:
+    """Ids of the worker processes that ever fetched from ``runs``."""
+    prefix, suffix = "dramatiq:__acks__.", ".runs"
+    return {key.decode()[len(prefix) : -len(suffix)] for key in r.scan_iter(f"{prefix}*{suffix}")}
+
+
+async def test_a_batch_survives_a_worker_killed_mid_batch(
+    client: Any, db: AsyncSession, chaos_env: dict[str, str], tmp_path: Path
+) -> None:
+    started = time.monotonic()
+    r = redis.Redis.from_url(chaos_env["SPAR_REDIS_URL"])
+    with (
+        SlowAgent() as agent,
+        FakeOpenAI(reply=judge_reply) as judge,
+    ):
+        t, agent_id = await setup(client, agent.url, judge.url)
+        path = f"/v1/orgs/{t.id}/scenarios/batch-runs"
+        h = t.owner.headers
+        samples: list[int] = []
+
+        async def batch_state() -> dict[str, Any]:
+            response = await client.get(f"{path}/{batch_id}", headers=h)
+            assert response.status_code == 200, response.text
+            samples.append(await in_flight(db, batch_id))
+            return response.json()
+
+        with (
+            spar_process(["scheduler"], {**chaos_env, "SPAR_LOG_LEVEL": "INFO"}, cwd=tmp_path),
+            spar_process(WORKER_ARGS, chaos_env, cwd=tmp_path) as worker_a,
+        ):
+            response = await client.post(
+                f"{path}/",
+                json={"agent_id": agent_id, "tags": ["chaos"], "max_concurrency": WINDOW},
+                headers=h,
+            )
+            assert response.status_code == 201, response.text
+            assert response.json()["status"] == "queued"
+            assert response.json()["total_scenarios"] == SCENARIOS
+            batch_id = response.json()["id"]
+
+            # Worker A alone takes the first runs: the only consumer of ``runs`` is A.
+            deadline = time.monotonic() + 30
+            while not consumers(r):
+                assert time.monotonic() < deadline, f"worker A took nothing\n{logs(tmp_path)}"
+                await asyncio.sleep(0.05)
+            (worker_a_id,) = consumers(r)
+
+            with spar_process(WORKER_ARGS, chaos_env, cwd=tmp_path):
+                # A dies once a quarter of the runs are done, while it holds runs.
+                seen: set[str] = set()
+                deadline = time.monotonic() + 60
+                while True:
+                    state = await batch_state()
+                    held = held_runs(r, worker_a_id)
+                    seen |= consumers(r)
+                    done = state["completed_scenarios"]
+                    # Prefer a kill that strands several runs; settle for one later on.
+                    if done >= SCENARIOS * KILL_AT and len(held) >= (3 if done < 180 else 1):
+                        break
+                    assert time.monotonic() < deadline, (
+                        f"no kill point: {state['completed_scenarios']} done, "
+                        f"A holds {len(held)}\n{logs(tmp_path)}"
+                    )
+                    await asyncio.sleep(0.02)
+                os.killpg(worker_a.pid, signal.SIGKILL)
+                worker_a.wait()
+                at_kill = state["completed_scenarios"]
+                held |= held_runs(r, worker_a_id)
+                stranded = set(
+                    map(
+                        str,
+                        await db.scalars(
+                            select(ScenarioRun.id).where(
+                                ScenarioRun.id.in_([UUID(run_id) for run_id in held]),
+                                ScenarioRun.status.in_(("pending", "running")),
+                            )
+                        ),
+                    )
+                )
+                await db.commit()
+                assert at_kill < SCENARIOS, "the batch ended before the kill: make it longer"
+                assert len(seen) == 2, "worker B never took a run"
+
+                await asyncio.sleep(2.0)
+                with spar_process(WORKER_ARGS, chaos_env, cwd=tmp_path):
+                    deadline = time.monotonic() + DEADLINE_S
+                    while True:
+                        state = await batch_state()
+                        if state["status"] != "running":
+                            break
+                        assert time.monotonic() < deadline, (
+                            f"batch not finished after {DEADLINE_S}s: "
+                            f"{ {k: v for k, v in state.items() if k != 'runs'} }\n"
+                            f"{logs(tmp_path)}"
+                        )
+                        await asyncio.sleep(0.25)
+                    # Let any late duplicate delivery finish whatever it would still do.
+                    await asyncio.sleep(1.0)
+                    final = (await client.get(f"{path}/{batch_id}", headers=h)).json()
+
+    elapsed = time.monotonic() - started
+    # The recovery path was taken: the sweeper re-sent the runs the dead worker held.
+    resent = sweeper_resent(tmp_path)
+    print(
+        f"\nchaos: {SCENARIOS} runs; worker A killed at {at_kill} completed holding "
+        f"{len(held)} runs messages ({len(stranded)} runs unfinished); done in {elapsed:.1f}s; "
+        f"agent calls {len(agent.requests)} (ideal {2 * SCENARIOS - SCENARIOS // 20}), judge "
+        f"calls {len(judge.requests)}; most runs at the agent at once {agent.max_runs_at_once}; "
+        f"most in flight {max(samples)}; runs re-sent by the sweeper {resent}"
+    )
+    assert stranded, "worker A held no unfinished run when killed: the kill tested nothing"
+    assert resent >= 1, f"the sweeper re-sent nothing after the kill\n{logs(tmp_path)}"
+
+    # The batch completed, every run terminal, as each scenario was built to end.
+    assert final["status"] == "completed", {k: v for k, v in final.items() if k != "runs"}
+    assert final["completed_at"] is not None
+    runs = final["runs"]
+    assert len(runs) == SCENARIOS
+    assert all(r["status"] in {"passed", "failed", "error"} for r in runs), Counter(
+        r["status"] for r in runs
+    )
+    by_name = {r["scenario_name"]: r for r in runs}
+    for n in range(SCENARIOS):
+        assert by_name[f"chaos {n:03d}"]["status"] == expected_status(n), by_name[f"chaos {n:03d}"]
+    expected = Counter(expected_status(n) for n in range(SCENARIOS))
+
+    # Counters exact: by construction, by the runs in the response, and by the database.
+    assert final["completed_scenarios"] == final["total_scenarios"] == SCENARIOS
+    assert final["completed_scenarios"] == (
+        final["passed_scenarios"] + final["failed_scenarios"] + final["error_scenarios"]
+    )
+    counters = Counter(
+        passed=final["passed_scenarios"],
+        failed=final["failed_scenarios"],
+        error=final["error_scenarios"],
+    )
+    assert counters == expected
+    assert Counter(r["status"] for r in runs) == expected
+    stored = dict(
+        (
+            await db.execute(
+                select(ScenarioRun.status, func.count())
+                .where(ScenarioRun.batch_run_id == UUID(batch_id))
+                .group_by(ScenarioRun.status)
+            )
+        ).all()
+    )
+    assert stored == dict(expected)
+
+    # The window held: never more than max_concurrency runs handed out and unfinished.
+    assert max(samples) <= WINDOW, max(samples)
+
+    # No turn or criterion result twice; each run has the turns its outcome implies.
+    duplicate_turns = await db.scalar(
+        text(
+            "SELECT count(*) FROM (SELECT t.run_id, t.turn_index FROM turn_results t "
+            "JOIN scenario_runs r ON r.id = t.run_id WHERE r.batch_run_id = :b "
+            "GROUP BY t.run_id, t.turn_index HAVING count(*) > 1) d"
+        ),
+        {"b": batch_id},
+    )
+    duplicate_criteria = await db.scalar(
+        text(
+            "SELECT count(*) FROM (SELECT c.turn_result_id, c.criteria_id "
+            "FROM criterion_results c JOIN turn_results t ON t.id = c.turn_result_id "
+            "JOIN scenario_runs r ON r.id = t.run_id WHERE r.batch_run_id = :b "
+            "GROUP BY c.turn_result_id, c.criteria_id HAVING count(*) > 1) d"
+        ),
+        {"b": batch_id},
+    )
+    assert duplicate_turns == 0
+    assert duplicate_criteria == 0
+    turns = dict(
+        (
+            await db.execute(
+                select(TurnResult.run_id, func.count())
+                .join(ScenarioRun, ScenarioRun.id == TurnResult.run_id)
+                .where(ScenarioRun.batch_run_id == UUID(batch_id))
+                .group_by(TurnResult.run_id)
+            )
+        ).all()
+    )
+    criteria = dict(
+        (
+            await db.execute(
+                select(TurnResult.run_id, func.count())
+                .join(CriterionResult, CriterionResult.turn_result_id == TurnResult.id)
+                .join(ScenarioRun, ScenarioRun.id == TurnResult.run_id)
+                .where(ScenarioRun.batch_run_id == UUID(batch_id))
+                .group_by(TurnResult.run_id)
+            )
+        ).all()
+    )
+    await db.commit()
+    for run in runs:
+        run_id = UUID(run["id"])
+        if run["id"] in stranded:
+            assert run["status"] == expected_status(int(run["scenario_name"].split()[1]))
+        want = 1 if run["status"] == "error" else 2
+        assert turns.get(run_id, 0) == want, run
+        assert criteria.get(run_id, 0) == 2 * want, run
+        assert run["total_turns"] == 2
+        assert run["passed_turns"] == {"passed": 2, "failed": 1, "error": 1}[run["status"]], run
+    assert elapsed < 170, f"the chaos test took {elapsed:.0f}s"

@@ -1,0 +1,1138 @@
+"""Batch runs: create / read (spec 15) / list / cancel, the sliding dispatch window, exact
+counters, the stuck-run sweeper and the live progress stream (DESIGN §3, §5.3).
+
+Execution happens in-process, exactly as the actors do it: ``dispatch_committed`` hands
+out the next runs of a batch's window, ``execute_run`` plays one run against a loopback
+:class:`FakeAgent` and returns the batch whose window it freed.  Criteria are the free
+deterministic checks, so no judge is needed: the fake agent echoes the user message,
+``contains "hello"`` passes on ``hello …`` turns and ``contains "never-said"`` fails.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import threading
+import time
+import uuid
+from collections import deque
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+from uuid import UUID
+
+import msgspec
+import pytest
+from dramatiq import Message
+from dramatiq.brokers.stub import StubBroker
+from dramatiq.common import iter_queue
+from litestar import Litestar
+from litestar.testing import AsyncTestClient
+from sqlalchemy import func, insert, select, update
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from scheduler.sweeper import sweep
+from shared.batches.services import dispatch_committed
+from shared.db.base import utcnow
+from shared.db.engine import create_engine, create_session_factory, session_scope
+from shared.db.models import BatchRun, Criterion, Scenario, ScenarioRun, ScenarioTurn
+from shared.queue import QUEUES, RUN_SCENARIO
+from shared.scenarios import runner
+from shared.scenarios.runner import execute_run
+from shared.settings import Settings
+from tests.support.factories import Tenant, create_token, tenant
+from tests.support.fakes import FakeAgent
+
+BATCH_FIELDS = {
+    "id",
+    "organization_id",
+    "agent_id",
+    "agent_name",
+    "status",
+    "total_scenarios",
+    "completed_scenarios",
+    "passed_scenarios",
+    "failed_scenarios",
+    "error_scenarios",
+    "max_concurrency",
+    "started_at",
+    "completed_at",
+    "created_at",
+    "updated_at",
+    "error_message",
+}
+SUMMARY_FIELDS = {"id", "scenario_id", "scenario_name", "status", "passed_turns", "total_turns"}
+TERMINAL = {"passed", "failed", "error"}
+
+
+# --- setup ----------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def agent() -> Iterator[FakeAgent]:
+    with FakeAgent(reply=lambda body: f"Echo: {body['message']}") as fake:
+        yield fake
+
+
+@dataclass
+class World:
+    t: Tenant
+    agent_id: str
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return self.t.owner.headers
+
+    @property
+    def batches(self) -> str:
+        return f"/v1/orgs/{self.t.id}/scenarios/batch-runs"
+
+
+async def make_world(
+    client: AsyncTestClient, agent: FakeAgent, *, with_roles: tuple[str, ...] = ()
+) -> World:
+    """An organization that may reach the fake agent, with an http agent pointing at it."""
+    t = await tenant(client, with_roles=with_roles)
+    domain = await client.post(
+        f"/v1/orgs/{t.id}/allowed-domains/", json={"domain": "127.0.0.1"}, headers=t.owner.headers
+    )
+    assert domain.status_code == 201, domain.text
+    made = await client.post(
+        f"/v1/orgs/{t.id}/agents",
+        json={"name": "bot", "kind": "http", "endpoint_url": f"{agent.url}/chat"},
+        headers=t.owner.headers,
+    )
+    assert made.status_code == 201, made.text
+    return World(t=t, agent_id=made.json()["id"])
+
+
+def passing_turn(n: int = 0) -> dict[str, Any]:
+    return {
+        "user_message": f"hello {n}",
+        "criteria": [{"question": "hello", "criteria_type": "contains"}],
+    }
+
+
+def failing_turn(n: int = 0) -> dict[str, Any]:
+    return {
+        "user_message": f"hello {n}",
+        "criteria": [{"question": "never-said", "criteria_type": "contains"}],
+    }
+
+
+def error_turn() -> dict[str, Any]:
+    # StrictUndefined: rendering fails, so the run ends as ``error`` without calling anyone.
+    return {
+        "user_message": "hello {{ no_such_variable }}",
+        "criteria": [{"question": "hello", "criteria_type": "contains"}],
+    }
+
+
+async def make_scenario(
+    client: AsyncTestClient,
+    w: World,
+    name: str = "scenario",
+    *,
+    tags: list[str] | None = None,
+    turns: list[dict[str, Any]] | None = None,
+) -> dict[str, Any]:
+    response = await client.post(
+        f"/v1/orgs/{w.t.id}/scenarios",
+        json={"name": name, "tags": tags or [], "turns": turns or [passing_turn()]},
+        headers=w.headers,
+    )
+    assert response.status_code == 201, response.text
+    return response.json()
+
+
+async def create_batch(
+    client: AsyncTestClient, w: World, *, expect: int = 201, **body: Any
+) -> dict[str, Any]:
+    response = await client.post(
+        f"{w.batches}/", json={"agent_id": w.agent_id, **body}, headers=w.headers
+    )
+    assert response.status_code == expect, response.text
+    return response.json()
+
+
+async def get_batch(client: AsyncTestClient, w: World, batch_id: str) -> dict[str, Any]:
+    response = await client.get(f"{w.batches}/{batch_id}", headers=w.headers)
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+async def drain(app: Litestar, settings: Settings, batch_id: str) -> list[UUID]:
+    """Play the whole batch as the workers do: dispatch, execute, refill from the freed window."""
+    factory = app.state.session_factory
+    pending = deque(await dispatch_committed(factory, UUID(batch_id)))
+    executed: list[UUID] = []
+    while pending:
+        run_id = pending.popleft()
+        freed = await execute_run(factory, settings, run_id)
+        executed.append(run_id)
+        if freed is not None:
+            pending.extend(await dispatch_committed(factory, freed))
+    return executed
+
+
+def assert_counts_add_up(batch: dict[str, Any]) -> None:
+    assert batch["completed_scenarios"] == (
+        batch["passed_scenarios"] + batch["failed_scenarios"] + batch["error_scenarios"]
+    ), batch
+    assert batch["completed_scenarios"] <= batch["total_scenarios"], batch
+
+
+async def in_flight(db: AsyncSession, batch_id: str | UUID) -> int:
+    """Runs of the batch handed out and not yet terminal: what the window bounds."""
+    count = await db.scalar(
+        select(func.count())
+        .select_from(ScenarioRun)
+        .where(
+            ScenarioRun.batch_run_id == UUID(str(batch_id)),
+            ScenarioRun.dispatched_at.is_not(None),
+            ScenarioRun.status.in_(("pending", "running")),
+        )
+    )
+    await db.commit()
+    return int(count or 0)
+
+
+def stub_broker() -> StubBroker:
+    broker = StubBroker()
+    for queue in QUEUES:
+        broker.declare_queue(queue)
+    return broker
+
+
+def sent_runs(broker: StubBroker) -> list[str]:
+    """Drain the ``runs`` queue of a stub broker: the run ids sent, in order."""
+    ids = []
+    for data in iter_queue(broker.queues[RUN_SCENARIO[0]]):
+        message = Message.decode(data)
+        assert message.actor_name == RUN_SCENARIO[1]
+        ids.append(message.args[0])
+    return ids
+
+
+def parse_sse(text: str) -> list[tuple[str, Any]]:
+    """(event, decoded JSON data) for each event of a Server-Sent Events body."""
+    events = []
+    for block in text.replace("\r\n", "\n").split("\n\n"):
+        name, data = "message", []
+        for line in block.split("\n"):
+            if line.startswith("event:"):
+                name = line[len("event:") :].strip()
+            elif line.startswith("data:"):
+                data.append(line[len("data:") :].lstrip())
+        if data:
+            events.append((name, msgspec.json.decode("\n".join(data))))
+    return events
+
+
+# --- create ---------------------------------------------------------------------------------------
+
+
+async def test_create_by_ids_answers_201_queued_and_get_shows_the_runs(
+    client: AsyncTestClient, agent: FakeAgent
+) -> None:
+    w = await make_world(client, agent)
+    one = await make_scenario(client, w, "one", turns=[passing_turn(0), passing_turn(1)])
+    two = await make_scenario(client, w, "two")
+    await make_scenario(client, w, "not chosen")
+    batch = await create_batch(client, w, scenario_ids=[one["id"], two["id"]], max_concurrency=4)
+    assert BATCH_FIELDS <= set(batch) <= BATCH_FIELDS | {"runs"}, sorted(batch)
+    UUID(batch["id"])
+    assert batch["status"] == "queued"
+    assert batch["organization_id"] == w.t.id
+    assert batch["agent_id"] == w.agent_id
+    assert batch["agent_name"] == "bot"
+    assert batch["total_scenarios"] == 2
+    assert batch["max_concurrency"] == 4
+    for counter in ("completed", "passed", "failed", "error"):
+        assert batch[f"{counter}_scenarios"] == 0
+    assert batch["started_at"] is None and batch["completed_at"] is None
+    assert batch["error_message"] is None
+
+    read = await get_batch(client, w, batch["id"])
+    assert set(read) == BATCH_FIELDS | {"runs"}
+    assert {k: v for k, v in read.items() if k not in {"runs", "updated_at"}} == {
+        k: v for k, v in batch.items() if k not in {"runs", "updated_at"}
+    }
+    runs = read["runs"]
+    assert all(set(r) == SUMMARY_FIELDS for r in runs), runs
+    assert [(r["scenario_id"], r["scenario_name"]) for r in runs] == [
+        (one["id"], "one"),
+        (two["id"], "two"),
+    ]
+    assert [(r["status"], r["passed_turns"], r["total_turns"]) for r in runs] == [
+        ("pending", 0, 2),
+        ("pending", 0, 1),
+    ]
+    assert len({r["id"] for r in runs}) == 2
+    # Nothing runs inside the request.
+    assert agent.requests == []
+
+
+async def test_create_by_tags_and_by_ids_and_tags_is_a_union_without_duplicates(
+    client: AsyncTestClient, agent: FakeAgent
+) -> None:
+    w = await make_world(client, agent)
+    a = await make_scenario(client, w, "a", tags=["smoke"])
+    b = await make_scenario(client, w, "b", tags=["smoke", "nightly"])
+    c = await make_scenario(client, w, "c", tags=["nightly"])
+    d = await make_scenario(client, w, "d")
+    await make_scenario(client, w, "e", tags=["other"])
+
+    by_tag = await create_batch(client, w, tags=["smoke"])
+    assert by_tag["total_scenarios"] == 2
+    assert by_tag["max_concurrency"] == 10  # the default
+    names = [r["scenario_name"] for r in (await get_batch(client, w, by_tag["id"]))["runs"]]
+    assert sorted(names) == ["a", "b"]
+
+    # b carries both tags and c is named and tagged: each scenario still runs once.
+    both = await create_batch(
+        client, w, scenario_ids=[a["id"], c["id"], d["id"], a["id"]], tags=["nightly", "smoke"]
+    )
+    assert both["total_scenarios"] == 4
+    runs = (await get_batch(client, w, both["id"]))["runs"]
+    assert sorted(r["scenario_id"] for r in runs) == sorted([a["id"], b["id"], c["id"], d["id"]])
+
+
+@pytest.mark.parametrize(
+    ("body", "loc"),
+    [
+        ({}, None),
+        ({"scenario_ids": [], "tags": []}, None),
+        ({"tags": ["smoke"], "max_concurrency": 0}, ["body", "max_concurrency"]),
+        ({"tags": ["smoke"], "max_concurrency": 101}, ["body", "max_concurrency"]),
+        ({"tags": ["smoke"], "priority": "high"}, ["body", "priority"]),
+        ({"tags": ["smoke"], "scenario_ids": ["not-a-uuid"]}, None),
+        ({"tags": [""]}, None),
+    ],
+    ids=[
+        "neither",
+        "both-empty",
+        "concurrency-0",
+        "concurrency-101",
+        "unknown-field",
+        "bad-id",
+        "empty-tag",
+    ],
+)
+async def test_create_refuses_invalid_bodies_with_422(
+    client: AsyncTestClient, agent: FakeAgent, body: dict[str, Any], loc: list[str] | None
+) -> None:
+    w = await make_world(client, agent)
+    await make_scenario(client, w, tags=["smoke"])
+    response = await client.post(
+        f"{w.batches}/", json={"agent_id": w.agent_id, **body}, headers=w.headers
+    )
+    assert response.status_code == 422, response.text
+    detail = response.json()["detail"]
+    assert isinstance(detail, list) and detail, detail
+    assert detail[0]["loc"][0] == "body", detail
+    if loc is not None:
+        assert detail[0]["loc"] == loc, detail
+    assert await count_batches(client, w) == 0
+
+
+async def count_batches(client: AsyncTestClient, w: World) -> int:
+    response = await client.get(f"{w.batches}/", headers=w.headers)
+    assert response.status_code == 200, response.text
+    return response.json()["total"]
+
+
+async def test_create_refuses_missing_agent_in_body(
+    client: AsyncTestClient, agent: FakeAgent
+) -> None:
+    w = await make_world(client, agent)
+    await make_scenario(client, w, tags=["smoke"])
+    response = await client.post(f"{w.batches}/", json={"tags": ["smoke"]}, headers=w.headers)
+    assert response.status_code == 422, response.text
+
+
+async def test_tags_matching_nothing_is_422(client: AsyncTestClient, agent: FakeAgent) -> None:
+    w = await make_world(client, agent)
+    await make_scenario(client, w, tags=["smoke"])
+    response = await client.post(
+        f"{w.batches}/",
+        json={"agent_id": w.agent_id, "tags": ["nothing-has-it"]},
+        headers=w.headers,
+    )
+    assert response.status_code == 422, response.text
+    assert response.json()["detail"][0]["loc"][0] == "body"
+    assert await count_batches(client, w) == 0
+
+
+async def test_foreign_or_unknown_scenarios_and_agents_are_404(
+    client: AsyncTestClient, agent: FakeAgent
+) -> None:
+    w = await make_world(client, agent)
+    other = await make_world(client, agent)
+    mine = await make_scenario(client, w, tags=["smoke"])
+    theirs = await make_scenario(client, other, tags=["smoke"])
+
+    for ids in ([theirs["id"]], [mine["id"], theirs["id"]], [str(uuid.uuid4())]):
+        response = await client.post(
+            f"{w.batches}/", json={"agent_id": w.agent_id, "scenario_ids": ids}, headers=w.headers
+        )
+        assert response.status_code == 404, response.text
+        assert set(response.json()) == {"detail"}
+
+    # Another organization's agent, or none at all.
+    for agent_id in (other.agent_id, str(uuid.uuid4())):
+        response = await client.post(
+            f"{w.batches}/",
+            json={"agent_id": agent_id, "scenario_ids": [mine["id"]]},
+            headers=w.headers,
+        )
+        assert response.status_code == 404, response.text
+
+    # Tags only ever match the caller's own scenarios: the other org's "smoke" is not taken.
+    batch = await create_batch(client, w, tags=["smoke"])
+    assert batch["total_scenarios"] == 1
+    runs = (await get_batch(client, w, batch["id"]))["runs"]
+    assert [r["scenario_id"] for r in runs] == [mine["id"]]
+    assert await count_batches(client, w) == 1
+    assert await count_batches(client, other) == 0
+
+
+# --- read and list --------------------------------------------------------------------------------
+
+
+async def test_listing_filters_by_status_and_pages(
+    client: AsyncTestClient, agent: FakeAgent
+) -> None:
+    w = await make_world(client, agent)
+    await make_scenario(client, w, tags=["smoke"])
+    made = [await create_batch(client, w, tags=["smoke"]) for _ in range(3)]
+    cancelled = await client.post(f"{w.batches}/{made[1]['id']}/cancel", headers=w.headers)
+    assert cancelled.status_code == 200, cancelled.text
+
+    everything = (await client.get(f"{w.batches}/", headers=w.headers)).json()
+    assert set(everything) == {"batch_runs", "total"}
+    assert everything["total"] == 3
+    assert [b["id"] for b in everything["batch_runs"]] == [b["id"] for b in made]
+    assert all("runs" not in b for b in everything["batch_runs"])
+    assert all(set(b) == BATCH_FIELDS for b in everything["batch_runs"])
+
+    queued = (await client.get(f"{w.batches}/?status=queued", headers=w.headers)).json()
+    assert queued["total"] == 2
+    assert [b["id"] for b in queued["batch_runs"]] == [made[0]["id"], made[2]["id"]]
+    errored = (await client.get(f"{w.batches}/?status=error", headers=w.headers)).json()
+    assert [b["id"] for b in errored["batch_runs"]] == [made[1]["id"]]
+    assert errored["total"] == 1
+    none = (await client.get(f"{w.batches}/?status=completed", headers=w.headers)).json()
+    assert none == {"batch_runs": [], "total": 0}
+
+    first = (await client.get(f"{w.batches}/?limit=2", headers=w.headers)).json()
+    second = (await client.get(f"{w.batches}/?limit=2&offset=2", headers=w.headers)).json()
+    assert first["total"] == second["total"] == 3
+    assert [b["id"] for b in first["batch_runs"] + second["batch_runs"]] == [b["id"] for b in made]
+    for query in ("status=bogus", "limit=0", "limit=501", "offset=-1"):
+        response = await client.get(f"{w.batches}/?{query}", headers=w.headers)
+        assert response.status_code == 422, (query, response.text)
+        assert response.json()["detail"][0]["loc"][0] == "query"
+
+
+async def test_unknown_or_malformed_batch_ids(client: AsyncTestClient, agent: FakeAgent) -> None:
+    w = await make_world(client, agent)
+    missing = str(uuid.uuid4())
+    assert (await client.get(f"{w.batches}/{missing}", headers=w.headers)).status_code == 404
+    assert (
+        await client.post(f"{w.batches}/{missing}/cancel", headers=w.headers)
+    ).status_code == 404
+    assert (await client.get(f"{w.batches}/{missing}/events", headers=w.headers)).status_code == 404
+    response = await client.get(f"{w.batches}/not-a-uuid", headers=w.headers)
+    assert response.status_code == 422, response.text
+    assert response.json()["detail"][0]["loc"][0] == "path"
+
+
+# --- permissions and isolation --------------------------------------------------------------------
+
+
+async def test_permissions_run_to_create_and_cancel_read_to_read(
+    client: AsyncTestClient, agent: FakeAgent
+) -> None:
+    w = await make_world(client, agent, with_roles=("MEMBER", "VIEWER", "GUEST"))
+    await make_scenario(client, w, tags=["smoke"])
+    body = {"agent_id": w.agent_id, "tags": ["smoke"]}
+    member, viewer, guest = (w.t.members[r] for r in ("MEMBER", "VIEWER", "GUEST"))
+
+    response = await client.post(f"{w.batches}/", json=body, headers=viewer.headers)
+    assert response.status_code == 403, response.text
+    response = await client.post(f"{w.batches}/", json=body, headers=guest.headers)
+    assert response.status_code == 403, response.text
+    response = await client.post(f"{w.batches}/", json=body, headers=member.headers)
+    assert response.status_code == 201, response.text
+    batch_id = response.json()["id"]
+
+    for caller, expected in ((viewer, 200), (member, 200), (guest, 403)):
+        for path in (f"{w.batches}/", f"{w.batches}/{batch_id}"):
+            response = await client.get(path, headers=caller.headers)
+            assert response.status_code == expected, (path, response.text)
+    response = await client.get(f"{w.batches}/{batch_id}/events", headers=guest.headers)
+    assert response.status_code == 403, response.text
+
+    for caller in (viewer, guest):
+        response = await client.post(f"{w.batches}/{batch_id}/cancel", headers=caller.headers)
+        assert response.status_code == 403, response.text
+    assert (await get_batch(client, w, batch_id))["status"] == "queued"
+
+    # Platform tokens: the same permissions decide.
+    reader = await create_token(client, w.t.owner, w.t.id, ["scenarios:read"])
+    runner_token = await create_token(
+        client, w.t.owner, w.t.id, ["scenarios:read", "scenarios:run"]
+    )
+    response = await client.post(f"{w.batches}/", json=body, headers=reader.headers)
+    assert response.status_code == 403, response.text
+    response = await client.get(f"{w.batches}/{batch_id}", headers=reader.headers)
+    assert response.status_code == 200, response.text
+    response = await client.post(f"{w.batches}/", json=body, headers=runner_token.headers)
+    assert response.status_code == 201, response.text
+    response = await client.post(f"{w.batches}/{batch_id}/cancel", headers=member.headers)
+    assert response.status_code == 200, response.text
+
+    response = await client.get(f"{w.batches}/")
+    assert response.status_code == 401, response.text
+
+
+async def test_another_organizations_batch_is_404_everywhere(
+    client: AsyncTestClient, agent: FakeAgent
+) -> None:
+    w = await make_world(client, agent)
+    other = await make_world(client, agent)
+    await make_scenario(client, w, tags=["smoke"])
+    batch = await create_batch(client, w, tags=["smoke"])
+    # Through the other org's own path, with its owner's token.
+    for method, path in (
+        ("GET", f"{other.batches}/{batch['id']}"),
+        ("POST", f"{other.batches}/{batch['id']}/cancel"),
+        ("GET", f"{other.batches}/{batch['id']}/events"),
+    ):
+        response = await client.request(method, path, headers=other.headers)
+        assert response.status_code == 404, (path, response.text)
+    listing = (await client.get(f"{other.batches}/", headers=other.headers)).json()
+    assert listing == {"batch_runs": [], "total": 0}
+    # Through the owning org's path by a non-member: indistinguishable from missing.
+    for method, path in (
+        ("GET", f"{w.batches}/{batch['id']}"),
+        ("POST", f"{w.batches}/{batch['id']}/cancel"),
+        ("GET", f"{w.batches}/{batch['id']}/events"),
+        ("GET", f"{w.batches}/"),
+    ):
+        response = await client.request(method, path, headers=other.headers)
+        assert response.status_code == 404, (path, response.text)
+    assert (await get_batch(client, w, batch["id"]))["status"] == "queued"
+
+
+# --- the dispatch window --------------------------------------------------------------------------
+
+
+async def test_the_window_hands_out_at_most_max_concurrency_and_refills_one_for_one(
+    client: AsyncTestClient, app: Litestar, settings: Settings, db: AsyncSession, agent: FakeAgent
+) -> None:
+    w = await make_world(client, agent)
+    for n in range(10):
+        await make_scenario(client, w, f"s{n}", tags=["window"])
+    batch = await create_batch(client, w, tags=["window"], max_concurrency=3)
+    batch_id = UUID(batch["id"])
+    factory = app.state.session_factory
+    order = [UUID(r["id"]) for r in (await get_batch(client, w, batch["id"]))["runs"]]
+
+    first = await dispatch_committed(factory, batch_id)
+    assert first == order[:3]  # in the batch's order
+    assert await in_flight(db, batch_id) == 3
+    running = await get_batch(client, w, batch["id"])
+    assert running["status"] == "running"
+    assert running["started_at"] is not None
+    assert await dispatch_committed(factory, batch_id) == []
+    assert await dispatch_committed(factory, batch_id) == []
+
+    freed = await execute_run(factory, settings, first[0])
+    assert freed == batch_id
+    assert await in_flight(db, batch_id) == 2
+    assert await dispatch_committed(factory, batch_id) == [order[3]]
+    assert await dispatch_committed(factory, batch_id) == []
+    assert await in_flight(db, batch_id) == 3
+
+    # The rest, as the workers would; the window never holds more than 3.
+    pending = deque([*first[1:], order[3]])
+    while pending:
+        run_id = pending.popleft()
+        assert await in_flight(db, batch_id) <= 3
+        freed = await execute_run(factory, settings, run_id)
+        if freed is not None:
+            pending.extend(await dispatch_committed(factory, freed))
+    done = await get_batch(client, w, batch["id"])
+    assert done["status"] == "completed"
+    assert done["completed_scenarios"] == done["passed_scenarios"] == 10
+    assert len(agent.requests) == 10
+
+
+async def test_concurrent_dispatches_never_exceed_the_window(
+    client: AsyncTestClient, app: Litestar, settings: Settings, db: AsyncSession, agent: FakeAgent
+) -> None:
+    w = await make_world(client, agent)
+    for n in range(20):
+        await make_scenario(client, w, f"s{n}", tags=["race"])
+    batch = await create_batch(client, w, tags=["race"], max_concurrency=5)
+    batch_id = UUID(batch["id"])
+    factory = app.state.session_factory
+
+    handed = await asyncio.gather(*(dispatch_committed(factory, batch_id) for _ in range(8)))
+    ids = [run_id for part in handed for run_id in part]
+    assert len(ids) == 5, handed
+    assert len(set(ids)) == 5
+    assert await in_flight(db, batch_id) == 5
+
+    # Finishing runs and dispatching concurrently: still never more than the window.
+    finished = await asyncio.gather(*(execute_run(factory, settings, r) for r in ids[:3]))
+    assert finished == [batch_id] * 3
+    handed = await asyncio.gather(*(dispatch_committed(factory, batch_id) for _ in range(8)))
+    more = [run_id for part in handed for run_id in part]
+    assert len(more) == 3, handed
+    assert not set(more) & set(ids)
+    assert await in_flight(db, batch_id) == 5
+
+
+# --- counters -------------------------------------------------------------------------------------
+
+
+async def test_counters_are_exact_and_the_batch_completes(
+    client: AsyncTestClient, app: Litestar, settings: Settings, agent: FakeAgent
+) -> None:
+    w = await make_world(client, agent)
+    kinds = {
+        "pass-a": [passing_turn(0), passing_turn(1)],
+        "pass-b": [passing_turn(0)],
+        "pass-c": [passing_turn(0), passing_turn(1), passing_turn(2)],
+        "fail-a": [passing_turn(0), failing_turn(1)],
+        "fail-b": [failing_turn(0)],
+        "error-a": [error_turn()],
+    }
+    for name, turns in kinds.items():
+        await make_scenario(client, w, name, tags=["mix"], turns=turns)
+    batch = await create_batch(client, w, tags=["mix"], max_concurrency=2)
+    factory = app.state.session_factory
+    pending = deque(await dispatch_committed(factory, UUID(batch["id"])))
+    while pending:
+        freed = await execute_run(factory, settings, pending.popleft())
+        assert_counts_add_up(await get_batch(client, w, batch["id"]))
+        if freed is not None:
+            pending.extend(await dispatch_committed(factory, freed))
+
+    done = await get_batch(client, w, batch["id"])
+    assert done["status"] == "completed", done
+    assert done["total_scenarios"] == done["completed_scenarios"] == 6
+    assert (done["passed_scenarios"], done["failed_scenarios"], done["error_scenarios"]) == (
+        3,
+        2,
+        1,
+    )
+    assert_counts_add_up(done)
+    assert done["completed_at"] is not None
+    assert done["started_at"] is not None
+    assert done["started_at"] <= done["completed_at"]
+    assert done["error_message"] is None
+    summaries = {r["scenario_name"]: r for r in done["runs"]}
+    assert {
+        n: (r["status"], r["passed_turns"], r["total_turns"]) for n, r in summaries.items()
+    } == {
+        "pass-a": ("passed", 2, 2),
+        "pass-b": ("passed", 1, 1),
+        "pass-c": ("passed", 3, 3),
+        "fail-a": ("failed", 1, 2),
+        "fail-b": ("failed", 0, 1),
+        "error-a": ("error", 0, 1),
+    }
+    # The counters match the runs themselves.
+    statuses = [r["status"] for r in done["runs"]]
+    assert statuses.count("passed") == done["passed_scenarios"]
+    assert statuses.count("failed") == done["failed_scenarios"]
+    assert statuses.count("error") == done["error_scenarios"]
+
+    # Executing terminal runs again (a redelivered message) counts nothing and calls no one.
+    calls = len(agent.requests)
+    for summary in done["runs"]:
+        assert await execute_run(factory, settings, UUID(summary["id"])) is None
+        assert await runner.finish(factory, UUID(summary["id"]), "passed") is None
+    again = await get_batch(client, w, batch["id"])
+    assert {k: again[k] for k in BATCH_FIELDS} == {k: done[k] for k in BATCH_FIELDS}
+    assert len(agent.requests) == calls
+
+
+async def test_finishing_a_run_twice_counts_it_once(
+    client: AsyncTestClient, app: Litestar, settings: Settings, agent: FakeAgent
+) -> None:
+    w = await make_world(client, agent)
+    for n in range(3):
+        await make_scenario(client, w, f"s{n}", tags=["twice"])
+    batch = await create_batch(client, w, tags=["twice"], max_concurrency=3)
+    batch_id = UUID(batch["id"])
+    factory = app.state.session_factory
+    first, second, third = await dispatch_committed(factory, batch_id)
+
+    # Two deliveries racing to finish the same run: one of them counts it.
+    results = await asyncio.gather(*(runner.finish(factory, first, "failed") for _ in range(4)))
+    assert results.count(batch_id) == 1 and results.count(None) == 3, results
+    assert await runner.finish(factory, first, "passed") is None
+    mid = await get_batch(client, w, batch["id"])
+    assert (mid["completed_scenarios"], mid["failed_scenarios"], mid["passed_scenarios"]) == (
+        1,
+        1,
+        0,
+    )
+    assert mid["status"] == "running"
+
+    # A run executed by two deliveries at once is counted once too.
+    outcomes = await asyncio.gather(
+        execute_run(factory, settings, second), execute_run(factory, settings, second)
+    )
+    assert outcomes.count(batch_id) == 1, outcomes
+    assert await execute_run(factory, settings, third) == batch_id
+    done = await get_batch(client, w, batch["id"])
+    assert done["status"] == "completed"
+    assert (done["completed_scenarios"], done["passed_scenarios"], done["failed_scenarios"]) == (
+        3,
+        2,
+        1,
+    )
+    assert_counts_add_up(done)
+
+
+# --- cancel ---------------------------------------------------------------------------------------
+
+
+async def test_cancel_stops_dispatch_and_still_counts_runs_in_flight(
+    client: AsyncTestClient, app: Litestar, settings: Settings, db: AsyncSession, agent: FakeAgent
+) -> None:
+    w = await make_world(client, agent)
+    for n in range(5):
+        await make_scenario(client, w, f"s{n}", tags=["cancel"])
+    batch = await create_batch(client, w, tags=["cancel"], max_concurrency=2)
+    batch_id = UUID(batch["id"])
+    factory = app.state.session_factory
+    handed = await dispatch_committed(factory, batch_id)
+    assert len(handed) == 2
+
+    response = await client.post(f"{w.batches}/{batch['id']}/cancel", headers=w.headers)
+    assert response.status_code == 200, response.text
+    cancelled = response.json()
+    assert cancelled["status"] == "error"
+    assert cancelled["error_message"] == "cancelled"
+    assert cancelled["completed_at"] is not None
+    # The three never handed out end as cancelled errors, counted.
+    assert cancelled["total_scenarios"] == 5
+    assert cancelled["completed_scenarios"] == cancelled["error_scenarios"] == 3
+    assert_counts_add_up(cancelled)
+
+    read = await get_batch(client, w, batch["id"])
+    by_id = {UUID(r["id"]): r for r in read["runs"]}
+    assert [by_id[r]["status"] for r in handed] == ["pending", "pending"]
+    rest = [r for r in by_id if r not in handed]
+    assert [by_id[r]["status"] for r in rest] == ["error"] * 3
+    for run_id in rest:
+        run = await client.get(f"/v1/orgs/{w.t.id}/scenarios/runs/{run_id}", headers=w.headers)
+        assert run.json()["error_message"] == "cancelled"
+        assert run.json()["completed_at"] is not None
+
+    # Nothing more is handed out, even once the window frees up.
+    assert await dispatch_committed(factory, batch_id) == []
+    assert await execute_run(factory, settings, handed[0]) == batch_id
+    assert await dispatch_committed(factory, batch_id) == []
+    after_one = await get_batch(client, w, batch["id"])
+    assert after_one["completed_scenarios"] == 4
+    assert after_one["passed_scenarios"] == 1
+    assert after_one["status"] == "error"
+    assert_counts_add_up(after_one)
+    await execute_run(factory, settings, handed[1])
+    final = await get_batch(client, w, batch["id"])
+    assert final["status"] == "error"
+    assert final["error_message"] == "cancelled"
+    assert final["completed_scenarios"] == final["total_scenarios"] == 5
+    assert (final["passed_scenarios"], final["failed_scenarios"], final["error_scenarios"]) == (
+        2,
+        0,
+        3,
+    )
+    assert all(r["status"] in TERMINAL for r in final["runs"])
+    assert await in_flight(db, batch_id) == 0
+    assert len(agent.requests) == 2  # the cancelled runs never reached the agent
+
+    again = await client.post(f"{w.batches}/{batch['id']}/cancel", headers=w.headers)
+    assert again.status_code == 409, again.text
+    assert set(again.json()) == {"detail"}
+
+
+async def test_a_completed_batch_cannot_be_cancelled(
+    client: AsyncTestClient, app: Litestar, settings: Settings, agent: FakeAgent
+) -> None:
+    w = await make_world(client, agent)
+    await make_scenario(client, w, tags=["done"])
+    batch = await create_batch(client, w, tags=["done"])
+    await drain(app, settings, batch["id"])
+    assert (await get_batch(client, w, batch["id"]))["status"] == "completed"
+    response = await client.post(f"{w.batches}/{batch['id']}/cancel", headers=w.headers)
+    assert response.status_code == 409, response.text
+    done = await get_batch(client, w, batch["id"])
+    assert done["status"] == "completed"
+    assert done["error_message"] is None
+
+
+# --- the sweeper ----------------------------------------------------------------------------------
+
+
+async def push_back(
+    db: AsyncSession, run_ids: list[str], seconds: float = 120, **values: Any
+) -> None:
+    await db.execute(
+        update(ScenarioRun)
+        .where(ScenarioRun.id.in_([UUID(r) for r in run_ids]))
+        .values(updated_at=utcnow() - timedelta(seconds=seconds), **values)
+    )
+    await db.commit()
+
+
+async def start_single_run(client: AsyncTestClient, w: World, scenario_id: str) -> str:
+    response = await client.post(
+        f"/v1/orgs/{w.t.id}/scenarios/{scenario_id}/run",
+        json={"agent_id": w.agent_id},
+        headers=w.headers,
+    )
+    assert response.status_code == 201, response.text
+    return response.json()["id"]
+
+
+async def test_the_sweeper_resends_stalled_runs_and_refills_active_batches(
+    client: AsyncTestClient, app: Litestar, settings: Settings, db: AsyncSession, agent: FakeAgent
+) -> None:
+    w = await make_world(client, agent)
+    scenario = await make_scenario(client, w, tags=["sweep"])
+    for n in range(2):
+        await make_scenario(client, w, f"more {n}", tags=["sweep"])
+    factory = app.state.session_factory
+    broker = stub_broker()
+
+    stalled_pending = await start_single_run(client, w, scenario["id"])
+    stalled_running = await start_single_run(client, w, scenario["id"])
+    fresh = await start_single_run(client, w, scenario["id"])
+    old_but_done = await start_single_run(client, w, scenario["id"])
+    await push_back(db, [stalled_pending])
+    await push_back(db, [stalled_running], status="running")
+    await push_back(db, [old_but_done], status="passed")
+
+    batch = await create_batch(client, w, tags=["sweep"], max_concurrency=1)
+    batch_runs = [r["id"] for r in (await get_batch(client, w, batch["id"]))["runs"]]
+    assert len(batch_runs) == 3
+    # Old but never handed out: the window's to dispatch, not the sweeper's to re-send.
+    await push_back(db, batch_runs)
+
+    assert await sweep(factory, broker, 30.0) == (2, 1)
+    sent = sent_runs(broker)
+    assert sorted(sent) == sorted([stalled_pending, stalled_running, batch_runs[0]])
+    assert fresh not in sent and old_but_done not in sent
+    assert (await get_batch(client, w, batch["id"]))["status"] == "running"
+    assert await in_flight(db, batch["id"]) == 1
+
+    # The re-sent runs were touched: the next pass waits a full stall period; the window is full.
+    assert await sweep(factory, broker, 30.0) == (0, 0)
+    assert sent_runs(broker) == []
+
+    # The dispatched batch run makes no progress (its message was lost): it is re-sent.
+    await push_back(db, [batch_runs[0]])
+    assert await sweep(factory, broker, 30.0) == (1, 0)
+    assert sent_runs(broker) == [batch_runs[0]]
+
+    # Once a run finishes without its refill (the worker died after committing), the
+    # sweeper hands out the next one.
+    await runner.finish(factory, UUID(batch_runs[0]), "passed")
+    assert await sweep(factory, broker, 30.0) == (0, 1)
+    assert sent_runs(broker) == [batch_runs[1]]
+
+    # A re-sent run executes normally; nothing is lost or doubled.
+    await execute_run(factory, settings, UUID(stalled_running))
+    run = await client.get(f"/v1/orgs/{w.t.id}/scenarios/runs/{stalled_running}", headers=w.headers)
+    assert run.json()["status"] == "passed", run.text
+
+
+async def test_the_sweeper_ignores_finished_and_cancelled_batches(
+    client: AsyncTestClient, app: Litestar, settings: Settings, db: AsyncSession, agent: FakeAgent
+) -> None:
+    w = await make_world(client, agent)
+    for n in range(3):
+        await make_scenario(client, w, f"s{n}", tags=["idle"])
+    done = await create_batch(client, w, tags=["idle"], max_concurrency=1)
+    await drain(app, settings, done["id"])
+    cancelled = await create_batch(client, w, tags=["idle"], max_concurrency=1)
+    response = await client.post(f"{w.batches}/{cancelled['id']}/cancel", headers=w.headers)
+    assert response.status_code == 200, response.text
+    every = [
+        r["id"] for b in (done, cancelled) for r in (await get_batch(client, w, b["id"]))["runs"]
+    ]
+    await push_back(db, every)
+    broker = stub_broker()
+    assert await sweep(app.state.session_factory, broker, 30.0) == (0, 0)
+    assert sent_runs(broker) == []
+
+
+# --- live progress (SSE) --------------------------------------------------------------------------
+
+
+async def read_events(client: AsyncTestClient, w: World, batch_id: str) -> list[tuple[str, Any]]:
+    async with client.stream("GET", f"{w.batches}/{batch_id}/events", headers=w.headers) as resp:
+        assert resp.status_code == 200
+        assert resp.headers["content-type"].startswith("text/event-stream")
+        body = "".join([chunk async for chunk in resp.aiter_text()])
+    return parse_sse(body)
+
+
+class Background:
+    """Work on a batch from another thread, with its own event loop and engine.
+
+    Litestar's test client serves a request on a separate thread while blocking the
+    test's event loop until the whole response is read, so whatever must happen *during*
+    a stream has to run elsewhere.  If the work fails, the batch is put in ``error`` so
+    the stream ends instead of hanging, and :meth:`join` raises the failure.
+    """
+
+    def __init__(self, settings: Settings, batch_id: str, work: Any) -> None:
+        self._settings = settings
+        self._batch_id = UUID(batch_id)
+        self._work = work
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._main, daemon=True)
+
+    def __enter__(self) -> Background:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.join()
+
+    def join(self) -> None:
+        self._thread.join(timeout=60)
+        assert not self._thread.is_alive(), "background work did not finish"
+        if self._error is not None:
+            raise self._error
+
+    def _main(self) -> None:
+        asyncio.run(self._run())
+
+    async def _run(self) -> None:
+        engine = create_engine(self._settings)
+        factory = create_session_factory(engine)
+        try:
+            await self._work(factory)
+        except BaseException as exc:
+            self._error = exc
+            async with session_scope(factory) as session:
+                await session.execute(
+                    update(BatchRun)
+                    .where(BatchRun.id == self._batch_id)
+                    .values(status="error", error_message="test background work failed")
+                )
+        finally:
+            await engine.dispose()
+
+
+async def test_events_of_a_finished_batch_stream_every_run_then_end(
+    client: AsyncTestClient, app: Litestar, settings: Settings, agent: FakeAgent
+) -> None:
+    w = await make_world(client, agent)
+    for n in range(4):
+        await make_scenario(client, w, f"s{n}", tags=["sse"])
+    await make_scenario(client, w, "bad", tags=["sse"], turns=[failing_turn()])
+    batch = await create_batch(client, w, tags=["sse"], max_concurrency=2)
+    await drain(app, settings, batch["id"])
+    final = await get_batch(client, w, batch["id"])
+
+    events = await read_events(client, w, batch["id"])
+    names = [name for name, _ in events]
+    assert names[-1] == "end", names
+    assert names.count("end") == 1
+    assert "progress" in names
+    runs = [data for name, data in events if name == "run"]
+    assert sorted(r["id"] for r in runs) == sorted(r["id"] for r in final["runs"])
+    by_id = {r["id"]: r for r in final["runs"]}
+    for run in runs:
+        assert run["status"] == by_id[run["id"]]["status"]
+        assert run["scenario_id"] == by_id[run["id"]]["scenario_id"]
+    end = events[-1][1]
+    assert end["status"] == "completed"
+    assert end["completed_scenarios"] == end["total_scenarios"] == 5
+    assert (end["passed_scenarios"], end["failed_scenarios"]) == (4, 1)
+    progress = [data for name, data in events if name == "progress"]
+    assert progress[-1]["completed_scenarios"] == 5
+
+
+async def test_events_follow_a_batch_live_until_it_ends(
+    client: AsyncTestClient, settings: Settings, agent: FakeAgent
+) -> None:
+    w = await make_world(client, agent)
+    for n in range(4):
+        await make_scenario(client, w, f"s{n}", tags=["live"])
+    batch = await create_batch(client, w, tags=["live"], max_concurrency=1)
+
+    async def work(factory: Any) -> None:
+        # One run at a time, slower than the stream polls (every 0.5 s), so each step shows.
+        await asyncio.sleep(1.0)
+        pending = deque(await dispatch_committed(factory, UUID(batch["id"])))
+        while pending:
+            freed = await execute_run(factory, settings, pending.popleft())
+            await asyncio.sleep(1.0)
+            if freed is not None:
+                pending.extend(await dispatch_committed(factory, freed))
+
+    with Background(settings, batch["id"], work):
+        events = await read_events(client, w, batch["id"])
+    names = [name for name, _ in events]
+    assert names[0] == "progress", names
+    assert events[0][1]["status"] == "queued"
+    assert names[-1] == "end" and names.count("end") == 1, names
+    assert events[-1][1]["status"] == "completed"
+    assert events[-1][1]["completed_scenarios"] == 4
+    # Counts streamed as they changed: every step seen, never going back, never repeated.
+    progress = [data for name, data in events if name == "progress"]
+    completed = [p["completed_scenarios"] for p in progress]
+    assert completed == sorted(completed), completed
+    assert set(completed) == {0, 1, 2, 3, 4}, completed
+    assert all(a != b for a, b in itertools.pairwise(progress)), "a repeated event"
+    # Every finished run reported once.
+    runs = [data["id"] for name, data in events if name == "run"]
+    assert len(runs) == len(set(runs)) == 4
+
+
+async def test_events_of_a_cancelled_batch_report_the_runs_still_in_flight(
+    client: AsyncTestClient, app: Litestar, settings: Settings, agent: FakeAgent
+) -> None:
+    """After a cancel, the runs in flight still finish and are counted (§5.3): the stream
+    reports them too ("an event per finished run", counts "on every change"), and its final
+    event carries the final counts."""
+    w = await make_world(client, agent)
+    for n in range(5):
+        await make_scenario(client, w, f"s{n}", tags=["cancel-live"])
+    batch = await create_batch(client, w, tags=["cancel-live"], max_concurrency=2)
+    handed = await dispatch_committed(app.state.session_factory, UUID(batch["id"]))
+    assert len(handed) == 2
+    response = await client.post(f"{w.batches}/{batch['id']}/cancel", headers=w.headers)
+    assert response.status_code == 200, response.text
+
+    async def finish_in_flight(factory: Any) -> None:
+        await asyncio.sleep(1.0)
+        for run_id in handed:
+            await execute_run(factory, settings, run_id)
+
+    with Background(settings, batch["id"], finish_in_flight):
+        events = await read_events(client, w, batch["id"])
+    final = await get_batch(client, w, batch["id"])
+    assert final["completed_scenarios"] == 5, final
+    runs = [data["id"] for name, data in events if name == "run"]
+    assert events[-1][0] == "end"
+    assert events[-1][1]["completed_scenarios"] == 5, events[-1]
+    assert sorted(runs) == sorted(r["id"] for r in final["runs"]), events
+
+
+# --- bulk -----------------------------------------------------------------------------------------
+
+BULK = 5_000
+
+
+async def insert_scenarios(db: AsyncSession, org_id: str, count: int, tag: str) -> list[UUID]:
+    """``count`` one-turn scenarios straight into the tables (5,000 POSTs would take minutes)."""
+    now = utcnow()
+    org = UUID(org_id)
+    scenario_ids = [uuid.uuid4() for _ in range(count)]
+    turn_ids = [uuid.uuid4() for _ in range(count)]
+    await db.execute(
+        insert(Scenario),
+        [
+            {
+                "id": sid,
+                "organization_id": org,
+                "name": f"bulk {n}",
+                "description": None,
+                "tags": [tag],
+                "customer_context": {},
+                "created_at": now + timedelta(microseconds=n),
+                "updated_at": now,
+            }
+            for n, sid in enumerate(scenario_ids)
+        ],
+    )
+    await db.execute(
+        insert(ScenarioTurn),
+        [
+            {
+                "id": tid,
+                "scenario_id": sid,
+                "order_index": 0,
+                "user_message": "hello",
+                "required": False,
+            }
+            for sid, tid in zip(scenario_ids, turn_ids, strict=True)
+        ],
+    )
+    await db.execute(
+        insert(Criterion),
+        [
+            {
+                "id": uuid.uuid4(),
+                "turn_id": tid,
+                "order_index": 0,
+                "question": "hello",
+                "criteria_type": "contains",
+                "few_shot_examples": [],
+            }
+            for tid in turn_ids
+        ],
+    )
+    await db.commit()
+    return scenario_ids
+
+
+@pytest.mark.parametrize("by", ["tags", "scenario_ids"])
+async def test_a_5000_scenario_batch_is_created_in_well_under_2_seconds(
+    client: AsyncTestClient, app: Litestar, db: AsyncSession, agent: FakeAgent, by: str
+) -> None:
+    w = await make_world(client, agent)
+    warm = await make_scenario(client, w, "warm-up")
+    await create_batch(client, w, scenario_ids=[warm["id"]])  # first-request costs aside
+    ids = await insert_scenarios(db, w.t.id, BULK, "bulk")
+    body = {"tags": ["bulk"]} if by == "tags" else {"scenario_ids": [str(i) for i in ids]}
+
+    started = time.perf_counter()
+    response = await client.post(
+        f"{w.batches}/",
+        json={"agent_id": w.agent_id, "max_concurrency": 100, **body},
+        headers=w.headers,
+    )
+    elapsed = time.perf_counter() - started
+    print(f"\ncreating a {BULK}-scenario batch by {by}: {elapsed * 1000:.0f} ms")
+    assert response.status_code == 201, response.text
+    batch = response.json()
+    assert batch["status"] == "queued"
+    assert batch["total_scenarios"] == BULK
+    assert elapsed < 2.0, f"creating a {BULK}-scenario batch took {elapsed:.2f} s"
+
+    runs = await db.scalar(
+        select(func.count())
+        .select_from(ScenarioRun)
+        .where(ScenarioRun.batch_run_id == UUID(batch["id"]), ScenarioRun.status == "pending")
+    )
+    scenarios = await db.scalar(
+        select(func.count(func.distinct(ScenarioRun.scenario_id))).where(
+            ScenarioRun.batch_run_id == UUID(batch["id"])
+        )
+    )
+    stored = await db.get(BatchRun, UUID(batch["id"]))
+    await db.commit()
+    assert runs == scenarios == BULK
+    assert stored is not None and stored.total_scenarios == BULK
+    # The window holds at most max_concurrency of them.
+    handed = await dispatch_committed(app.state.session_factory, UUID(batch["id"]))
+    assert len(handed) == 100
+    read = await get_batch(client, w, batch["id"])
+    assert len(read["runs"]) == BULK
+    assert sum(r["total_turns"] for r in read["runs"]) == BULK
