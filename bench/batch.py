@@ -1,0 +1,520 @@
+"""Batch-run throughput against the limit set by the agent's and the judge's latency.
+
+A real stack on this machine: a throwaway PostgreSQL database (migrated), a private
+Redis, ``spar serve`` and ``--workers`` ``spar worker`` processes, and
+loopback fakes answering after a fixed latency (the agent after ``--agent-ms`` per turn,
+the judge after ``--judge-ms`` per criterion).  It submits a batch of N scenarios x T
+turns x C LLM-judged criteria at ``max_concurrency`` K over REST, polls it to the end
+and prints:
+
+* the ideal wall time, ⌈N/K⌉ x T x (agent + judge latency) — the criteria of a turn
+  are judged concurrently, so C does not multiply it;
+* the measured wall time (submit → the poll that sees the batch completed) and the
+  efficiency, ideal / measured (1.0 = no overhead at all);
+* then a second batch with zero latency: scenario runs per second, the pipeline's own
+  overhead (database, broker, HTTP, the workers' CPU).
+
+Figures are printed, not asserted.  Run from the repository root::
+
+    python bench/batch.py --scenarios 500 --turns 3 --criteria 2 --concurrency 100 \\
+        --workers 2 --threads 64
+
+Environment: ``SPAR_BENCH_DATABASE_URL`` (default: the local PostgreSQL, database
+``spar_bench_<pid>``, dropped afterwards) and ``SPAR_BENCH_REDIS_URL`` (flushed before
+and after; default: a private ``redis-server`` on a free port, so that two runs at once
+never share a queue, falling back to ``redis://127.0.0.1:6379/13``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import math
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections import Counter
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import httpx  # noqa: E402
+import psycopg  # noqa: E402
+import redis  # noqa: E402
+from sqlalchemy import create_engine, insert, make_url  # noqa: E402
+
+from shared.db.migrate import sync_url, upgrade  # noqa: E402
+from shared.db.models import Criterion, Scenario, ScenarioTurn  # noqa: E402
+from tests.support.fakes import FakeAgent, FakeOpenAI  # noqa: E402
+from tests.support.processes import free_port, spar_process  # noqa: E402
+
+DEFAULT_DATABASE_URL = f"postgresql+psycopg://postgres@127.0.0.1:5432/spar_bench_{os.getpid()}"
+FALLBACK_REDIS_URL = "redis://127.0.0.1:6379/13"
+VERDICT = json.dumps({"verdict": "PASS", "critique": "fine", "evidence": "ok"})
+
+
+# --- fakes with a fixed latency ------------------------------------------------------------------
+
+
+class Latency:
+    """Seconds each fake waits before answering; changed between the two passes."""
+
+    agent_s = 0.0
+    judge_s = 0.0
+
+
+def agent_reply(body: dict[str, Any]) -> str:
+    if Latency.agent_s:
+        time.sleep(Latency.agent_s)
+    return f"Echo: {body['message']}"
+
+
+def judge_reply(body: dict[str, Any]) -> str:
+    if Latency.judge_s:
+        time.sleep(Latency.judge_s)
+    return VERDICT
+
+
+# --- services ------------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def private_redis() -> Iterator[str]:
+    """A throwaway ``redis-server`` on a free loopback port (no persistence); its URL."""
+    binary = shutil.which("redis-server")
+    if binary is None:
+        yield FALLBACK_REDIS_URL
+        return
+    port = free_port()
+    process = subprocess.Popen(
+        [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,  # a signal to the benchmark's group must not stop it first
+    )
+    url = f"redis://127.0.0.1:{port}/0"
+    try:
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                redis.Redis.from_url(url).ping()
+                break
+            except redis.ConnectionError:
+                if time.monotonic() > deadline or process.poll() is not None:
+                    raise RuntimeError("the private redis-server did not start") from None
+                time.sleep(0.05)
+        yield url
+    finally:
+        process.terminate()
+        process.wait(timeout=10)
+
+
+# --- database ------------------------------------------------------------------------------------
+
+
+def _admin(url: str, statement: str) -> None:
+    parsed = make_url(url)
+    admin = parsed.set(drivername="postgresql", database="postgres")
+    with psycopg.connect(admin.render_as_string(hide_password=False), autocommit=True) as conn:
+        conn.execute(statement.format(name=parsed.database))
+
+
+@contextlib.contextmanager
+def throwaway_database(url: str) -> Iterator[str]:
+    _admin(url, 'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    _admin(url, 'CREATE DATABASE "{name}"')
+    try:
+        upgrade(url)
+        yield url
+    finally:
+        _admin(url, 'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def insert_scenarios(url: str, org_id: str, count: int, turns: int, criteria: int) -> None:
+    """``count`` scenarios straight into the tables, as the API would store them."""
+    now = datetime.now(UTC)
+    scenario_rows, turn_rows, criterion_rows = [], [], []
+    for n in range(count):
+        scenario_id = uuid.uuid4()
+        scenario_rows.append(
+            {
+                "id": scenario_id,
+                "organization_id": uuid.UUID(org_id),
+                "name": f"bench {n}",
+                "description": None,
+                "tags": ["bench"],
+                "customer_context": {},
+                "created_at": now + timedelta(microseconds=n),
+                "updated_at": now,
+            }
+        )
+        for t in range(turns):
+            turn_id = uuid.uuid4()
+            turn_rows.append(
+                {
+                    "id": turn_id,
+                    "scenario_id": scenario_id,
+                    "order_index": t,
+                    "user_message": f"question {t} of scenario {n}",
+                    "required": False,
+                }
+            )
+            criterion_rows.extend(
+                {
+                    "id": uuid.uuid4(),
+                    "turn_id": turn_id,
+                    "order_index": c,
+                    "question": f"Does the reply answer question {t}? (criterion {c})",
+                    "criteria_type": "llm_evaluated",
+                    "few_shot_examples": [],
+                }
+                for c in range(criteria)
+            )
+    engine = create_engine(sync_url(url))
+    try:
+        with engine.begin() as conn:
+            conn.execute(insert(Scenario), scenario_rows)
+            conn.execute(insert(ScenarioTurn), turn_rows)
+            if criterion_rows:
+                conn.execute(insert(Criterion), criterion_rows)
+    finally:
+        engine.dispose()
+
+
+# --- the API -------------------------------------------------------------------------------------
+
+
+def _ok(response: httpx.Response, status: int = 201) -> dict[str, Any]:
+    if response.status_code != status:
+        raise RuntimeError(f"{response.request.method} {response.request.url}: {response.text}")
+    return response.json()
+
+
+def setup_org(api: httpx.Client, agent_url: str, judge_url: str) -> tuple[str, dict[str, str], str]:
+    """A user, an organization that may reach the fakes, its default judge and an agent."""
+    registered = _ok(
+        api.post(
+            "/v1/auth/register",
+            json={
+                "email": f"bench-{uuid.uuid4().hex[:8]}@example.com",
+                "password": "bench-password-123",
+                "first_name": "Bench",
+                "last_name": "Mark",
+            },
+        )
+    )
+    headers = {"Authorization": f"Bearer {registered['access_token']}"}
+    org = _ok(api.post("/v1/organizations", json={"name": "bench"}, headers=headers))["id"]
+    _ok(api.post(f"/v1/orgs/{org}/allowed-domains/", json={"domain": "127.0.0.1"}, headers=headers))
+    _ok(
+        api.post(
+            f"/v1/orgs/{org}/llm-providers",
+            json={
+                "name": "judge",
+                "provider": "openai_compatible",
+                "base_url": f"{judge_url}/v1",
+                "default_model": "judge-1",
+                "is_default_judge": True,
+            },
+            headers=headers,
+        )
+    )
+    agent = _ok(
+        api.post(
+            f"/v1/orgs/{org}/agents",
+            json={"name": "bench agent", "kind": "http", "endpoint_url": f"{agent_url}/chat"},
+            headers=headers,
+        )
+    )
+    return org, headers, agent["id"]
+
+
+def run_batch(
+    api: httpx.Client,
+    org: str,
+    auth: dict[str, str],
+    agent_id: str,
+    concurrency: int,
+    timeout_s: float,
+) -> dict[str, Any]:
+    """Submit a batch of every ``bench`` scenario; poll until it ends.  Returns the batch
+    with the client-side wall time under ``"wall_s"``."""
+    path = f"/v1/orgs/{org}/scenarios/batch-runs"
+    started = time.perf_counter()
+    batch = _ok(
+        api.post(
+            f"{path}/",
+            json={"agent_id": agent_id, "tags": ["bench"], "max_concurrency": concurrency},
+            headers=auth,
+        )
+    )
+    submitted = time.perf_counter() - started
+    deadline = started + timeout_s
+    while True:
+        # The listing carries the counters without the per-run summaries: a cheap poll.
+        listing = _ok(api.get(f"{path}/?limit=500", headers=auth), 200)
+        current = next(b for b in listing["batch_runs"] if b["id"] == batch["id"])
+        if current["status"] not in ("queued", "running"):
+            break
+        if time.perf_counter() > deadline:
+            raise RuntimeError(f"batch not done after {timeout_s}s: {current}")
+        time.sleep(0.05)
+    current["wall_s"] = time.perf_counter() - started
+    current["submit_s"] = submitted
+    return current
+
+
+def breakdown(url: str, batch_id: str) -> dict[str, float]:
+    """Where a run's time went, from the rows: mean seconds from dispatch to start (broker
+    and worker pick-up), from start to end, and the agent's and judge's latency per call as
+    the workers measured it (``cost_summary``)."""
+    engine = create_engine(sync_url(url))
+    try:
+        with engine.connect() as conn:
+            row = conn.exec_driver_sql(
+                """
+                SELECT avg(extract(epoch FROM started_at - dispatched_at)),
+                       avg(extract(epoch FROM completed_at - started_at)),
+                       sum((cost_summary->'agent'->>'latency_ms')::float)
+                         / nullif(sum((cost_summary->'agent'->>'calls')::float), 0),
+                       sum((cost_summary->'judge'->>'latency_ms')::float)
+                         / nullif(sum((cost_summary->'judge'->>'calls')::float), 0)
+                FROM scenario_runs WHERE batch_run_id = %(batch)s
+                """,
+                {"batch": batch_id},
+            ).one()
+    finally:
+        engine.dispose()
+    pickup, duration, agent_ms, judge_ms = (float(v or 0.0) for v in row)
+    return {"pickup_s": pickup, "run_s": duration, "agent_ms": agent_ms, "judge_ms": judge_ms}
+
+
+def print_breakdown(parts: dict[str, float], t: int, per_turn_s: float) -> None:
+    print(
+        f"  per run (means)     dispatch->start {parts['pickup_s'] * 1000:.0f} ms, "
+        f"start->end {parts['run_s']:.2f} s (ideal {t * per_turn_s:.2f} s); "
+        f"agent call {parts['agent_ms']:.0f} ms, judge call {parts['judge_ms']:.0f} ms "
+        f"(as the workers saw them)"
+    )
+
+
+def server_span(batch: dict[str, Any]) -> float:
+    created = datetime.fromisoformat(batch["created_at"])
+    completed = datetime.fromisoformat(batch["completed_at"])
+    return (completed - created).total_seconds()
+
+
+# --- main ----------------------------------------------------------------------------------------
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--scenarios", "-n", type=int, default=500, help="N (default 500)")
+    parser.add_argument("--turns", "-t", type=int, default=3, help="T turns each (default 3)")
+    parser.add_argument("--criteria", "-c", type=int, default=2, help="C per turn (default 2)")
+    parser.add_argument("--concurrency", "-k", type=int, default=100, help="K (1-100)")
+    parser.add_argument("--agent-ms", type=float, default=200.0, help="agent latency per turn")
+    parser.add_argument("--judge-ms", type=float, default=300.0, help="judge latency per call")
+    parser.add_argument("--workers", type=int, default=2, help="spar worker processes")
+    parser.add_argument("--threads", type=int, default=64, help="threads per worker process")
+    parser.add_argument("--db-pool", type=int, default=None, help="SPAR_DB_POOL_SIZE of workers")
+    parser.add_argument(
+        "--prefetch",
+        type=int,
+        default=None,
+        help="messages a worker process may hold (Dramatiq's dramatiq_queue_prefetch; "
+        "its default is 2 x threads, which lets one process hoard runs it has no thread for)",
+    )
+    parser.add_argument(
+        "--warmup",
+        type=int,
+        default=None,
+        help="scenarios of an unmeasured warm-up batch (default: K; 0 for none)",
+    )
+    parser.add_argument("--no-zero-pass", action="store_true", help="skip the zero-latency pass")
+    parser.add_argument("--timeout", type=float, default=600.0, help="seconds per batch")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    # SIGTERM (``timeout``, a CI runner) unwinds like Ctrl-C: processes stopped, database
+    # dropped, Redis flushed.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
+    database_url = os.environ.get("SPAR_BENCH_DATABASE_URL") or DEFAULT_DATABASE_URL
+    with contextlib.ExitStack() as stack:
+        given = os.environ.get("SPAR_BENCH_REDIS_URL")
+        redis_url = given or stack.enter_context(private_redis())
+        bench(args, database_url, redis_url)
+
+
+def bench(args: argparse.Namespace, database_url: str, redis_url: str) -> None:
+    n, t, c, k = args.scenarios, args.turns, args.criteria, args.concurrency
+    warmup = k if args.warmup is None else args.warmup
+    port = free_port()
+    env = {
+        "SPAR_DATABASE_URL": database_url,
+        "SPAR_REDIS_URL": redis_url,
+        "SPAR_SECRET_KEY": "bench-secret-key-not-for-production",
+        "SPAR_EGRESS_ALLOW_PRIVATE": "true",
+        "SPAR_LOG_LEVEL": "WARNING",
+    }
+    worker_env = dict(env)
+    if args.db_pool:
+        worker_env["SPAR_DB_POOL_SIZE"] = str(args.db_pool)
+    if args.prefetch:
+        worker_env["dramatiq_queue_prefetch"] = str(args.prefetch)
+    worker_args = ["worker", "--processes", "1", "--threads", str(args.threads)]
+    worker_args += ["--queues", "runs,batches"]
+    per_turn_s = (args.agent_ms + (args.judge_ms if c else 0.0)) / 1000
+    ideal_s = math.ceil(n / k) * t * per_turn_s
+
+    print(
+        f"batch benchmark: N={n} scenarios x T={t} turns x C={c} criteria, K={k}; "
+        f"agent {args.agent_ms:g} ms/turn, judge {args.judge_ms:g} ms/criterion; "
+        f"{args.workers} worker process(es) x {args.threads} threads"
+        f"{f', prefetch {args.prefetch}' if args.prefetch else ''}; {os.cpu_count()} CPUs",
+        flush=True,
+    )
+    r = redis.Redis.from_url(redis_url)
+    r.flushdb()
+    with contextlib.ExitStack() as stack:
+        logs = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="spar-bench-")))
+        stack.callback(_flush, r)
+        stack.enter_context(throwaway_database(database_url))
+        agent = stack.enter_context(FakeAgent(reply=agent_reply))
+        judge = stack.enter_context(FakeOpenAI(reply=judge_reply))
+        stack.enter_context(
+            spar_process(
+                ["serve", "--host", "127.0.0.1", "--port", str(port)],
+                env,
+                cwd=logs,
+                health_url=f"http://127.0.0.1:{port}/health/live",
+            )
+        )
+        for _ in range(args.workers):
+            stack.enter_context(spar_process(worker_args, worker_env, cwd=logs))
+        api = stack.enter_context(httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60))
+        org, auth, agent_id = setup_org(api, agent.url, judge.url)
+
+        try:
+            if warmup:
+                insert_scenarios(database_url, org, warmup, t, c)
+                done = run_batch(api, org, auth, agent_id, k, args.timeout)
+                print(f"warm-up: {warmup} runs at zero latency in {done['wall_s']:.2f} s")
+                # The warm-up scenarios are not part of the measured batches.
+                _untag(database_url)
+            insert_scenarios(database_url, org, n, t, c)
+
+            Latency.agent_s, Latency.judge_s = args.agent_ms / 1000, args.judge_ms / 1000
+            done = run_batch(api, org, auth, agent_id, k, args.timeout)
+            report_latency_pass(done, n, t, c, k, ideal_s, per_turn_s)
+            print_breakdown(breakdown(database_url, done["id"]), t, per_turn_s)
+
+            if not args.no_zero_pass:
+                Latency.agent_s = Latency.judge_s = 0.0
+                zero = run_batch(api, org, auth, agent_id, k, args.timeout)
+                report_zero_pass(zero, n, t, c)
+                print_breakdown(breakdown(database_url, zero["id"]), t, 0.0)
+        except BaseException:
+            for log in sorted(logs.glob("*.log")):
+                print(f"--- {log.name}\n{log.read_text(errors='replace')[-4000:]}", file=sys.stderr)
+            raise
+        print(
+            f"requests served by the fakes: agent {len(agent.requests)}, "
+            f"judge {len(judge.requests)}"
+        )
+        report_worker_errors(logs)
+
+
+def report_worker_errors(logs: Path) -> None:
+    """Failed deliveries are retried (the run resumes after its last committed turn), so
+    they cost time, not correctness: count them and show the first."""
+    failures = []
+    for log in sorted(logs.glob("spar-worker-*.log")):
+        lines = log.read_text(errors="replace").splitlines()
+        for index, line in enumerate(lines):
+            if " ERROR " in line:
+                rest = []
+                for following in lines[index + 1 :]:
+                    if re.match(r"^\d{4}-\d\d-\d\d ", following):
+                        break
+                    rest.append(following)
+                failures.append((line, rest))
+    if not failures:
+        print("worker errors: none")
+        return
+    kinds = Counter(_exception_line(rest) for _, rest in failures)
+    print(f"worker errors: {len(failures)} failed deliveries (Dramatiq retries them):")
+    for kind, count in kinds.most_common(3):
+        print(f"  {count} x {kind[:300]}")
+
+
+def _exception_line(traceback: list[str]) -> str:
+    """The ``ExceptionType: message`` line that ends a logged traceback."""
+    found = [line for line in traceback if re.match(r"^[\w.]+(Error|Exception|Timeout)\b", line)]
+    return found[-1] if found else (traceback[0] if traceback else "?")
+
+
+def _flush(r: redis.Redis) -> None:
+    with contextlib.suppress(redis.RedisError):
+        r.flushdb()
+
+
+def _untag(url: str) -> None:
+    engine = create_engine(sync_url(url))
+    try:
+        with engine.begin() as conn:
+            conn.exec_driver_sql("UPDATE scenarios SET tags = '[]'::jsonb")
+    finally:
+        engine.dispose()
+
+
+def report_latency_pass(
+    done: dict[str, Any], n: int, t: int, c: int, k: int, ideal_s: float, per_turn_s: float
+) -> None:
+    measured = done["wall_s"]
+    counts = (
+        f"{done['completed_scenarios']}/{done['total_scenarios']} completed "
+        f"({done['passed_scenarios']} passed, {done['failed_scenarios']} failed, "
+        f"{done['error_scenarios']} error), status {done['status']}"
+    )
+    print(f"latency pass: {counts}")
+    print(f"  N={n} T={t} C={c} K={k}")
+    print(
+        f"  ideal wall time     {ideal_s:8.2f} s   "
+        f"(ceil({n}/{k}) = {math.ceil(n / k)} x {t} turns x {per_turn_s * 1000:.0f} ms)"
+    )
+    print(
+        f"  measured wall time  {measured:8.2f} s   (server side, created -> completed: "
+        f"{server_span(done):.2f} s; submit answered in {done['submit_s'] * 1000:.0f} ms)"
+    )
+    print(f"  efficiency          {ideal_s / measured:8.3f}     (ideal / measured; target 0.9)")
+
+
+def report_zero_pass(zero: dict[str, Any], n: int, t: int, c: int) -> None:
+    wall = zero["wall_s"]
+    print(
+        f"zero-latency pass: {zero['completed_scenarios']}/{zero['total_scenarios']} completed, "
+        f"status {zero['status']}"
+    )
+    print(f"  measured wall time  {wall:8.2f} s")
+    print(
+        f"  scenario runs/s     {n / wall:8.1f}     ({n * t / wall:.0f} turns/s, "
+        f"{n * t * (1 + c) / wall:.0f} agent+judge calls/s)"
+    )
+
+
+if __name__ == "__main__":
+    main()
