@@ -14,6 +14,11 @@ For each request (and each redirect hop):
 4. 429 and 5xx answers and connection failures are retried a bounded number of times
    with exponential backoff, honouring ``Retry-After``; redirects are re-checked from 1.
 
+The HTTP engine is one pooled ``aiohttp`` session per process (:func:`new_http_session`):
+its connection pool hands out a kept-alive connection in constant time, where httpx's
+scanned every pooled connection on each request.  The session keeps no cookies, so
+nothing one organization's call was given rides along on another's.
+
 Nothing here logs header values or bodies.
 """
 
@@ -33,12 +38,14 @@ from typing import Any
 from urllib.parse import urlencode, urljoin, urlsplit, urlunsplit
 from uuid import UUID
 
-import httpx
+import aiohttp
 import msgspec
+from multidict import CIMultiDict
 
 CREDENTIAL_REF = re.compile(r"\{\{\s*credentials\.([A-Za-z0-9_.-]{1,128})\s*\}\}")
 RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
 REDIRECT_STATUSES = frozenset({301, 302, 303, 307, 308})
+MAX_RESPONSE_BYTES = 16 * 1024 * 1024
 _CGNAT = ipaddress.ip_network("100.64.0.0/10")
 _NAT64 = ipaddress.ip_network("64:ff9b::/96")
 
@@ -171,7 +178,7 @@ async def system_resolver(host: str, port: int) -> list[str]:
 @dataclass(slots=True)
 class EgressResponse:
     status_code: int
-    headers: httpx.Headers
+    headers: Mapping[str, str]  # case-insensitive
     content: bytes
     url: str
     latency_ms: float  # whole call, retries and redirects included
@@ -193,7 +200,7 @@ def _origin(url: str) -> tuple[str, str | None, int | None]:
     return parts.scheme, parts.hostname, parts.port
 
 
-def _retry_after_s(headers: httpx.Headers, cap: float) -> float | None:
+def _retry_after_s(headers: Mapping[str, str], cap: float) -> float | None:
     raw = headers.get("retry-after")
     if not raw:
         return None
@@ -210,14 +217,42 @@ def _retry_after_s(headers: httpx.Headers, cap: float) -> float | None:
     return min(max(when.timestamp() - time.time(), 0.0), cap)
 
 
+def new_http_session(connector: aiohttp.BaseConnector | None = None) -> aiohttp.ClientSession:
+    """The pooled HTTP session egress goes through; make it inside the event loop that uses
+    it, and close it with that loop.
+
+    No cookie jar (a cookie one organization's agent set must never reach another's call),
+    no proxy settings from the environment, no redirects followed (:class:`EgressClient`
+    checks every hop), and a generous connection cap instead of a small per-host one: one
+    worker holds many conversations with the same agent and judge at once.
+    """
+    return aiohttp.ClientSession(
+        connector=connector or aiohttp.TCPConnector(limit=1000, use_dns_cache=False),
+        cookie_jar=aiohttp.DummyCookieJar(),
+        trust_env=False,
+        headers={"User-Agent": "spar"},
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class _Received:
+    status: int
+    headers: CIMultiDict[str]
+    content: bytes
+
+
 class EgressClient:
-    """Outbound HTTP under an organization's :class:`EgressPolicy`."""
+    """Outbound HTTP under an organization's :class:`EgressPolicy`.
+
+    ``http`` is the process's pooled session (:func:`new_http_session`); without one, each
+    request opens and closes a session of its own.
+    """
 
     def __init__(
         self,
         policy: EgressPolicy,
         *,
-        http: httpx.AsyncClient | None = None,
+        http: aiohttp.ClientSession | None = None,
         resolver: Resolver = system_resolver,
         timeout_s: float = 60.0,
         connect_timeout_s: float = 10.0,
@@ -225,15 +260,17 @@ class EgressClient:
         backoff_s: float = 0.5,
         max_retry_after_s: float = 30.0,
         max_redirects: int = 3,
+        max_response_bytes: int = MAX_RESPONSE_BYTES,
     ) -> None:
         self.policy = policy
         self._http = http
         self._resolver = resolver
-        self._timeout = httpx.Timeout(timeout_s, connect=connect_timeout_s)
+        self._timeout = aiohttp.ClientTimeout(total=timeout_s, sock_connect=connect_timeout_s)
         self._max_attempts = max_attempts
         self._backoff_s = backoff_s
         self._max_retry_after_s = max_retry_after_s
         self._max_redirects = max_redirects
+        self._max_response_bytes = max_response_bytes
 
     async def request(
         self,
@@ -248,9 +285,9 @@ class EgressClient:
         for _hop in range(self._max_redirects + 1):
             response, used = await self._send_with_retries(method, url, json, headers or {})
             attempts += used
-            if response.status_code not in REDIRECT_STATUSES or "location" not in response.headers:
+            if response.status not in REDIRECT_STATUSES or "location" not in response.headers:
                 return EgressResponse(
-                    status_code=response.status_code,
+                    status_code=response.status,
                     headers=response.headers,
                     content=response.content,
                     url=url,
@@ -262,24 +299,24 @@ class EgressClient:
                 # Like every HTTP client: the caller's credentials stay with the first origin.
                 headers = {k: v for k, v in (headers or {}).items() if k.lower() not in _SENSITIVE}
             url = next_url
-            if response.status_code == 303:
+            if response.status == 303:
                 method, json = "GET", None
         raise EgressError(f"too many redirects (more than {self._max_redirects})")
 
     async def _send_with_retries(
         self, method: str, url: str, json: Any, headers: Mapping[str, str]
-    ) -> tuple[httpx.Response, int]:
+    ) -> tuple[_Received, int]:
         prepared = await self._prepare(url, headers)
         for attempt in range(1, self._max_attempts + 1):
             try:
                 response = await self._send(method, prepared, json)
-            except httpx.TimeoutException as exc:
+            except TimeoutError as exc:  # aiohttp's timeouts are TimeoutErrors
                 if attempt == self._max_attempts:
                     raise EgressTransportError(
                         f"timed out calling {prepared.display} after {attempt} attempts"
                     ) from exc
                 delay = None
-            except httpx.TransportError as exc:
+            except aiohttp.ClientError as exc:
                 if attempt == self._max_attempts:
                     raise EgressTransportError(
                         f"could not reach {prepared.display} after {attempt} attempts: "
@@ -287,7 +324,7 @@ class EgressClient:
                     ) from exc
                 delay = None
             else:
-                if response.status_code not in RETRY_STATUSES or attempt == self._max_attempts:
+                if response.status not in RETRY_STATUSES or attempt == self._max_attempts:
                     return response, attempt
                 delay = _retry_after_s(response.headers, self._max_retry_after_s)
             if delay is None:
@@ -346,23 +383,52 @@ class EgressClient:
             raise EgressTransportError(f"{host!r} has no addresses")
         return addresses
 
-    async def _send(self, method: str, prepared: _Prepared, json: Any) -> httpx.Response:
-        extensions = {"sni_hostname": prepared.sni_hostname} if prepared.sni_hostname else {}
+    async def _send(self, method: str, prepared: _Prepared, json: Any) -> _Received:
         content = msgspec.json.encode(json) if json is not None else None
         headers = dict(prepared.headers)
         if content is not None:
             headers.setdefault("Content-Type", "application/json")
-        request_kwargs: dict[str, Any] = {
-            "headers": headers,
-            "content": content,
-            "extensions": extensions,
-            "timeout": self._timeout,
-            "follow_redirects": False,
-        }
         if self._http is not None:
-            return await self._http.request(method, prepared.url, **request_kwargs)
-        async with httpx.AsyncClient(trust_env=False) as http:
-            return await http.request(method, prepared.url, **request_kwargs)
+            return await self._exchange(self._http, method, prepared, headers, content)
+        async with new_http_session() as http:
+            return await self._exchange(http, method, prepared, headers, content)
+
+    async def _exchange(
+        self,
+        http: aiohttp.ClientSession,
+        method: str,
+        prepared: _Prepared,
+        headers: dict[str, str],
+        content: bytes | None,
+    ) -> _Received:
+        async with http.request(
+            method,
+            prepared.url,
+            data=content,
+            headers=headers,
+            allow_redirects=False,
+            timeout=self._timeout,
+            # The URL names the checked address; TLS still verifies the host name.
+            server_hostname=prepared.sni_hostname,
+        ) as response:
+            length = response.content_length
+            if length is not None and length > self._max_response_bytes:
+                raise self._too_large(prepared)
+            if length is not None and "content-encoding" not in response.headers:
+                body = await response.read()
+            else:  # chunked or compressed: count what is actually read
+                buffer = bytearray()
+                async for chunk in response.content.iter_chunked(1 << 16):
+                    buffer += chunk
+                    if len(buffer) > self._max_response_bytes:
+                        raise self._too_large(prepared)
+                body = bytes(buffer)
+            return _Received(response.status, CIMultiDict(response.headers), body)
+
+    def _too_large(self, prepared: _Prepared) -> EgressError:
+        return EgressError(
+            f"{prepared.display} answered with more than {self._max_response_bytes} bytes"
+        )
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,13 +10,14 @@ address is refused before a connection — the SSRF tests also route through
 from __future__ import annotations
 
 import asyncio
+import gzip
 import ipaddress
 import socket
 import time
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
-import httpx
+import aiohttp
 import pytest
 
 from shared.outbound.egress import (
@@ -94,7 +95,7 @@ def fake() -> Iterator[FakeServer]:
 
 
 @pytest.fixture
-async def guarded_http() -> AsyncIterator[httpx.AsyncClient]:
+async def guarded_http() -> AsyncIterator[aiohttp.ClientSession]:
     async with loopback_only_http() as http:
         yield http
 
@@ -301,7 +302,7 @@ async def test_a_name_that_does_not_resolve_is_a_transport_error(fake: FakeServe
 
 @pytest.mark.parametrize("address", BLOCKED_ADDRESSES)
 async def test_a_private_address_literal_is_refused(
-    fake: FakeServer, guarded_http: httpx.AsyncClient, address: str
+    fake: FakeServer, guarded_http: aiohttp.ClientSession, address: str
 ) -> None:
     canonical = str(ipaddress.ip_address(address))
     policy = EgressPolicy(rules=[DomainRule(canonical)], allow_private=False)
@@ -320,7 +321,7 @@ async def test_a_private_address_literal_is_refused(
 
 @pytest.mark.parametrize("address", BLOCKED_ADDRESSES)
 async def test_a_name_resolving_to_a_private_address_is_refused(
-    fake: FakeServer, guarded_http: httpx.AsyncClient, address: str
+    fake: FakeServer, guarded_http: aiohttp.ClientSession, address: str
 ) -> None:
     dns = FakeDNS({"internal.example.com": [address]})
     policy = EgressPolicy(rules=[DomainRule("*.example.com")], allow_private=False)
@@ -340,7 +341,7 @@ async def test_a_name_resolving_to_a_private_address_is_refused(
     [["8.8.8.8", "10.0.0.5"], ["10.0.0.5", "8.8.8.8"], ["2606:4700:4700::1111", "127.0.0.1"]],
 )
 async def test_a_name_resolving_to_public_and_private_addresses_is_refused(
-    fake: FakeServer, guarded_http: httpx.AsyncClient, addresses: list[str]
+    fake: FakeServer, guarded_http: aiohttp.ClientSession, addresses: list[str]
 ) -> None:
     dns = FakeDNS({"mixed.example.com": addresses})
     policy = EgressPolicy(rules=[DomainRule("mixed.example.com")], allow_private=False)
@@ -355,7 +356,7 @@ async def test_a_name_resolving_to_public_and_private_addresses_is_refused(
 
 
 async def test_loopback_is_refused_on_the_default_transport_too(fake: FakeServer) -> None:
-    """The guard does not depend on an injected httpx client (what production uses)."""
+    """The guard does not depend on an injected HTTP session."""
     dns = FakeDNS({"local.example.com": ["127.0.0.1"]})
     policy = EgressPolicy(
         rules=[DomainRule("127.0.0.1"), DomainRule("local.example.com")], allow_private=False
@@ -396,7 +397,7 @@ async def test_numeric_host_forms_do_not_match_an_allowed_ip(fake: FakeServer, f
 
 @pytest.mark.parametrize("form", NUMERIC_LOOPBACK_FORMS)
 async def test_numeric_host_forms_allowed_literally_resolve_to_loopback_and_are_refused(
-    fake: FakeServer, guarded_http: httpx.AsyncClient, form: str
+    fake: FakeServer, guarded_http: aiohttp.ClientSession, form: str
 ) -> None:
     # The real resolver: getaddrinfo parses these numerically (no DNS query).
     policy = EgressPolicy(rules=[DomainRule(form)], allow_private=False)
@@ -686,3 +687,44 @@ async def test_latency_covers_the_whole_call(fake: FakeServer) -> None:
     assert response.status_code == 200
     assert response.latency_ms >= 250
     assert response.latency_ms < 1000
+
+
+# --- the shared session ------------------------------------------------------------------------
+
+
+async def test_a_cookie_one_call_was_given_never_rides_along_on_the_next(
+    fake: FakeServer, guarded_http: aiohttp.ClientSession
+) -> None:
+    """Every organization's calls share the process's session: it must keep no cookies."""
+    fake.enqueue(Reply(json={}, headers={"Set-Cookie": "session=org-a-secret; Path=/"}))
+    first = make_client(loopback_policy(), http=guarded_http)
+    second = make_client(loopback_policy(), http=guarded_http)
+
+    await first.request("GET", f"{fake.url}/login")
+    await first.request("GET", f"{fake.url}/again")
+    await second.request("GET", f"{fake.url}/other-org")
+
+    assert [r.header("cookie") for r in fake.requests] == [None, None, None]
+
+
+async def test_an_oversized_answer_is_refused(fake: FakeServer) -> None:
+    fake.default = Reply(body=b"x" * 2048)
+    client = make_client(loopback_policy(), max_response_bytes=1024)
+
+    with pytest.raises(EgressError, match="more than 1024 bytes"):
+        await client.request("GET", f"{fake.url}/big")
+    assert len(fake.requests) == 1  # refused, not retried
+
+    fake.default = Reply(body=b"x" * 1024)
+    assert len((await client.request("GET", f"{fake.url}/fits")).content) == 1024
+
+
+async def test_a_compressed_answer_is_measured_after_decompression(fake: FakeServer) -> None:
+    fake.default = Reply(body=gzip.compress(b"x" * 4096), headers={"Content-Encoding": "gzip"})
+    client = make_client(loopback_policy(), max_response_bytes=1024)
+
+    with pytest.raises(EgressError, match="more than 1024 bytes"):
+        await client.request("GET", f"{fake.url}/bomb")
+
+    fake.default = Reply(body=gzip.compress(b"y" * 1000), headers={"Content-Encoding": "gzip"})
+    assert (await client.request("GET", f"{fake.url}/small")).content == b"y" * 1000

@@ -9,7 +9,7 @@ runs unchanged against it.  Each fake:
 * records every request it receives in ``.requests`` (a list of :class:`RecordedRequest`:
   method, path, query, lower-cased headers, raw body and parsed JSON body), recorded
   *before* any scripted delay, so a request whose client gave up is still seen (request
-  bodies must come with a Content-Length, as httpx sends them; chunked uploads are not
+  bodies must come with a Content-Length, as Spar's client sends them; chunked uploads are not
   read);
 * is scriptable: ``enqueue(Reply(...), ...)`` queues canned responses served one per
   request, in order; when the queue is empty the fake answers with its protocol's
@@ -38,7 +38,7 @@ Typical use in a test module::
         ...
         assert openai.requests[-1].json["model"] == "gpt-test"
 
-:func:`loopback_only_http` gives an ``httpx.AsyncClient`` that refuses (before any
+:func:`loopback_only_http` gives an egress HTTP session that refuses (before any
 connection) to talk to anything but a loopback address: pass it as the egress client's
 ``http=`` in tests that must never leave the machine even if the code under test regressed.
 """
@@ -59,7 +59,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Self
 from urllib.parse import parse_qs, urlsplit
 
-import httpx
+import aiohttp
+
+from shared.outbound.egress import new_http_session
 
 __all__ = [
     "FakeAgent",
@@ -485,23 +487,19 @@ def _is_loopback(host: str) -> bool:
     return ip.is_loopback
 
 
-class _LoopbackOnlyTransport(httpx.AsyncBaseTransport):
-    def __init__(self) -> None:
-        self._inner = httpx.AsyncHTTPTransport()
-
-    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        if not _is_loopback(request.url.host):
-            raise NonLoopbackTraffic(f"refusing to connect to {request.url.host!r}")
-        return await self._inner.handle_async_request(request)
-
-    async def aclose(self) -> None:
-        await self._inner.aclose()
+class _LoopbackOnlyConnector(aiohttp.TCPConnector):
+    async def connect(self, req: Any, traces: Any, timeout: Any) -> Any:  # noqa: ASYNC109
+        if not _is_loopback(req.url.host or ""):
+            raise NonLoopbackTraffic(f"refusing to connect to {req.url.host!r}")
+        return await super().connect(req, traces, timeout)
 
 
-def loopback_only_http() -> httpx.AsyncClient:
-    """An ``httpx.AsyncClient`` that only ever connects to loopback IP addresses.
+def loopback_only_http() -> aiohttp.ClientSession:
+    """An egress HTTP session (:func:`new_http_session`) that only ever connects to loopback
+    IP addresses.
 
-    Anything else raises :class:`NonLoopbackTraffic` (not an ``httpx`` error, so no retry
-    swallows it) before a socket is opened.  Close it (``async with``) after use.
+    Anything else raises :class:`NonLoopbackTraffic` (not an ``aiohttp`` error, so no retry
+    swallows it) before a socket is opened.  Make it inside the test's event loop and close
+    it (``async with``) after use.
     """
-    return httpx.AsyncClient(transport=_LoopbackOnlyTransport(), trust_env=False)
+    return new_http_session(_LoopbackOnlyConnector(use_dns_cache=False))
