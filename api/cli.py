@@ -9,14 +9,9 @@ import secrets
 import sys
 from pathlib import Path
 
+from shared.logs import configure_logging
 from shared.queue import QUEUES
 from shared.settings import DEFAULT_DATABASE_URL, SettingsError, get_settings
-
-
-def _configure_logging(level: str) -> None:
-    logging.basicConfig(
-        level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
-    )
 
 
 def _migrate() -> None:
@@ -81,20 +76,34 @@ def cmd_migrate(_: argparse.Namespace) -> None:
     _migrate()
 
 
+# How long an idle or saturated worker waits at most before asking Redis for work again.
+# Dramatiq's default (1 s) would leave a freed thread idle for up to a second after a
+# batch run hands out its successor; Redis answers a poll in microseconds.
+WORKER_POLL_MS = 100
+
+
 def cmd_worker(args: argparse.Namespace) -> None:
     """Dramatiq worker processes for the given queues (all of them by default)."""
-    from dramatiq.cli import main as dramatiq_main
-    from dramatiq.cli import make_argument_parser
-
     settings = get_settings()
     if not settings.redis_url:
         raise SettingsError("SPAR_REDIS_URL must be set: workers take their work from Redis")
     if not settings.secret_key:
         raise SettingsError("SPAR_SECRET_KEY must be set (it decrypts credentials)")
     queues = [q.strip() for q in args.queues.split(",") if q.strip()]
-    argv = ["workers.actors", "--processes", str(args.processes), "--threads", str(args.threads)]
-    argv += ["--queues", *queues, "--skip-logging"]
-    sys.exit(dramatiq_main(make_argument_parser().parse_args(argv)))
+    env = dict(os.environ)
+    # Dramatiq reads both once, when it is imported, so they go to a fresh interpreter.
+    # A process holds no more messages than it has threads: a run waiting behind busy
+    # threads in one process while another process idles would stretch the whole batch.
+    if args.prefetch:
+        env["dramatiq_queue_prefetch"] = str(args.prefetch)
+    env.setdefault("dramatiq_queue_prefetch", str(args.threads))
+    env.setdefault("dramatiq_worker_timeout", str(WORKER_POLL_MS))
+    argv = [sys.executable, "-m", "dramatiq", "workers.actors", "--skip-logging"]
+    argv += ["--processes", str(args.processes), "--threads", str(args.threads)]
+    argv += ["--queues", *queues]
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execve(sys.executable, argv, env)  # noqa: S606 - our own interpreter, fixed arguments
 
 
 def cmd_scheduler(_: argparse.Namespace) -> None:
@@ -130,7 +139,13 @@ def build_parser() -> argparse.ArgumentParser:
     worker = commands.add_parser("worker", help="run Dramatiq workers")
     worker.add_argument("--queues", default=",".join(QUEUES), help="comma-separated queues")
     worker.add_argument("--processes", type=int, default=2)
-    worker.add_argument("--threads", type=int, default=16)
+    worker.add_argument("--threads", type=int, default=16, help="concurrent messages per process")
+    worker.add_argument(
+        "--prefetch",
+        type=int,
+        default=None,
+        help="messages a process may hold (default: --threads; env dramatiq_queue_prefetch)",
+    )
     worker.set_defaults(func=cmd_worker)
 
     scheduler = commands.add_parser("scheduler", help="run the scheduler (sweeper)")
@@ -147,7 +162,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
     try:
-        _configure_logging(get_settings().log_level)
+        configure_logging(get_settings().log_level)
         args.func(args)
     except SettingsError as exc:
         sys.exit(f"spar: configuration error: {exc}")
