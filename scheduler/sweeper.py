@@ -25,6 +25,7 @@ from shared.db.base import utcnow
 from shared.db.engine import session_scope
 from shared.db.models import BatchRun, ScenarioRun
 from shared.queue import RUN_SCENARIO, send
+from shared.scenarios.schemas import OPEN_STATUSES
 
 log = logging.getLogger("spar.sweeper")
 MAX_PER_PASS = 1000
@@ -40,7 +41,7 @@ async def sweep(
             await session.scalars(
                 select(ScenarioRun.id)
                 .where(
-                    ScenarioRun.status.in_(("pending", "running")),
+                    ScenarioRun.status.in_(OPEN_STATUSES),
                     ScenarioRun.updated_at < now - timedelta(seconds=stall_s),
                     or_(ScenarioRun.batch_run_id.is_(None), ScenarioRun.dispatched_at.is_not(None)),
                 )

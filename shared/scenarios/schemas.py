@@ -17,6 +17,7 @@ CriteriaType = Literal["llm_evaluated", "contains", "not_contains", "regex"]
 Verdict = Literal["PASS", "FAIL"]
 RunStatus = Literal["pending", "running", "passed", "failed", "error"]
 TERMINAL_STATUSES = frozenset({"passed", "failed", "error"})
+OPEN_STATUSES = ("pending", "running")  # a run in these may still move; never back to them
 Tag = Annotated[str, text(1, 100)]
 LongText = Annotated[str, text(0, 100_000)]
 

@@ -32,3 +32,56 @@ def test_migrations_run_on_sqlite_too(tmp_path):
     finally:
         engine.dispose()
     assert {t.name for t in Base.metadata.sorted_tables} <= tables
+
+
+def test_the_window_counter_is_backfilled_from_the_runs_handed_out(tmp_path):
+    """0005 adds ``batch_runs.dispatched_scenarios``: a batch in flight during the upgrade
+    keeps its window (runs handed out and not yet ended)."""
+    import uuid
+    from datetime import UTC, datetime
+
+    from sqlalchemy import text
+
+    from shared.db.migrate import upgrade
+
+    url = f"sqlite+aiosqlite:///{tmp_path / 'spar.db'}"
+    upgrade(url, "0004")  # foreign keys are not enforced here: no organization needed
+    engine = create_engine(sync_url(url))
+    org, batch = uuid.uuid4().hex, uuid.uuid4().hex
+    now = datetime.now(UTC).isoformat()
+    try:
+        with engine.begin() as conn:
+            conn.execute(
+                text(
+                    "INSERT INTO batch_runs (id, organization_id, agent_id, agent_name, status,"
+                    " max_concurrency, total_scenarios, completed_scenarios, passed_scenarios,"
+                    " failed_scenarios, error_scenarios, created_at, updated_at) VALUES (:id,"
+                    " :org, :agent, 'a', 'running', 2, 4, 1, 1, 0, 0, :now, :now)"
+                ),
+                {"id": batch, "org": org, "agent": uuid.uuid4().hex, "now": now},
+            )
+            for status, dispatched in (("passed", now), ("running", now), ("pending", None)):
+                conn.execute(
+                    text(
+                        "INSERT INTO scenario_runs (id, organization_id, scenario_id, agent_id,"
+                        " status, cost_summary, snapshot, batch_run_id, dispatched_at,"
+                        " created_at, updated_at) VALUES (:id, :org, :s, :a, :status, '{}',"
+                        " '{}', :batch, :dispatched, :now, :now)"
+                    ),
+                    {
+                        "id": uuid.uuid4().hex,
+                        "org": org,
+                        "s": uuid.uuid4().hex,
+                        "a": uuid.uuid4().hex,
+                        "status": status,
+                        "batch": batch,
+                        "dispatched": dispatched,
+                        "now": now,
+                    },
+                )
+        upgrade(url)
+        with engine.connect() as conn:
+            counted = conn.execute(text("SELECT dispatched_scenarios FROM batch_runs")).scalar()
+    finally:
+        engine.dispose()
+    assert counted == 2

@@ -5,7 +5,7 @@ from __future__ import annotations
 import uuid
 from datetime import datetime
 
-from sqlalchemy import ForeignKey, Index, Integer, String, Text
+from sqlalchemy import ForeignKey, Index, Integer, String, Text, text
 from sqlalchemy.orm import Mapped, mapped_column
 
 from shared.db.base import Base, IdMixin, TimestampMixin
@@ -30,6 +30,8 @@ class BatchRun(IdMixin, TimestampMixin, Base):
     passed_scenarios: Mapped[int] = mapped_column(Integer, default=0)
     failed_scenarios: Mapped[int] = mapped_column(Integer, default=0)
     error_scenarios: Mapped[int] = mapped_column(Integer, default=0)
+    # Runs handed out so far; dispatched - completed is the window in use.
+    dispatched_scenarios: Mapped[int] = mapped_column(Integer, default=0, server_default=text("0"))
     started_at: Mapped[datetime | None]
     completed_at: Mapped[datetime | None]
     error_message: Mapped[str | None] = mapped_column(Text)

@@ -6,7 +6,7 @@ import uuid
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Boolean, ForeignKey, Index, Integer, String, Text, UniqueConstraint
+from sqlalchemy import Boolean, ForeignKey, Index, Integer, String, Text, UniqueConstraint, text
 from sqlalchemy.orm import Mapped, mapped_column, relationship
 
 from shared.db.base import Base, IdMixin, JSONType, TimestampMixin, utcnow
@@ -75,6 +75,15 @@ class ScenarioRun(IdMixin, TimestampMixin, Base):
         Index("ix_scenario_runs_org_created", "organization_id", "created_at"),
         Index("ix_scenario_runs_status_updated", "status", "updated_at"),
         Index("ix_scenario_runs_batch_status", "batch_run_id", "status"),
+        # The batch window's next runs, in order, without scanning the ones handed out.
+        Index(
+            "ix_scenario_runs_undispatched",
+            "batch_run_id",
+            "created_at",
+            "id",
+            postgresql_where=text("dispatched_at IS NULL"),
+            sqlite_where=text("dispatched_at IS NULL"),
+        ),
     )
 
     organization_id: Mapped[uuid.UUID] = mapped_column(
