@@ -21,7 +21,7 @@ from api.identity.controllers import CONTROLLERS as IDENTITY_CONTROLLERS
 from api.openapi import document_validation_errors
 from api.outbound.controllers import CONTROLLERS as OUTBOUND_CONTROLLERS
 from api.scenarios.controllers import CONTROLLERS as SCENARIO_CONTROLLERS
-from shared.db.engine import create_engine, create_session_factory
+from shared.db.engine import create_engine, create_session_factory, dispose_engine
 from shared.queue import get_broker
 from shared.settings import Settings, get_settings
 
@@ -60,7 +60,7 @@ def create_app(settings: Settings | None = None) -> Litestar:
         app.state.broker = get_broker(settings.redis_url)
 
     async def close_database(app: Litestar) -> None:
-        await app.state.engine.dispose()
+        await dispose_engine(app.state.engine)
 
     openapi = OpenAPIConfig(
         title="Spar",

@@ -2,19 +2,20 @@
 
 Created lazily on first use, inside the process and event loop that uses them (never at
 import time in a parent that forks): settings, the database engine and session factory,
-and one pooled HTTP client for egress.
+and one pooled HTTP session for egress.
 """
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-import httpx
+import aiohttp
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
-from shared.db.engine import create_engine, create_session_factory, session_scope
+from shared.db.engine import create_engine, create_session_factory, dispose_engine, session_scope
+from shared.outbound.egress import new_http_session
 from shared.settings import Settings, get_settings
 
 
@@ -23,11 +24,19 @@ class Runtime:
     settings: Settings
     engine: AsyncEngine
     session_factory: async_sessionmaker[AsyncSession]
-    http: httpx.AsyncClient
+    _http: aiohttp.ClientSession | None = field(default=None, repr=False)
+
+    @property
+    def http(self) -> aiohttp.ClientSession:
+        """The process's egress session, made on first use in the running event loop."""
+        if self._http is None:
+            self._http = new_http_session()
+        return self._http
 
     async def close(self) -> None:
-        await self.http.aclose()
-        await self.engine.dispose()
+        if self._http is not None:
+            await self._http.close()
+        await dispose_engine(self.engine)
 
 
 _runtime: Runtime | None = None
@@ -37,15 +46,9 @@ def get_runtime() -> Runtime:
     global _runtime
     if _runtime is None:
         settings = get_settings()
-        engine = create_engine(settings)
+        engine = create_engine(settings, pre_ping=False)
         _runtime = Runtime(
-            settings=settings,
-            engine=engine,
-            session_factory=create_session_factory(engine),
-            http=httpx.AsyncClient(
-                trust_env=False,
-                limits=httpx.Limits(max_connections=1000, max_keepalive_connections=200),
-            ),
+            settings=settings, engine=engine, session_factory=create_session_factory(engine)
         )
     return _runtime
 

@@ -18,6 +18,7 @@ from litestar.testing import AsyncTestClient
 from sqlalchemy import make_url, text
 
 from api.app import create_app
+from shared.db.direct import close_direct_pool
 from shared.db.migrate import upgrade
 from shared.db.models import Base
 from shared.settings import Settings
@@ -67,6 +68,8 @@ def app(settings: Settings) -> Litestar:
 async def client(app: Litestar) -> AsyncIterator[AsyncTestClient]:
     async with AsyncTestClient(app=app, base_url="http://testserver.local") as test_client:
         yield test_client
+        # Tests run the workers' code in this loop: the direct pool it opened is this loop's.
+        await close_direct_pool(app.state.engine)
 
 
 @pytest.fixture(autouse=True)

@@ -16,12 +16,6 @@ from shared.scenarios.runner import execute_run
 from workers.broker import broker
 
 
-async def _refill(batch_id: UUID) -> None:
-    """Hand out the batch's next runs (committed first), then send them."""
-    for run_id in await dispatch_committed(get_runtime().session_factory, batch_id):
-        send(broker, RUN_SCENARIO, str(run_id))
-
-
 @dramatiq.actor(
     actor_name=RUN_SCENARIO[1],
     queue_name=RUN_SCENARIO[0],
@@ -34,11 +28,14 @@ async def _refill(batch_id: UUID) -> None:
 )
 async def run_scenario(run_id: str) -> None:
     runtime = get_runtime()
-    batch_id = await execute_run(
-        runtime.session_factory, runtime.settings, UUID(run_id), http=runtime.http
-    )
-    if batch_id is not None:
-        await _refill(batch_id)
+    # The runs that took this one's place in its batch's window are committed: send them.
+    for successor in (
+        await execute_run(
+            runtime.session_factory, runtime.settings, UUID(run_id), http=runtime.http
+        )
+        or ()
+    ):
+        send(broker, RUN_SCENARIO, str(successor))
 
 
 @dramatiq.actor(
@@ -50,4 +47,5 @@ async def run_scenario(run_id: str) -> None:
     time_limit=60 * 1000,
 )
 async def dispatch_batch(batch_id: str) -> None:
-    await _refill(UUID(batch_id))
+    for run_id in await dispatch_committed(get_runtime().session_factory, UUID(batch_id)):
+        send(broker, RUN_SCENARIO, str(run_id))

@@ -2,38 +2,65 @@
 
 * Creating a batch resolves its scenarios (ids and/or tags) and inserts one pending run
   per scenario in bulk, each with its snapshot.
-* :func:`dispatch` hands out at most ``max_concurrency`` runs at a time across every
-  worker: it locks the batch row, counts the runs dispatched and not yet terminal, and
-  marks the next ones dispatched.  The caller commits, then sends them.
-* :func:`count_terminal_run` is called by the run engine in the same transaction as a
-  run's move to a terminal state, so ``completed = passed + failed + error`` always holds
-  and nothing is counted twice; the batch completes when every run is terminal.
+* The window: at most ``max_concurrency`` runs of a batch are in flight across every
+  worker.  The batch row counts the runs handed out (``dispatched_scenarios``) and the
+  runs ended (``completed_scenarios``); the difference is the window in use.
+* :func:`dispatch` fills the window (locking the batch row to count it): the first runs
+  of a new batch, or places lost with a message (the sweeper offers it to every active
+  batch).
+* :func:`settle_run` is called by the run engine in the same transaction as a run's move
+  to a terminal state: it hands the run's place to the next run and counts the run (so
+  ``completed = passed + failed + error`` always holds and nothing is counted twice; the
+  batch completes when every run is terminal).  A successor is thus dispatched the moment
+  its predecessor ends, with no message in between, and the batch row — the one row every
+  run of the batch writes — is locked only by the last statement before the commit.
+
+The caller commits, then sends the runs handed out: a message is only a pointer to a
+committed row.
 """
 
 from __future__ import annotations
 
 import uuid
 from datetime import timedelta
+from typing import Any
 from uuid import UUID
 
 import msgspec
-from sqlalchemy import and_, case, func, insert, or_, select, update
+from sqlalchemy import (
+    ARRAY,
+    ColumnElement,
+    Insert,
+    Text,
+    Update,
+    Uuid,
+    and_,
+    bindparam,
+    case,
+    cast,
+    func,
+    insert,
+    literal_column,
+    or_,
+    select,
+    update,
+)
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
-from sqlalchemy.orm import selectinload
 
 from shared.batches import schemas
-from shared.db.base import utcnow
+from shared.db.base import UTCDateTime, utcnow
 from shared.db.engine import session_scope
-from shared.db.models import BatchRun, Scenario, ScenarioRun, ScenarioTurn, TurnResult
+from shared.db.models import BatchRun, Scenario, ScenarioRun, TurnResult
 from shared.db.queries import one_in_org
 from shared.errors import Conflict, InvalidInput, NotFound
 from shared.identity.access import OrgAccess
 from shared.outbound.services import agent_in_org
 from shared.paging import Paging, paginate
-from shared.scenarios.services import snapshot, tag_filter
+from shared.scenarios.services import snapshot_expression, snapshots, tag_filter
 
 ACTIVE = ("queued", "running")
-IN_FLIGHT = ("pending", "running")
+_runs = ScenarioRun.__table__
+_batches = BatchRun.__table__
 
 
 async def create_batch(
@@ -47,18 +74,16 @@ async def create_batch(
         conditions.append(Scenario.id.in_(set(body.scenario_ids)))
     if body.tags:
         conditions.append(tag_filter(session, list(body.tags)))
-    scenarios = list(
+    matching = or_(*conditions)
+    scenario_ids = list(
         await session.scalars(
-            select(Scenario)
-            .where(Scenario.organization_id == access.organization_id, or_(*conditions))
-            .options(selectinload(Scenario.turns).selectinload(ScenarioTurn.criteria))
-            .order_by(Scenario.created_at, Scenario.id)
+            select(Scenario.id).where(Scenario.organization_id == access.organization_id, matching)
         )
     )
-    missing = set(body.scenario_ids) - {s.id for s in scenarios}
+    missing = set(body.scenario_ids) - set(scenario_ids)
     if missing:
         raise NotFound(f"scenario not found: {', '.join(sorted(map(str, missing)))}")
-    if not scenarios:
+    if not scenario_ids:
         raise InvalidInput(("body", "tags"), "no scenario matches these tags", input=body.tags)
     now = utcnow()
     batch = BatchRun(
@@ -68,25 +93,40 @@ async def create_batch(
         agent_name=agent.name,
         status="queued",
         max_concurrency=body.max_concurrency,
-        total_scenarios=len(scenarios),
+        total_scenarios=len(scenario_ids),
         created_by_user_id=access.principal.user_id,
         created_at=now,
         updated_at=now,
     )
     session.add(batch)
     await session.flush()
+    if session.get_bind().dialect.name == "postgresql":
+        await session.execute(
+            _FAN_OUT,
+            {
+                "p_ids": scenario_ids,
+                "p_org": access.organization_id,
+                "p_agent": agent.id,
+                "p_batch": batch.id,
+                "p_user": access.principal.user_id,
+                "now": now,
+            },
+        )
+        return batch
     rows = []
-    for position, scenario in enumerate(scenarios):
+    for position, (scenario_id, snapshot) in enumerate(
+        await snapshots(session, access.organization_id, matching)
+    ):
         run_id = uuid.uuid4()
         rows.append(
             {
                 "id": run_id,
                 "organization_id": access.organization_id,
-                "scenario_id": scenario.id,
+                "scenario_id": scenario_id,
                 "agent_id": agent.id,
                 "status": "pending",
                 "session_id": f"spar-{run_id}",
-                "snapshot": snapshot(scenario),
+                "snapshot": snapshot,
                 "cost_summary": {},
                 "batch_run_id": batch.id,
                 "created_by_user_id": access.principal.user_id,
@@ -95,8 +135,63 @@ async def create_batch(
                 "updated_at": now,
             }
         )
-    await session.execute(insert(ScenarioRun), rows)
+    await session.execute(insert(_runs), rows)
     return batch
+
+
+def _fan_out() -> Insert:
+    """PostgreSQL: one pending run per scenario of ``:ids``, each with its snapshot, built
+    and inserted by the database (the same rows the portable path above writes)."""
+    scenarios = Scenario.__table__
+    picked = (
+        func.unnest(bindparam("p_ids", type_=ARRAY(Uuid())))
+        .table_valued("id")
+        .render_derived(name="picked")
+    )
+    source = (
+        select(
+            func.gen_random_uuid().label("id"),
+            scenarios.c.id.label("scenario_id"),
+            snapshot_expression(scenarios).label("snapshot"),
+            func.row_number()
+            .over(order_by=(scenarios.c.created_at, scenarios.c.id))
+            .label("position"),
+        )
+        .select_from(picked.join(scenarios, scenarios.c.id == picked.c.id))
+        .subquery("source")
+    )
+    microsecond = literal_column("interval '1 microsecond'")
+    return insert(_runs).from_select(
+        [
+            "id",
+            "organization_id",
+            "scenario_id",
+            "agent_id",
+            "status",
+            "session_id",
+            "snapshot",
+            "cost_summary",
+            "batch_run_id",
+            "created_by_user_id",
+            "created_at",
+            "updated_at",
+        ],
+        select(
+            source.c.id,
+            bindparam("p_org", type_=Uuid()),
+            source.c.scenario_id,
+            bindparam("p_agent", type_=Uuid()),
+            literal_column("'pending'"),
+            literal_column("'spar-'") + cast(source.c.id, Text),
+            source.c.snapshot,
+            literal_column("'{}'::jsonb"),
+            bindparam("p_batch", type_=Uuid()),
+            bindparam("p_user", type_=Uuid()),
+            # Distinct, ordered timestamps: runs are dispatched in the batch's order.
+            _now + (source.c.position - 1) * microsecond,
+            _now,
+        ),
+    )
 
 
 async def get_batch(session: AsyncSession, access: OrgAccess, batch_id: UUID) -> BatchRun:
@@ -147,16 +242,13 @@ async def run_summaries(session: AsyncSession, batch_id: UUID) -> list[schemas.B
 async def cancel_batch(session: AsyncSession, access: OrgAccess, batch_id: UUID) -> BatchRun:
     """Stop dispatching: runs not yet handed out end as ``error`` (cancelled); runs in
     flight finish and are counted; the batch ends as ``error``."""
-    batch = await session.scalar(
-        select(BatchRun)
-        .where(BatchRun.id == batch_id, BatchRun.organization_id == access.organization_id)
-        .with_for_update()
-    )
-    if batch is None:
-        raise NotFound("batch run not found")
+    batch = await get_batch(session, access, batch_id)
     if batch.status not in ACTIVE:
         raise Conflict(f"batch run is already {batch.status}")
     now = utcnow()
+    # The runs first, the batch row last, like a run's end (settle_run): the other order
+    # could deadlock with one.  A run being handed out right now is skipped here and
+    # counted when it ends.
     cancelled = await session.execute(
         update(ScenarioRun)
         .where(
@@ -168,86 +260,167 @@ async def cancel_batch(session: AsyncSession, access: OrgAccess, batch_id: UUID)
         .execution_options(synchronize_session=False)
     )
     count = cancelled.rowcount or 0
-    batch.completed_scenarios += count
-    batch.error_scenarios += count
-    batch.status = "error"
-    batch.error_message = "cancelled"
-    batch.completed_at = now
-    batch.updated_at = now
-    await session.flush()
-    return batch
+    ended = await session.execute(
+        update(BatchRun)
+        .where(BatchRun.id == batch.id, BatchRun.status.in_(ACTIVE))
+        .values(
+            completed_scenarios=BatchRun.completed_scenarios + count,
+            error_scenarios=BatchRun.error_scenarios + count,
+            status="error",
+            error_message="cancelled",
+            completed_at=now,
+            updated_at=now,
+        )
+        .returning(BatchRun.id)
+        .execution_options(synchronize_session=False)
+    )
+    if ended.first() is None:  # it ended meanwhile: the request rolls back
+        raise Conflict("batch run has already ended")
+    return await get_batch(session, access, batch_id)
 
 
-async def count_terminal_run(session: AsyncSession, batch_id: UUID, status: str) -> None:
-    """Count one run's move to ``status``; call it in the transaction of that move."""
-    completed = BatchRun.completed_scenarios + 1
+# --- a run's end ---------------------------------------------------------------------------------
+# Every run of a batch executes these, so they are built once.  The run engine runs them in
+# its transaction (settle_run) or, on PostgreSQL, folded into one statement with the run's
+# own end (shared.scenarios.runner).
+
+_now = bindparam("now", type_=UTCDateTime())
+# Two comparisons, not IN: an IN list is re-rendered on every execution.
+_active = or_(_batches.c.status == ACTIVE[0], _batches.c.status == ACTIVE[1])
+
+
+def hand_over(batch_id: ColumnElement[Any]) -> Update:
+    """The UPDATE that gives a finished run's place in the window to the batch's next run
+    (``RETURNING`` its id; none when nothing is left or the batch is over).
+
+    The successor needs no count: the run that ended held a place and gives it to at most
+    one run.  A run locked by another hand-out is skipped, never waited for."""
+    runs = _runs.alias("next_run")
+    following = (
+        select(runs.c.id)
+        .where(
+            runs.c.batch_run_id == batch_id,
+            runs.c.dispatched_at.is_(None),
+            runs.c.status == "pending",
+            # Read, not locked: a cancel takes the runs before the batch row (cancel_batch).
+            select(_batches.c.id).where(_batches.c.id == batch_id, _active).exists(),
+        )
+        .order_by(runs.c.created_at, runs.c.id)
+        .limit(1)
+        .with_for_update(skip_locked=True, of=runs)
+        .scalar_subquery()
+    )
+    return (
+        update(_runs)
+        .where(_runs.c.id == following)
+        .values(dispatched_at=_now, updated_at=_now)
+        .returning(_runs.c.id)
+    )
+
+
+def count_end(batch_id: ColumnElement[Any], handed: ColumnElement[Any]) -> Update:
+    """The UPDATE that counts one run's end (``:add_passed``, ``:add_failed``,
+    ``:add_error``: one of them 1, see :func:`end_counts`) and the ``handed`` runs that took
+    its place; the batch completes with its last run."""
+    completed = _batches.c.completed_scenarios + 1
+    ends = and_(_active, completed >= _batches.c.total_scenarios)
+    return (
+        update(_batches)
+        .where(_batches.c.id == batch_id)
+        .values(
+            completed_scenarios=completed,
+            passed_scenarios=_batches.c.passed_scenarios + bindparam("add_passed"),
+            failed_scenarios=_batches.c.failed_scenarios + bindparam("add_failed"),
+            error_scenarios=_batches.c.error_scenarios + bindparam("add_error"),
+            dispatched_scenarios=_batches.c.dispatched_scenarios + handed,
+            status=case((ends, "completed"), else_=_batches.c.status),
+            completed_at=case((ends, _now), else_=_batches.c.completed_at),
+            updated_at=_now,
+        )
+        .returning(_batches.c.id)
+    )
+
+
+def end_counts(status: str) -> dict[str, int]:
+    """The parameters of :func:`count_end` for a run that ended as ``status``."""
+    return {f"add_{kind}": int(status == kind) for kind in ("passed", "failed", "error")}
+
+
+_HAND_OVER = hand_over(bindparam("batch_id"))
+_COUNT_END = count_end(bindparam("batch_id"), bindparam("handed"))
+
+
+async def settle_run(session: AsyncSession, batch_id: UUID, status: str) -> list[UUID]:
+    """Hand one ended run's place to the next run of its batch and count the run; call it in
+    the transaction of the run's move to ``status``.  Returns the run handed out (if any),
+    to send after the commit.
+
+    The batch row, which every run of the batch writes, is locked last, just before the
+    commit."""
+    conn = await session.connection()
     now = utcnow()
+    handed = list((await conn.execute(_HAND_OVER, {"batch_id": batch_id, "now": now})).scalars())
+    await conn.execute(
+        _COUNT_END, {"batch_id": batch_id, "now": now, "handed": len(handed), **end_counts(status)}
+    )
+    return handed
+
+
+async def dispatch(session: AsyncSession, batch_id: UUID) -> list[UUID]:
+    """Hand out the next runs, as many as the window has room for (``max_concurrency``
+    minus the runs handed out and not yet ended): the first runs of a new batch, or runs
+    whose place was lost.  The caller commits, then sends them."""
+    window = (
+        await session.execute(
+            select(
+                BatchRun.status,
+                BatchRun.max_concurrency,
+                BatchRun.dispatched_scenarios,
+                BatchRun.completed_scenarios,
+            )
+            .where(BatchRun.id == batch_id)
+            .with_for_update()
+        )
+    ).one_or_none()
+    if window is None:
+        return []
+    status, max_concurrency, dispatched, completed = window
+    free = max_concurrency - (dispatched - completed)
+    if status not in ACTIVE or free <= 0:
+        return []
+    now = utcnow()
+    following = (
+        select(ScenarioRun.id)
+        .where(
+            ScenarioRun.batch_run_id == batch_id,
+            ScenarioRun.dispatched_at.is_(None),
+            ScenarioRun.status == "pending",
+        )
+        .order_by(ScenarioRun.created_at, ScenarioRun.id)
+        .limit(free)
+        # A run being handed out by a run's end (settle_run) is its; skip it.
+        .with_for_update(skip_locked=True)
+    )
+    handed = await session.execute(
+        update(ScenarioRun)
+        .where(ScenarioRun.id.in_(following))
+        .values(dispatched_at=now, updated_at=now)
+        .returning(ScenarioRun.id, ScenarioRun.created_at)
+        .execution_options(synchronize_session=False)
+    )
+    # RETURNING has no order: send them in the batch's.
+    ids = [run_id for run_id, _ in sorted(handed, key=lambda row: (row[1], row[0]))]
     await session.execute(
         update(BatchRun)
         .where(BatchRun.id == batch_id)
         .values(
-            completed_scenarios=completed,
-            passed_scenarios=BatchRun.passed_scenarios + (1 if status == "passed" else 0),
-            failed_scenarios=BatchRun.failed_scenarios + (1 if status == "failed" else 0),
-            error_scenarios=BatchRun.error_scenarios + (1 if status == "error" else 0),
-            status=case(
-                (
-                    and_(BatchRun.status.in_(ACTIVE), completed >= BatchRun.total_scenarios),
-                    "completed",
-                ),
-                else_=BatchRun.status,
-            ),
-            completed_at=case(
-                (and_(BatchRun.status.in_(ACTIVE), completed >= BatchRun.total_scenarios), now),
-                else_=BatchRun.completed_at,
-            ),
+            dispatched_scenarios=BatchRun.dispatched_scenarios + len(ids),
+            status="running",
+            started_at=func.coalesce(BatchRun.started_at, now),
             updated_at=now,
         )
         .execution_options(synchronize_session=False)
     )
-
-
-async def dispatch(session: AsyncSession, batch_id: UUID) -> list[UUID]:
-    """Mark the next runs dispatched, up to the window; the caller commits, then sends them."""
-    batch = await session.get(BatchRun, batch_id, with_for_update=True, populate_existing=True)
-    if batch is None or batch.status not in ACTIVE:
-        return []
-    now = utcnow()
-    if batch.status == "queued":
-        batch.status = "running"
-        batch.started_at = now
-        batch.updated_at = now
-    in_flight = await session.scalar(
-        select(func.count())
-        .select_from(ScenarioRun)
-        .where(
-            ScenarioRun.batch_run_id == batch_id,
-            ScenarioRun.dispatched_at.is_not(None),
-            ScenarioRun.status.in_(IN_FLIGHT),
-        )
-    )
-    free = batch.max_concurrency - int(in_flight or 0)
-    if free <= 0:
-        return []
-    ids = list(
-        await session.scalars(
-            select(ScenarioRun.id)
-            .where(
-                ScenarioRun.batch_run_id == batch_id,
-                ScenarioRun.dispatched_at.is_(None),
-                ScenarioRun.status == "pending",
-            )
-            .order_by(ScenarioRun.created_at, ScenarioRun.id)
-            .limit(free)
-        )
-    )
-    if ids:
-        await session.execute(
-            update(ScenarioRun)
-            .where(ScenarioRun.id.in_(ids))
-            .values(dispatched_at=now, updated_at=now)
-            .execution_options(synchronize_session=False)
-        )
     return ids
 
 
@@ -281,3 +454,6 @@ def batch_read(
         error_message=batch.error_message,
         runs=runs if runs is not None else msgspec.UNSET,
     )
+
+
+_FAN_OUT = _fan_out()

@@ -1,22 +1,27 @@
 """Outbound configuration rules: allowed domains, credentials, LLM providers, agents.
 
 Also builds what the egress client needs at call time (:func:`load_egress_policy`,
-:func:`load_provider`): the org's allow-list with credentials resolved, and a provider
-with its API key decrypted.  Decrypted values live only in memory, for one call.
+:func:`load_provider`, both together for a run in :func:`load_outbound`): the org's
+allow-list with credentials resolved, and a provider with its API key decrypted.
+Decrypted values live only in a worker's memory (for a call, or in the run configuration
+cache until a change to the organization's outbound configuration replaces them); they
+are never stored, returned or logged.
 """
 
 from __future__ import annotations
 
 import ipaddress
 import re
+from collections import OrderedDict
+from dataclasses import dataclass
 from uuid import UUID, uuid4
 
-from sqlalchemy import select
+from sqlalchemy import select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from shared.crypto import secret_box
 from shared.db.base import utcnow
-from shared.db.models import Agent, AllowedDomain, Credential, LLMProvider
+from shared.db.models import Agent, AllowedDomain, Credential, LLMProvider, Organization
 from shared.db.queries import flush_unique, one_in_org
 from shared.errors import Conflict, InvalidInput, NotFound
 from shared.identity.access import OrgAccess
@@ -149,6 +154,7 @@ async def create_domain(
     )
     session.add(entry)
     await flush_unique(session, f"{domain} is already allowed")
+    await _changed(session, access.organization_id)
     return entry
 
 
@@ -166,12 +172,14 @@ async def update_domain(
     entry.headers, entry.query_params = headers, query_params
     entry.updated_at = utcnow()
     await flush_unique(session, f"{entry.domain} is already allowed")
+    await _changed(session, access.organization_id)
     return entry
 
 
 async def delete_domain(session: AsyncSession, access: OrgAccess, domain_id: UUID) -> None:
     await session.delete(await get_domain(session, access, domain_id))
     await session.flush()
+    await _changed(session, access.organization_id)
 
 
 # --- credentials --------------------------------------------------------------------------------
@@ -211,6 +219,7 @@ async def put_credential(
     credential.description = body.description
     credential.updated_at = now
     await flush_unique(session, f"credential {key} was created concurrently; retry")
+    await _changed(session, access.organization_id)
     return credential, created
 
 
@@ -261,6 +270,7 @@ async def delete_credential(session: AsyncSession, access: OrgAccess, key: str) 
         raise Conflict(f"credential {key} is referenced by {', '.join(names)}")
     await session.delete(credential)
     await session.flush()
+    await _changed(session, access.organization_id)
 
 
 # --- LLM providers -------------------------------------------------------------------------------
@@ -324,6 +334,7 @@ async def create_provider(
     await _settle_provider(session, provider)
     session.add(provider)
     await session.flush()
+    await _changed(session, access.organization_id)
     return provider
 
 
@@ -335,6 +346,7 @@ async def update_provider(
     provider.updated_at = utcnow()
     await _settle_provider(session, provider)
     await session.flush()
+    await _changed(session, access.organization_id)
     return provider
 
 
@@ -352,6 +364,7 @@ async def delete_provider(session: AsyncSession, access: OrgAccess, provider_id:
         raise Conflict(f"llm provider is used by agents: {', '.join(sorted(users))}")
     await session.delete(provider)
     await session.flush()
+    await _changed(session, access.organization_id)
 
 
 # --- agents ---------------------------------------------------------------------------------------
@@ -398,6 +411,7 @@ async def create_agent(
     await _settle_agent(session, agent)
     session.add(agent)
     await session.flush()
+    await _changed(session, access.organization_id)
     return agent
 
 
@@ -409,15 +423,27 @@ async def update_agent(
     agent.updated_at = utcnow()
     await _settle_agent(session, agent)
     await session.flush()
+    await _changed(session, access.organization_id)
     return agent
 
 
 async def delete_agent(session: AsyncSession, access: OrgAccess, agent_id: UUID) -> None:
     await session.delete(await get_agent(session, access, agent_id))
     await session.flush()
+    await _changed(session, access.organization_id)
 
 
 # --- what the egress client needs at call time ---------------------------------------------------
+
+
+async def _changed(session: AsyncSession, org_id: UUID) -> None:
+    """Every write above ends here: runs that start after it commits load afresh."""
+    await session.execute(
+        update(Organization)
+        .where(Organization.id == org_id)
+        .values(outbound_version=Organization.outbound_version + 1)
+        .execution_options(synchronize_session=False)
+    )
 
 
 async def _decrypted_credentials(
@@ -498,6 +524,46 @@ async def default_judge_provider_id(session: AsyncSession, org_id: UUID) -> UUID
         .order_by(LLMProvider.created_at)
         .limit(1)
     )
+
+
+@dataclass(frozen=True, slots=True)
+class OutboundConfig:
+    """What a run calls out with: its agent, the organization's egress policy, its judge
+    (the agent's own, else the organization's default judge; ``None`` if it has neither)."""
+
+    agent: AgentConfig
+    policy: EgressPolicy
+    judge: ProviderConfig | None
+
+
+async def load_outbound(
+    session: AsyncSession, settings: Settings, org_id: UUID, agent_id: UUID, version: int
+) -> OutboundConfig:
+    """The agent's :class:`OutboundConfig`, as of the organization's ``outbound_version``
+    (read by the caller).  Cached per worker process under that version: a batch of
+    hundreds of runs loads it once, and any change to the agents, providers, credentials
+    or allowed domains (each bumps the version) is seen by the next run to start.  Raises
+    :class:`NotFound` when the agent or its provider is gone."""
+    key = (org_id, agent_id, version, settings)
+    cached = _outbound_cache.get(key)
+    if cached is not None:
+        _outbound_cache.move_to_end(key)
+        return cached
+    agent = await load_agent(session, settings, org_id, agent_id)
+    judge_id = agent.judge_provider_id or await default_judge_provider_id(session, org_id)
+    config = OutboundConfig(
+        agent=agent,
+        policy=await load_egress_policy(session, settings, org_id),
+        judge=await load_provider(session, settings, org_id, judge_id) if judge_id else None,
+    )
+    _outbound_cache[key] = config
+    while len(_outbound_cache) > OUTBOUND_CACHE_SIZE:
+        _outbound_cache.popitem(last=False)
+    return config
+
+
+OUTBOUND_CACHE_SIZE = 256
+_outbound_cache: OrderedDict[tuple[UUID, UUID, int, Settings], OutboundConfig] = OrderedDict()
 
 
 # --- plumbing and response shapes --------------------------------------------------------------

@@ -1,14 +1,16 @@
 """Executes one scenario run (DESIGN §5.2): idempotent and resumable.
 
-Every state change is guarded in SQL, so a redelivered message changes nothing twice:
+Every state change is guarded in SQL (:mod:`shared.scenarios.store`), so a redelivered
+message changes nothing twice:
 
 * claiming moves ``pending`` to ``running`` (a terminal run is left alone);
-* each finished turn is committed with its criterion results and the run's cost in one
-  transaction, before the next turn starts; ``(run_id, turn_index)`` is unique, so a
+* each finished turn is committed with its criterion results and the run's cost, all or
+  nothing, before the next turn starts; ``(run_id, turn_index)`` is unique, so a
   duplicate execution cannot write a turn twice;
 * a retried or redelivered message resumes after the last committed turn, rebuilding
   the conversation from what was stored;
-* finishing only moves a ``running`` run to a terminal state, never back.
+* finishing only moves a ``pending`` or ``running`` run to a terminal state, never back,
+  and counts it in its batch, whose next run takes its place, in the same commit.
 """
 
 from __future__ import annotations
@@ -17,28 +19,25 @@ import asyncio
 import logging
 import re
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 from uuid import UUID
 
-import httpx
-from jinja2 import StrictUndefined, TemplateError, nodes
+import aiohttp
+from jinja2 import StrictUndefined, Template, TemplateError, nodes
 from jinja2.exceptions import SecurityError
 from jinja2.sandbox import SandboxedEnvironment
-from sqlalchemy import select, update
-from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from shared.batches.services import count_terminal_run
-from shared.db.base import utcnow
 from shared.db.engine import session_scope
-from shared.db.models import CriterionResult, Organization, ScenarioRun, TurnResult
 from shared.errors import NotFound
 from shared.llm.judge import Judgement, judge
-from shared.outbound import services as outbound
 from shared.outbound.agents import AgentConfig, call_agent
 from shared.outbound.egress import EgressClient, EgressError, ProviderConfig
-from shared.scenarios.schemas import TERMINAL_STATUSES
+from shared.outbound.services import load_outbound
+from shared.scenarios import store
 from shared.settings import Settings
 
 log = logging.getLogger("spar.runs")
@@ -72,20 +71,37 @@ class RunAborted(Exception):
     """The run cannot go on; it ends as ``error`` with this message."""
 
 
+_MARKUP = ("{{", "{%", "{#")
+_NEWLINE = re.compile(r"\r\n|\r|\n")
+
+
+@lru_cache(maxsize=256)
+def _compiled(template: str) -> Template:
+    """A user message template parsed, checked and compiled once per worker process (a
+    batch renders the same few templates hundreds of times)."""
+    parsed = _templates.parse(template)
+    if any(node.name == "self" for node in parsed.find_all(nodes.Name)):
+        # Jinja binds "self" to the template itself; it cannot be a context variable.
+        raise RunAborted(
+            "user message template failed: 'self' is reserved in templates; "
+            "rename that customer_context key"
+        )
+    return _templates.from_string(parsed)
+
+
 def render_message(template: str, customer_context: dict[str, Any]) -> str:
     """A turn's user message rendered in the sandbox with the customer context's keys."""
-    try:
-        parsed = _templates.parse(template)
-        if any(node.name == "self" for node in parsed.find_all(nodes.Name)):
-            # Jinja binds "self" to the template itself; it cannot be a context variable.
-            raise RunAborted(
-                "user message template failed: 'self' is reserved in templates; "
-                "rename that customer_context key"
-            )
-        # One mapping, not keywords: no context key can collide with render()'s parameters.
-        rendered = _templates.from_string(parsed).render(customer_context)
-    except (TemplateError, ArithmeticError, TypeError, ValueError, MemoryError) as exc:
-        raise RunAborted(f"user message template failed: {type(exc).__name__}: {exc}") from None
+    if not any(markup in template for markup in _MARKUP):
+        # Plain text renders as itself, as Jinja would render it (newlines normalized, one
+        # trailing newline dropped), without compiling a template per distinct message.
+        rendered = _NEWLINE.sub("\n", template)
+        rendered = rendered[:-1] if rendered.endswith("\n") else rendered
+    else:
+        try:
+            # One mapping, not keywords: no context key can collide with render()'s arguments.
+            rendered = _compiled(template).render(customer_context)
+        except (TemplateError, ArithmeticError, TypeError, ValueError, MemoryError) as exc:
+            raise RunAborted(f"user message template failed: {type(exc).__name__}: {exc}") from None
     if len(rendered) > MAX_RENDERED_CHARS:
         raise RunAborted("user message template failed: the rendered message is too long")
     return rendered
@@ -123,7 +139,6 @@ def deterministic_verdict(kind: str, pattern: str, reply: str) -> tuple[str, str
 @dataclass(slots=True)
 class _Context:
     run_id: UUID
-    org_id: UUID
     session_id: str
     snapshot: dict[str, Any]
     agent: AgentConfig
@@ -131,11 +146,19 @@ class _Context:
     judge_provider: ProviderConfig | None
     judge_model: str | None
     business_information: str
+    cost: dict[str, Any]  # the run's cost_summary as committed so far
 
 
-def _empty_cost() -> dict[str, Any]:
-    side = {"calls": 0, "input_tokens": 0, "output_tokens": 0, "latency_ms": 0.0}
-    return {"agent": dict(side), "judge": dict(side), "estimated_cost_usd": 0.0}
+def _add_cost(cost: dict[str, Any], delta: dict[str, Any]) -> dict[str, Any]:
+    """``cost`` (a run's cost_summary, possibly empty) with one turn's ``delta`` added."""
+    total = {side: dict(cost.get(side) or {}) for side in ("agent", "judge")}
+    for side in ("agent", "judge"):
+        for key, value in delta[side].items():
+            total[side][key] = total[side].get(key, 0) + value
+    total["estimated_cost_usd"] = round(
+        (cost.get("estimated_cost_usd") or 0.0) + delta["estimated_cost_usd"], 8
+    )
+    return total
 
 
 def _price(provider: ProviderConfig | None, tokens_in: int, tokens_out: int) -> float:
@@ -150,51 +173,32 @@ async def _claim(
     factory: async_sessionmaker[AsyncSession],
     settings: Settings,
     run_id: UUID,
-    http: httpx.AsyncClient | None,
-) -> tuple[_Context, list[TurnResult]] | None:
-    async with session_scope(factory) as session:
-        run = await session.get(ScenarioRun, run_id, with_for_update=True)
-        if run is None or run.status in TERMINAL_STATUSES:
-            return None
-        now = utcnow()
-        run.status = "running"
-        run.started_at = run.started_at or now
-        run.updated_at = now
-        done = list(
-            await session.scalars(
-                select(TurnResult)
-                .where(TurnResult.run_id == run_id)
-                .order_by(TurnResult.turn_index)
+    http: aiohttp.ClientSession | None,
+) -> tuple[_Context, Sequence[Any]] | None:
+    """Move the run to ``running`` (unless it is terminal) and load what playing it needs:
+    the turns already committed, the agent, the egress policy, the judge."""
+    run = await store.claim(factory, run_id)
+    if run is None:
+        return None
+    try:
+        async with session_scope(factory) as session:
+            outbound = await load_outbound(
+                session, settings, run.organization_id, run.agent_id, run.outbound_version
             )
-        )
-        try:
-            agent = await outbound.load_agent(session, settings, run.organization_id, run.agent_id)
-            policy = await outbound.load_egress_policy(session, settings, run.organization_id)
-            judge_id = agent.judge_provider_id or await outbound.default_judge_provider_id(
-                session, run.organization_id
-            )
-            judge_provider = (
-                await outbound.load_provider(session, settings, run.organization_id, judge_id)
-                if judge_id
-                else None
-            )
-        except NotFound as exc:
-            raise RunAborted(f"cannot start: {exc.detail}") from None
-        business = await session.scalar(
-            select(Organization.business_information).where(Organization.id == run.organization_id)
-        )
-        context = _Context(
-            run_id=run.id,
-            org_id=run.organization_id,
-            session_id=run.session_id or f"spar-{run.id}",
-            snapshot=run.snapshot,
-            agent=agent,
-            egress=EgressClient(policy, http=http, timeout_s=settings.egress_timeout_s),
-            judge_provider=judge_provider,
-            judge_model=agent.judge_model,
-            business_information=business or "",
-        )
-        return context, done
+    except NotFound as exc:
+        raise RunAborted(f"cannot start: {exc.detail}") from None
+    context = _Context(
+        run_id=run_id,
+        session_id=run.session_id or f"spar-{run_id}",
+        snapshot=run.snapshot,
+        agent=outbound.agent,
+        egress=EgressClient(outbound.policy, http=http, timeout_s=settings.egress_timeout_s),
+        judge_provider=outbound.judge,
+        judge_model=outbound.agent.judge_model,
+        business_information=run.business_information,
+        cost=run.cost_summary,
+    )
+    return context, run.done
 
 
 async def _evaluate(
@@ -228,84 +232,13 @@ async def _evaluate(
     }, result
 
 
-async def _record_turn(
-    factory: async_sessionmaker[AsyncSession],
-    context: _Context,
-    *,
-    turn_index: int,
-    user_message: str,
-    reply_content: str,
-    passed: bool,
-    stopped_early: bool,
-    criteria: list[tuple[dict[str, Any], dict[str, Any], Judgement | None]],
-    cost_delta: dict[str, Any],
-) -> bool:
-    """Commit one turn with its results and cost; False if it was already written or the run
-    is no longer running (another delivery got there first)."""
-    try:
-        async with session_scope(factory) as session:
-            run = await session.get(ScenarioRun, context.run_id, with_for_update=True)
-            if run is None or run.status != "running":
-                return False
-            turn = TurnResult(
-                id=uuid.uuid4(),
-                run_id=context.run_id,
-                turn_index=turn_index,
-                user_message=user_message,
-                response_content=reply_content,
-                passed=passed,
-                stopped_early=stopped_early,
-            )
-            session.add(turn)
-            await session.flush()
-            session.add_all(
-                CriterionResult(
-                    turn_result_id=turn.id,
-                    criteria_id=UUID(criterion["id"]),
-                    order_index=criterion["order_index"],
-                    verdict=verdict["verdict"],
-                    critique=verdict["critique"],
-                    evidence=verdict["evidence"],
-                    input_tokens=judgement.input_tokens if judgement else 0,
-                    output_tokens=judgement.output_tokens if judgement else 0,
-                )
-                for criterion, verdict, judgement in criteria
-            )
-            cost = run.cost_summary or _empty_cost()
-            merged = {side: dict(cost.get(side) or {}) for side in ("agent", "judge")}
-            for side in ("agent", "judge"):
-                for key, value in cost_delta[side].items():
-                    merged[side][key] = merged[side].get(key, 0) + value
-            merged["estimated_cost_usd"] = round(
-                (cost.get("estimated_cost_usd") or 0.0) + cost_delta["estimated_cost_usd"], 8
-            )
-            run.cost_summary = merged
-            run.updated_at = utcnow()
-    except IntegrityError:
-        return False
-    return True
-
-
 async def finish(
     factory: async_sessionmaker[AsyncSession], run_id: UUID, status: str, error: str | None = None
-) -> UUID | None:
-    """Move a non-terminal run to ``status`` and, in the same transaction, count it in its
-    batch.  Returns the batch to refill, if the run belongs to one and was counted now."""
-    async with session_scope(factory) as session:
-        now = utcnow()
-        moved = (
-            await session.execute(
-                update(ScenarioRun)
-                .where(ScenarioRun.id == run_id, ScenarioRun.status.in_(("pending", "running")))
-                .values(status=status, completed_at=now, updated_at=now, error_message=error)
-                .returning(ScenarioRun.batch_run_id)
-                .execution_options(synchronize_session=False)
-            )
-        ).first()
-        if moved is None or moved[0] is None:
-            return None
-        await count_terminal_run(session, moved[0], status)
-        return moved[0]
+) -> list[UUID] | None:
+    """Move a non-terminal run to ``status``, counted in its batch with the run that takes
+    its place handed out (:func:`shared.scenarios.store.end`): ``None`` when the run was
+    already terminal, else the successors to send."""
+    return await store.end(factory, run_id, status, error)
 
 
 async def execute_run(
@@ -313,11 +246,12 @@ async def execute_run(
     settings: Settings,
     run_id: UUID,
     *,
-    http: httpx.AsyncClient | None = None,
-) -> UUID | None:
+    http: aiohttp.ClientSession | None = None,
+) -> list[UUID] | None:
     """Play the run to a terminal state (or leave it to the delivery that owns it).
 
-    Returns the batch whose window this run's end has freed, for the caller to refill.
+    ``None`` when this delivery did not end the run; otherwise the batch runs handed out in
+    its place, for the caller to send (see :func:`finish`).
     """
     try:
         claimed = await _claim(factory, settings, run_id, http)
@@ -334,7 +268,7 @@ async def execute_run(
 
 
 async def _run_turns(
-    factory: async_sessionmaker[AsyncSession], context: _Context, done: list[TurnResult]
+    factory: async_sessionmaker[AsyncSession], context: _Context, done: list[Any]
 ) -> str | None:
     """Play the turns not yet committed; the final status, or None if another delivery won."""
     history: list[dict[str, str]] = []
@@ -396,19 +330,36 @@ async def _run_turns(
             )
             + _price(context.judge_provider, judge_in, judge_out),
         }
-        recorded = await _record_turn(
+        cost = _add_cost(context.cost, cost_delta)
+        recorded = await store.record_turn(
             factory,
-            context,
-            turn_index=index,
-            user_message=message,
-            reply_content=reply.content,
-            passed=passed,
-            stopped_early=stopped,
-            criteria=[(c, v, j) for c, (v, j) in zip(turn["criteria"], evaluated, strict=True)],
-            cost_delta=cost_delta,
+            context.run_id,
+            uuid.uuid4(),
+            {
+                "turn_index": index,
+                "user_message": message,
+                "response_content": reply.content,
+                "passed": passed,
+                "stopped_early": stopped,
+            },
+            [
+                {
+                    "id": uuid.uuid4(),
+                    "criteria_id": UUID(criterion["id"]),
+                    "order_index": criterion["order_index"],
+                    "verdict": verdict["verdict"],
+                    "critique": verdict["critique"],
+                    "evidence": verdict["evidence"],
+                    "input_tokens": judgement.input_tokens if judgement else 0,
+                    "output_tokens": judgement.output_tokens if judgement else 0,
+                }
+                for criterion, (verdict, judgement) in zip(turn["criteria"], evaluated, strict=True)
+            ],
+            cost,
         )
         if not recorded:
             return None
+        context.cost = cost
         history = conversation
         all_passed = all_passed and passed
         if stopped:

@@ -2,8 +2,8 @@
 counters, the stuck-run sweeper and the live progress stream (DESIGN §3, §5.3).
 
 Execution happens in-process, exactly as the actors do it: ``dispatch_committed`` hands
-out the next runs of a batch's window, ``execute_run`` plays one run against a loopback
-:class:`FakeAgent` and returns the batch whose window it freed.  Criteria are the free
+out the first runs of a batch's window, ``execute_run`` plays one run against a loopback
+:class:`FakeAgent` and returns the successors its end handed out.  Criteria are the free
 deterministic checks, so no judge is needed: the fake agent echoes the user message,
 ``contains "hello"`` passes on ``hello …`` turns and ``contains "never-said"`` fails.
 """
@@ -35,7 +35,12 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from scheduler.sweeper import sweep
 from shared.batches.services import dispatch_committed
 from shared.db.base import utcnow
-from shared.db.engine import create_engine, create_session_factory, session_scope
+from shared.db.engine import (
+    create_engine,
+    create_session_factory,
+    dispose_engine,
+    session_scope,
+)
 from shared.db.models import BatchRun, Criterion, Scenario, ScenarioRun, ScenarioTurn
 from shared.queue import QUEUES, RUN_SCENARIO
 from shared.scenarios import runner
@@ -163,16 +168,15 @@ async def get_batch(client: AsyncTestClient, w: World, batch_id: str) -> dict[st
 
 
 async def drain(app: Litestar, settings: Settings, batch_id: str) -> list[UUID]:
-    """Play the whole batch as the workers do: dispatch, execute, refill from the freed window."""
+    """Play the whole batch as the workers do: dispatch, then execute each run and the
+    successors its end handed out."""
     factory = app.state.session_factory
     pending = deque(await dispatch_committed(factory, UUID(batch_id)))
     executed: list[UUID] = []
     while pending:
         run_id = pending.popleft()
-        freed = await execute_run(factory, settings, run_id)
+        pending.extend(await execute_run(factory, settings, run_id) or [])
         executed.append(run_id)
-        if freed is not None:
-            pending.extend(await dispatch_committed(factory, freed))
     return executed
 
 
@@ -554,21 +558,17 @@ async def test_the_window_hands_out_at_most_max_concurrency_and_refills_one_for_
     assert await dispatch_committed(factory, batch_id) == []
     assert await dispatch_committed(factory, batch_id) == []
 
-    freed = await execute_run(factory, settings, first[0])
-    assert freed == batch_id
-    assert await in_flight(db, batch_id) == 2
-    assert await dispatch_committed(factory, batch_id) == [order[3]]
-    assert await dispatch_committed(factory, batch_id) == []
+    # A run's end hands out its successor in the same transaction: the window stays full.
+    assert await execute_run(factory, settings, first[0]) == [order[3]]
     assert await in_flight(db, batch_id) == 3
+    assert await dispatch_committed(factory, batch_id) == []
 
     # The rest, as the workers would; the window never holds more than 3.
     pending = deque([*first[1:], order[3]])
     while pending:
         run_id = pending.popleft()
         assert await in_flight(db, batch_id) <= 3
-        freed = await execute_run(factory, settings, run_id)
-        if freed is not None:
-            pending.extend(await dispatch_committed(factory, freed))
+        pending.extend(await execute_run(factory, settings, run_id) or [])
     done = await get_batch(client, w, batch["id"])
     assert done["status"] == "completed"
     assert done["completed_scenarios"] == done["passed_scenarios"] == 10
@@ -592,11 +592,13 @@ async def test_concurrent_dispatches_never_exceed_the_window(
     assert await in_flight(db, batch_id) == 5
 
     # Finishing runs and dispatching concurrently: still never more than the window.
-    finished = await asyncio.gather(*(execute_run(factory, settings, r) for r in ids[:3]))
-    assert finished == [batch_id] * 3
-    handed = await asyncio.gather(*(dispatch_committed(factory, batch_id) for _ in range(8)))
-    more = [run_id for part in handed for run_id in part]
-    assert len(more) == 3, handed
+    handed = await asyncio.gather(
+        *(execute_run(factory, settings, r) for r in ids[:3]),
+        *(dispatch_committed(factory, batch_id) for _ in range(8)),
+    )
+    assert all(part is not None for part in handed[:3]), handed  # each run ended once
+    more = [run_id for part in handed for run_id in part or []]
+    assert len(more) == len(set(more)) == 3, handed
     assert not set(more) & set(ids)
     assert await in_flight(db, batch_id) == 5
 
@@ -622,10 +624,8 @@ async def test_counters_are_exact_and_the_batch_completes(
     factory = app.state.session_factory
     pending = deque(await dispatch_committed(factory, UUID(batch["id"])))
     while pending:
-        freed = await execute_run(factory, settings, pending.popleft())
+        pending.extend(await execute_run(factory, settings, pending.popleft()) or [])
         assert_counts_add_up(await get_batch(client, w, batch["id"]))
-        if freed is not None:
-            pending.extend(await dispatch_committed(factory, freed))
 
     done = await get_batch(client, w, batch["id"])
     assert done["status"] == "completed", done
@@ -680,7 +680,8 @@ async def test_finishing_a_run_twice_counts_it_once(
 
     # Two deliveries racing to finish the same run: one of them counts it.
     results = await asyncio.gather(*(runner.finish(factory, first, "failed") for _ in range(4)))
-    assert results.count(batch_id) == 1 and results.count(None) == 3, results
+    # One counted it (nothing left to hand out in its place); the others changed nothing.
+    assert results.count([]) == 1 and results.count(None) == 3, results
     assert await runner.finish(factory, first, "passed") is None
     mid = await get_batch(client, w, batch["id"])
     assert (mid["completed_scenarios"], mid["failed_scenarios"], mid["passed_scenarios"]) == (
@@ -694,8 +695,8 @@ async def test_finishing_a_run_twice_counts_it_once(
     outcomes = await asyncio.gather(
         execute_run(factory, settings, second), execute_run(factory, settings, second)
     )
-    assert outcomes.count(batch_id) == 1, outcomes
-    assert await execute_run(factory, settings, third) == batch_id
+    assert outcomes.count([]) == 1 and outcomes.count(None) == 1, outcomes
+    assert await execute_run(factory, settings, third) == []
     done = await get_batch(client, w, batch["id"])
     assert done["status"] == "completed"
     assert (done["completed_scenarios"], done["passed_scenarios"], done["failed_scenarios"]) == (
@@ -744,7 +745,7 @@ async def test_cancel_stops_dispatch_and_still_counts_runs_in_flight(
 
     # Nothing more is handed out, even once the window frees up.
     assert await dispatch_committed(factory, batch_id) == []
-    assert await execute_run(factory, settings, handed[0]) == batch_id
+    assert await execute_run(factory, settings, handed[0]) == []  # counted, no successor
     assert await dispatch_committed(factory, batch_id) == []
     after_one = await get_batch(client, w, batch["id"])
     assert after_one["completed_scenarios"] == 4
@@ -849,10 +850,12 @@ async def test_the_sweeper_resends_stalled_runs_and_refills_active_batches(
     assert await sweep(factory, broker, 30.0) == (1, 0)
     assert sent_runs(broker) == [batch_runs[0]]
 
-    # Once a run finishes without its refill (the worker died after committing), the
-    # sweeper hands out the next one.
-    await runner.finish(factory, UUID(batch_runs[0]), "passed")
-    assert await sweep(factory, broker, 30.0) == (0, 1)
+    # A run's end hands out its successor; if the worker dies before sending it, the
+    # successor makes no progress and is re-sent like any stalled run.
+    assert await runner.finish(factory, UUID(batch_runs[0]), "passed") == [UUID(batch_runs[1])]
+    assert await sweep(factory, broker, 30.0) == (0, 0)
+    await push_back(db, [batch_runs[1]])
+    assert await sweep(factory, broker, 30.0) == (1, 0)
     assert sent_runs(broker) == [batch_runs[1]]
 
     # A re-sent run executes normally; nothing is lost or doubled.
@@ -938,7 +941,7 @@ class Background:
                     .values(status="error", error_message="test background work failed")
                 )
         finally:
-            await engine.dispose()
+            await dispose_engine(engine)
 
 
 async def test_events_of_a_finished_batch_stream_every_run_then_end(
@@ -984,10 +987,8 @@ async def test_events_follow_a_batch_live_until_it_ends(
         await asyncio.sleep(1.0)
         pending = deque(await dispatch_committed(factory, UUID(batch["id"])))
         while pending:
-            freed = await execute_run(factory, settings, pending.popleft())
+            pending.extend(await execute_run(factory, settings, pending.popleft()) or [])
             await asyncio.sleep(1.0)
-            if freed is not None:
-                pending.extend(await dispatch_committed(factory, freed))
 
     with Background(settings, batch["id"], work):
         events = await read_events(client, w, batch["id"])

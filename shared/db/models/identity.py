@@ -5,7 +5,7 @@ from __future__ import annotations
 import uuid
 from datetime import datetime
 
-from sqlalchemy import Boolean, ForeignKey, Index, String, Text, UniqueConstraint
+from sqlalchemy import BigInteger, Boolean, ForeignKey, Index, String, Text, UniqueConstraint, text
 from sqlalchemy.orm import Mapped, mapped_column, relationship
 
 from shared.db.base import Base, IdMixin, JSONType, TimestampMixin, utcnow
@@ -49,6 +49,9 @@ class Organization(IdMixin, TimestampMixin, Base):
     owner_user_id: Mapped[uuid.UUID] = mapped_column(
         ForeignKey("users.id", ondelete="RESTRICT"), index=True
     )
+    # Moves with every change to the organization's agents, LLM providers, credentials and
+    # allowed domains: workers cache what a run needs to call out under this version.
+    outbound_version: Mapped[int] = mapped_column(BigInteger, default=0, server_default=text("0"))
 
 
 class Role(IdMixin, TimestampMixin, Base):

@@ -1,0 +1,110 @@
+"""The run engine's short path to PostgreSQL: statements written with SQLAlchemy Core,
+compiled once, executed straight on psycopg from a small pool of autocommit connections.
+
+SQLAlchemy's asyncio layer costs about half a millisecond of CPU and several event-loop
+hand-offs per statement (greenlet switches, pool check-out, reset and check-in).  A
+worker holding a hundred conversations executes thousands of statements a minute, and
+there those hand-offs, queued behind everything else on its loop, became most of a run's
+overhead.  The statements stay SQLAlchemy's — one source of truth, built from the models'
+tables — only their execution skips the layer.  Used where every statement is a complete
+state change on its own (:mod:`shared.scenarios.store`), so autocommit is what is wanted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import msgspec
+from psycopg import AsyncConnection
+from psycopg.rows import namedtuple_row
+from psycopg.types.json import Jsonb, set_json_loads
+from psycopg_pool import AsyncConnectionPool
+from sqlalchemy import JSON
+from sqlalchemy.dialects.postgresql.psycopg import PGDialect_psycopg
+from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.sql.expression import Executable
+
+_DIALECT = PGDialect_psycopg()
+
+# Session settings of every PostgreSQL connection Spar makes (these and the engine's).  No
+# JIT: Spar's statements are short, and on a large fan-out (a batch's runs inserted with
+# their snapshots) the planner's estimates had PostgreSQL spend a third of a second
+# compiling a query that then ran in less.
+POSTGRES_OPTIONS = "-c jit=off"
+
+
+def _json_dumps(value: object) -> str:
+    return msgspec.json.encode(value).decode()
+
+
+class Statement:
+    """A Core statement compiled once for psycopg.  Its constants travel with it; the named
+    parameters it leaves open must all be given at each execution."""
+
+    def __init__(self, statement: Executable) -> None:
+        compiled = statement.compile(dialect=_DIALECT)
+        self.sql = str(compiled)
+        self._constants = {k: v for k, v in compiled.params.items() if v is not None}
+        self._required = {k for k, v in compiled.params.items() if v is None}
+        self._json = {
+            name
+            for name, bind in compiled.binds.items()
+            if isinstance(bind.type.dialect_impl(_DIALECT), JSON)
+        }
+
+    def _params(self, given: Mapping[str, Any]) -> dict[str, Any]:
+        missing = self._required - given.keys()
+        if missing:
+            raise TypeError(f"missing statement parameters: {', '.join(sorted(missing))}")
+        params = {**self._constants, **given}
+        for name in self._json & given.keys():
+            params[name] = Jsonb(given[name], dumps=_json_dumps)
+        return params
+
+    async def rows(self, connection: AsyncConnection[Any], **given: Any) -> Sequence[Any]:
+        async with connection.cursor(row_factory=namedtuple_row) as cursor:
+            await cursor.execute(self.sql, self._params(given))
+            return await cursor.fetchall()
+
+
+async def _configure(connection: AsyncConnection[Any]) -> None:
+    set_json_loads(msgspec.json.decode, connection)
+
+
+# One pool per engine and event loop: a pool's connections belong to the loop they were
+# made in (the test suite drives one engine from two loops).
+_pools: dict[tuple[AsyncEngine, asyncio.AbstractEventLoop], AsyncConnectionPool] = {}
+
+
+async def direct_pool(engine: AsyncEngine) -> AsyncConnectionPool:
+    """The psycopg pool beside ``engine`` (same database, autocommit connections) for the
+    running event loop, opened on first use; :func:`close_direct_pool` closes it."""
+    key = (engine, asyncio.get_running_loop())
+    pool = _pools.get(key)
+    if pool is None:
+        size = engine.pool.size()  # type: ignore[attr-defined]  # SPAR_DB_POOL_SIZE
+        pool = AsyncConnectionPool(
+            engine.url.set(drivername="postgresql").render_as_string(hide_password=False),
+            # All connections made up front: work arrives in bursts (a batch's first window
+            # is handed out at once), and a statement waiting for a new connection waits
+            # for a whole handshake.
+            min_size=size,
+            max_size=size,
+            kwargs={"autocommit": True, "options": POSTGRES_OPTIONS},
+            configure=_configure,
+            open=False,
+            name="spar-direct",
+        )
+        _pools[key] = pool
+    if pool.closed:
+        await pool.open()
+    return pool
+
+
+async def close_direct_pool(engine: AsyncEngine) -> None:
+    """Close the pool :func:`direct_pool` made for ``engine`` in the running event loop."""
+    pool = _pools.pop((engine, asyncio.get_running_loop()), None)
+    if pool is not None:
+        await pool.close()

@@ -1,0 +1,347 @@
+"""Where the run engine reads and writes a run: its claim, its turns, its end.
+
+A batch executes these thousands of times a minute, so they are built once, as Core
+statements, and each state change costs as little as the backend allows:
+
+* on PostgreSQL, every state change is **one statement that commits on its own**
+  (data-modifying CTEs), executed straight on psycopg (:mod:`shared.db.direct`): a turn
+  with its criterion results and the run's cost; a run's end with its batch's count and
+  its successor's hand-out.  Atomic by itself, with no BEGIN or COMMIT round trip, and
+  its row locks released the moment it ends — the batch row, which every run of a batch
+  writes, is never held across a round trip to a busy worker;
+* elsewhere (SQLite, ``spar dev``) the same changes run as short SQLAlchemy transactions
+  of the same pieces.
+
+Every change is guarded in SQL, so a redelivered message changes nothing twice: a claim
+only takes a run that is not terminal, a turn is written only while the run is
+``running`` and once per ``(run, turn_index)``, an end only moves a ``pending`` or
+``running`` run.  No parameter is named after a column: Core would add it to an
+UPDATE's SET clause.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+from uuid import UUID
+
+import psycopg
+from psycopg import AsyncConnection
+from sqlalchemy import (
+    Boolean,
+    Integer,
+    Row,
+    Text,
+    Uuid,
+    bindparam,
+    column,
+    func,
+    insert,
+    or_,
+    select,
+    true,
+    update,
+)
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from shared.batches.services import count_end, end_counts, hand_over, settle_run
+from shared.db.base import UTCDateTime, utcnow
+from shared.db.direct import Statement, direct_pool
+from shared.db.engine import session_scope
+from shared.db.models import CriterionResult, Organization, ScenarioRun, TurnResult
+from shared.scenarios.schemas import OPEN_STATUSES
+
+_runs = ScenarioRun.__table__
+_turns = TurnResult.__table__
+_results = CriterionResult.__table__
+_orgs = Organization.__table__
+_now = bindparam("now", type_=UTCDateTime())
+_run = bindparam("p_run", type_=Uuid())
+# Two comparisons, not IN: an IN list is re-rendered on every execution.
+_open = or_(_runs.c.status == OPEN_STATUSES[0], _runs.c.status == OPEN_STATUSES[1])
+
+
+def _on_postgres(factory: async_sessionmaker[AsyncSession]) -> bool:
+    return factory.kw["bind"].dialect.name == "postgresql"
+
+
+@asynccontextmanager
+async def _direct(factory: async_sessionmaker[AsyncSession]) -> AsyncIterator[AsyncConnection[Any]]:
+    async with (await direct_pool(factory.kw["bind"])).connection() as connection:
+        yield connection
+
+
+# --- the claim -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Claimed:
+    organization_id: UUID
+    agent_id: UUID
+    session_id: str | None
+    snapshot: dict[str, Any]
+    cost_summary: dict[str, Any]
+    outbound_version: int  # the organization's, for the outbound configuration cache
+    business_information: str
+    done: Sequence[Row[Any]]  # turn_index, user_message, response_content, passed, stopped_early
+
+
+_CLAIM = (
+    update(_runs)
+    .where(_runs.c.id == _run, _open)
+    .values(status="running", started_at=func.coalesce(_runs.c.started_at, _now), updated_at=_now)
+    .returning(
+        _runs.c.organization_id,
+        _runs.c.agent_id,
+        _runs.c.session_id,
+        _runs.c.snapshot,
+        _runs.c.cost_summary,
+        select(_orgs.c.outbound_version)
+        .where(_orgs.c.id == _runs.c.organization_id)
+        .scalar_subquery()
+        .label("outbound_version"),
+        select(_orgs.c.business_information)
+        .where(_orgs.c.id == _runs.c.organization_id)
+        .scalar_subquery()
+        .label("business_information"),
+    )
+)
+_DONE_TURNS = (
+    select(
+        _turns.c.turn_index,
+        _turns.c.user_message,
+        _turns.c.response_content,
+        _turns.c.passed,
+        _turns.c.stopped_early,
+    )
+    .where(_turns.c.run_id == _run)
+    .order_by(_turns.c.turn_index)
+)
+_CLAIM_DIRECT = Statement(_CLAIM)
+_DONE_TURNS_DIRECT = Statement(_DONE_TURNS)
+
+
+async def claim(factory: async_sessionmaker[AsyncSession], run_id: UUID) -> Claimed | None:
+    """Move the run to ``running`` (``None`` if it is terminal or gone) and read what playing
+    it needs, the turns already committed included.  Another delivery may claim the same
+    run meanwhile: the turn writes settle which of them goes on."""
+    params = {"p_run": run_id, "now": utcnow()}
+    if _on_postgres(factory):
+        async with _direct(factory) as conn:
+            runs = await _CLAIM_DIRECT.rows(conn, **params)
+            if not runs:
+                return None
+            done = await _DONE_TURNS_DIRECT.rows(conn, p_run=run_id)
+        run = runs[0]
+    else:
+        async with session_scope(factory) as session:
+            conn = await session.connection()
+            run = (await conn.execute(_CLAIM, params)).one_or_none()
+            if run is None:
+                return None
+            done = (await conn.execute(_DONE_TURNS, {"p_run": run_id})).all()
+    return Claimed(
+        organization_id=run.organization_id,
+        agent_id=run.agent_id,
+        session_id=run.session_id,
+        snapshot=run.snapshot,
+        cost_summary=run.cost_summary or {},
+        outbound_version=run.outbound_version,
+        business_information=run.business_information or "",
+        done=done,
+    )
+
+
+# --- a turn --------------------------------------------------------------------------------------
+
+# Locks the run row first: deliveries of one run write one at a time.
+_TOUCH = (
+    update(_runs)
+    .where(_runs.c.id == _run, _runs.c.status == "running")
+    .values(cost_summary=bindparam("p_cost"), updated_at=_now)
+    .returning(_runs.c.id)
+)
+_TURN_COLUMNS = (
+    "id",
+    "run_id",
+    "turn_index",
+    "user_message",
+    "response_content",
+    "passed",
+    "stopped_early",
+    "created_at",
+)
+_RESULT_COLUMNS = (
+    "id",
+    "turn_result_id",
+    "criteria_id",
+    "order_index",
+    "verdict",
+    "critique",
+    "evidence",
+    "input_tokens",
+    "output_tokens",
+)
+_turn_values = (
+    bindparam("p_turn", type_=Uuid()),
+    bindparam("p_turn_index", type_=Integer()),
+    bindparam("p_user_message", type_=Text()),
+    bindparam("p_response", type_=Text()),
+    bindparam("p_passed", type_=Boolean()),
+    bindparam("p_stopped", type_=Boolean()),
+)
+
+# PostgreSQL: the run touched, the turn and its criterion results inserted, in one
+# statement.  The results arrive as one JSON array, so the statement is the same for any
+# number of criteria.
+_touched = _TOUCH.cte("touched")
+_turn = (
+    insert(_turns)
+    .from_select(
+        _TURN_COLUMNS,
+        select(_turn_values[0], _touched.c.id, *_turn_values[1:], _now),
+    )
+    .returning(_turns.c.id)
+    .cte("turn")
+)
+_rows = (
+    func.jsonb_to_recordset(bindparam("p_results", type_=JSONB()))
+    .table_valued(
+        column("id", Uuid()),
+        column("criteria_id", Uuid()),
+        column("order_index", Integer()),
+        column("verdict", Text()),
+        column("critique", Text()),
+        column("evidence", Text()),
+        column("input_tokens", Integer()),
+        column("output_tokens", Integer()),
+    )
+    .render_derived(with_types=True)
+)
+_written = (
+    insert(_results)
+    .from_select(
+        _RESULT_COLUMNS,
+        select(
+            _rows.c.id,
+            _turn.c.id,
+            *(_rows.c[name] for name in _RESULT_COLUMNS[2:]),
+        ).select_from(_turn.join(_rows, true())),
+    )
+    .returning(_results.c.id)
+    .cte("written")
+)
+_RECORD_IN_ONE = Statement(
+    select(
+        select(func.count()).select_from(_turn).scalar_subquery().label("turns"),
+        select(func.count()).select_from(_written).scalar_subquery().label("results"),
+    )
+)
+
+
+async def record_turn(
+    factory: async_sessionmaker[AsyncSession],
+    run_id: UUID,
+    turn_id: UUID,
+    turn: dict[str, Any],
+    results: list[dict[str, Any]],
+    cost: dict[str, Any],
+) -> bool:
+    """Write one turn (``turn_index``, ``user_message``, ``response_content``, ``passed``,
+    ``stopped_early``), its criterion results (``id``, ``criteria_id``, ``order_index``,
+    ``verdict``, ``critique``, ``evidence``, ``input_tokens``, ``output_tokens``) and the
+    run's cost so far, all or nothing.  False when the run is no longer running or the turn
+    is already written (another delivery got there first)."""
+    now = utcnow()
+    params = {
+        "p_run": run_id,
+        "p_cost": cost,
+        "now": now,
+        "p_turn": turn_id,
+        "p_turn_index": turn["turn_index"],
+        "p_user_message": turn["user_message"],
+        "p_response": turn["response_content"],
+        "p_passed": turn["passed"],
+        "p_stopped": turn["stopped_early"],
+    }
+    if _on_postgres(factory):
+        try:
+            async with _direct(factory) as conn:
+                written = await _RECORD_IN_ONE.rows(conn, **params, p_results=results)
+        except psycopg.IntegrityError:
+            return False
+        return written[0].turns == 1
+    try:
+        async with session_scope(factory) as session:
+            conn = await session.connection()
+            if (await conn.execute(_TOUCH, params)).first() is None:
+                return False
+            await conn.execute(
+                insert(_turns), {"id": turn_id, "run_id": run_id, "created_at": now, **turn}
+            )
+            if results:
+                await conn.execute(
+                    insert(_results), [{**r, "turn_result_id": turn_id} for r in results]
+                )
+    except IntegrityError:
+        return False
+    return True
+
+
+# --- the end -------------------------------------------------------------------------------------
+
+_END = (
+    update(_runs)
+    .where(_runs.c.id == _run, _open)
+    .values(
+        status=bindparam("p_status"),
+        completed_at=_now,
+        updated_at=_now,
+        error_message=bindparam("p_error"),
+    )
+    .returning(_runs.c.batch_run_id)
+)
+
+# PostgreSQL: the run's end, its successor's hand-out and its batch's count in one statement.
+_ended = _END.cte("ended")
+_ended_batch = select(_ended.c.batch_run_id).scalar_subquery()
+_handed = hand_over(_ended_batch).cte("handed")
+_counted = count_end(_ended_batch, select(func.count()).select_from(_handed).scalar_subquery()).cte(
+    "counted"
+)
+_END_IN_ONE = Statement(
+    select(
+        select(func.count()).select_from(_ended).scalar_subquery().label("ended"),
+        select(_handed.c.id).scalar_subquery().label("successor"),
+        select(func.count()).select_from(_counted).scalar_subquery().label("counted"),
+    )
+)
+
+
+async def end(
+    factory: async_sessionmaker[AsyncSession], run_id: UUID, status: str, error: str | None
+) -> list[UUID] | None:
+    """Move a ``pending`` or ``running`` run to ``status`` and, atomically with it, count it
+    in its batch and hand out the run that takes its place.
+
+    ``None`` when this changed nothing (the run was already terminal); otherwise the
+    successors to send (none outside a batch, or when nothing is left to hand out)."""
+    params: dict[str, Any] = {"p_run": run_id, "p_status": status, "p_error": error}
+    params["now"] = utcnow()
+    if _on_postgres(factory):
+        async with _direct(factory) as conn:
+            (ended,) = await _END_IN_ONE.rows(conn, **params, **end_counts(status))
+        if not ended.ended:
+            return None
+        return [ended.successor] if ended.successor is not None else []
+    async with session_scope(factory) as session:
+        conn = await session.connection()
+        moved = (await conn.execute(_END, params)).first()
+        if moved is None:
+            return None
+        batch_id = moved[0]
+        return await settle_run(session, batch_id, status) if batch_id else []
