@@ -10,6 +10,7 @@ are never stored, returned or logged.
 
 from __future__ import annotations
 
+import asyncio
 import ipaddress
 import re
 from collections import OrderedDict
@@ -546,24 +547,40 @@ async def load_outbound(
     :class:`NotFound` when the agent or its provider is gone."""
     key = (org_id, agent_id, version, settings)
     cached = _outbound_cache.get(key)
-    if cached is not None:
-        _outbound_cache.move_to_end(key)
-        return cached
+    if cached is None:
+        # One load per key at a time: a batch's first window starts a hundred runs of one
+        # agent at once, and they would all miss together.
+        loading = (asyncio.get_running_loop(), key)
+        try:
+            async with _loading.setdefault(loading, asyncio.Lock()):
+                cached = _outbound_cache.get(key)
+                if cached is None:
+                    cached = await _load_outbound(session, settings, org_id, agent_id)
+                    _outbound_cache[key] = cached
+                    while len(_outbound_cache) > OUTBOUND_CACHE_SIZE:
+                        _outbound_cache.popitem(last=False)
+        finally:
+            _loading.pop(loading, None)
+    _outbound_cache.move_to_end(key)
+    return cached
+
+
+async def _load_outbound(
+    session: AsyncSession, settings: Settings, org_id: UUID, agent_id: UUID
+) -> OutboundConfig:
     agent = await load_agent(session, settings, org_id, agent_id)
     judge_id = agent.judge_provider_id or await default_judge_provider_id(session, org_id)
-    config = OutboundConfig(
+    return OutboundConfig(
         agent=agent,
         policy=await load_egress_policy(session, settings, org_id),
         judge=await load_provider(session, settings, org_id, judge_id) if judge_id else None,
     )
-    _outbound_cache[key] = config
-    while len(_outbound_cache) > OUTBOUND_CACHE_SIZE:
-        _outbound_cache.popitem(last=False)
-    return config
 
 
 OUTBOUND_CACHE_SIZE = 256
 _outbound_cache: OrderedDict[tuple[UUID, UUID, int, Settings], OutboundConfig] = OrderedDict()
+_loading: dict[tuple[asyncio.AbstractEventLoop, tuple[UUID, UUID, int, Settings]], asyncio.Lock]
+_loading = {}
 
 
 # --- plumbing and response shapes --------------------------------------------------------------

@@ -19,7 +19,6 @@ import asyncio
 import logging
 import re
 import uuid
-from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
@@ -174,7 +173,7 @@ async def _claim(
     settings: Settings,
     run_id: UUID,
     http: aiohttp.ClientSession | None,
-) -> tuple[_Context, Sequence[Any]] | None:
+) -> tuple[_Context, list[store.DoneTurn]] | None:
     """Move the run to ``running`` (unless it is terminal) and load what playing it needs:
     the turns already committed, the agent, the egress policy, the judge."""
     run = await store.claim(factory, run_id)
@@ -268,7 +267,7 @@ async def execute_run(
 
 
 async def _run_turns(
-    factory: async_sessionmaker[AsyncSession], context: _Context, done: list[Any]
+    factory: async_sessionmaker[AsyncSession], context: _Context, done: list[store.DoneTurn]
 ) -> str | None:
     """Play the turns not yet committed; the final status, or None if another delivery won."""
     history: list[dict[str, str]] = []

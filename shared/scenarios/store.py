@@ -21,7 +21,7 @@ UPDATE's SET clause.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -32,19 +32,19 @@ from psycopg import AsyncConnection
 from sqlalchemy import (
     Boolean,
     Integer,
-    Row,
     Text,
     Uuid,
     bindparam,
     column,
     func,
     insert,
+    literal_column,
     or_,
     select,
     true,
     update,
 )
-from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.dialects.postgresql import JSONB, aggregate_order_by
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
@@ -79,6 +79,17 @@ async def _direct(factory: async_sessionmaker[AsyncSession]) -> AsyncIterator[As
 
 
 @dataclass(frozen=True, slots=True)
+class DoneTurn:
+    """A turn committed before this delivery: the conversation so far, and whether it passed."""
+
+    turn_index: int
+    user_message: str
+    response_content: str
+    passed: bool
+    stopped_early: bool
+
+
+@dataclass(frozen=True, slots=True)
 class Claimed:
     organization_id: UUID
     agent_id: UUID
@@ -87,7 +98,7 @@ class Claimed:
     cost_summary: dict[str, Any]
     outbound_version: int  # the organization's, for the outbound configuration cache
     business_information: str
-    done: Sequence[Row[Any]]  # turn_index, user_message, response_content, passed, stopped_early
+    done: list[DoneTurn]
 
 
 _CLAIM = (
@@ -110,19 +121,34 @@ _CLAIM = (
         .label("business_information"),
     )
 )
+_DONE_FIELDS = ("turn_index", "user_message", "response_content", "passed", "stopped_early")
 _DONE_TURNS = (
-    select(
-        _turns.c.turn_index,
-        _turns.c.user_message,
-        _turns.c.response_content,
-        _turns.c.passed,
-        _turns.c.stopped_early,
-    )
+    select(*(_turns.c[name] for name in _DONE_FIELDS))
     .where(_turns.c.run_id == _run)
     .order_by(_turns.c.turn_index)
 )
-_CLAIM_DIRECT = Statement(_CLAIM)
-_DONE_TURNS_DIRECT = Statement(_DONE_TURNS)
+
+# PostgreSQL: the claim and the turns already committed in one statement (the turns as one
+# JSON array).
+_claimed = _CLAIM.cte("claimed")
+_done = (
+    select(
+        func.coalesce(
+            func.jsonb_agg(
+                aggregate_order_by(
+                    func.jsonb_build_object(
+                        *(part for name in _DONE_FIELDS for part in (name, _turns.c[name]))
+                    ),
+                    _turns.c.turn_index,
+                )
+            ),
+            literal_column("'[]'::jsonb"),
+        )
+    )
+    .where(_turns.c.run_id == _run)
+    .scalar_subquery()
+)
+_CLAIM_IN_ONE = Statement(select(_claimed, _done.label("done")))
 
 
 async def claim(factory: async_sessionmaker[AsyncSession], run_id: UUID) -> Claimed | None:
@@ -132,18 +158,19 @@ async def claim(factory: async_sessionmaker[AsyncSession], run_id: UUID) -> Clai
     params = {"p_run": run_id, "now": utcnow()}
     if _on_postgres(factory):
         async with _direct(factory) as conn:
-            runs = await _CLAIM_DIRECT.rows(conn, **params)
-            if not runs:
-                return None
-            done = await _DONE_TURNS_DIRECT.rows(conn, p_run=run_id)
+            runs = await _CLAIM_IN_ONE.rows(conn, **params)
+        if not runs:
+            return None
         run = runs[0]
+        done = [DoneTurn(**turn) for turn in run.done]
     else:
         async with session_scope(factory) as session:
             conn = await session.connection()
             run = (await conn.execute(_CLAIM, params)).one_or_none()
             if run is None:
                 return None
-            done = (await conn.execute(_DONE_TURNS, {"p_run": run_id})).all()
+            rows = await conn.execute(_DONE_TURNS, {"p_run": run_id})
+            done = [DoneTurn(*row) for row in rows]
     return Claimed(
         organization_id=run.organization_id,
         agent_id=run.agent_id,
