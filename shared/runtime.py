@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import aiohttp
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
+from shared.db.direct import direct_pool
 from shared.db.engine import create_engine, create_session_factory, dispose_engine, session_scope
 from shared.outbound.egress import new_http_session
 from shared.settings import Settings, get_settings
@@ -32,6 +33,12 @@ class Runtime:
         if self._http is None:
             self._http = new_http_session()
         return self._http
+
+    async def warm_up(self) -> None:
+        """Open now what the first messages would otherwise wait for: the connections of the
+        run engine's database pool (a batch's first window arrives all at once)."""
+        if self.engine.dialect.name == "postgresql":
+            await (await direct_pool(self.engine)).wait()
 
     async def close(self) -> None:
         if self._http is not None:

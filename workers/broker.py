@@ -1,14 +1,37 @@
 """Sets up a worker process from settings: its log format and level, and its Dramatiq
-broker.  Import before declaring actors."""
+broker, which opens the database connections as the worker boots.  Import before
+declaring actors."""
 
 from __future__ import annotations
 
+import logging
+
 import dramatiq
+from dramatiq.asyncio import get_event_loop_thread
 
 from shared.logs import configure_logging
 from shared.queue import get_broker
+from shared.runtime import get_runtime
 from shared.settings import get_settings
+
+log = logging.getLogger("spar.worker")
+
+
+class WarmUp(dramatiq.Middleware):
+    """Connections opened as the worker boots, not by its first messages."""
+
+    def after_worker_boot(self, broker: dramatiq.Broker, worker: dramatiq.Worker) -> None:
+        loop_thread = get_event_loop_thread()
+        if loop_thread is None:
+            return
+        try:
+            loop_thread.run_coroutine(get_runtime().warm_up())
+        except Exception:  # the first messages will open them, or fail and be retried
+            log.warning("could not open the database connections at boot", exc_info=True)
+
 
 configure_logging(get_settings().log_level)
 broker = get_broker(get_settings().redis_url)
+if not any(isinstance(m, WarmUp) for m in broker.middleware):
+    broker.add_middleware(WarmUp())
 dramatiq.set_broker(broker)

@@ -33,6 +33,16 @@ _DIALECT = PGDialect_psycopg()
 # their snapshots) the planner's estimates had PostgreSQL spend a third of a second
 # compiling a query that then ran in less.
 POSTGRES_OPTIONS = "-c jit=off"
+# The run engine's own writes commit asynchronously: a commit returns (and releases its row
+# locks) before its WAL reaches the disk.  Every batch run's end writes its batch's row, and
+# with synchronous commits a batch's ends queue behind one another's disk flushes; a
+# window of runs ending together then waits tens of milliseconds for that row.  What
+# asynchronous commit can lose is the last fraction of a second of commits if PostgreSQL
+# itself crashes (never a worker crash; never consistency): run progress that at-least-once
+# delivery replays anyway — a lost turn is played again, a lost end is redone once, and the
+# sweeper re-sends the runs it concerned.  Everything else (the API's writes) stays
+# synchronous.
+RUN_ENGINE_OPTIONS = "-c synchronous_commit=off"
 
 
 def _json_dumps(value: object) -> str:
@@ -92,7 +102,7 @@ async def direct_pool(engine: AsyncEngine) -> AsyncConnectionPool:
             # for a whole handshake.
             min_size=size,
             max_size=size,
-            kwargs={"autocommit": True, "options": POSTGRES_OPTIONS},
+            kwargs={"autocommit": True, "options": f"{POSTGRES_OPTIONS} {RUN_ENGINE_OPTIONS}"},
             configure=_configure,
             open=False,
             name="spar-direct",

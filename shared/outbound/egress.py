@@ -245,7 +245,9 @@ class EgressClient:
     """Outbound HTTP under an organization's :class:`EgressPolicy`.
 
     ``http`` is the process's pooled session (:func:`new_http_session`); without one, each
-    request opens and closes a session of its own.
+    request opens and closes a session of its own.  A client is made for one run (or one
+    call): a URL is checked, resolved and pinned on its first request and kept for the
+    client's life, as a kept-alive connection would be.
     """
 
     def __init__(
@@ -271,6 +273,8 @@ class EgressClient:
         self._max_retry_after_s = max_retry_after_s
         self._max_redirects = max_redirects
         self._max_response_bytes = max_response_bytes
+        # A client serves one run: its few URLs are checked and pinned once, not per call.
+        self._prepared: dict[tuple[str, tuple[tuple[str, str], ...]], _Prepared] = {}
 
     async def request(
         self,
@@ -306,7 +310,10 @@ class EgressClient:
     async def _send_with_retries(
         self, method: str, url: str, json: Any, headers: Mapping[str, str]
     ) -> tuple[_Received, int]:
-        prepared = await self._prepare(url, headers)
+        key = (url, tuple(headers.items()))
+        prepared = self._prepared.get(key)
+        if prepared is None:
+            prepared = self._prepared[key] = await self._prepare(url, headers)
         for attempt in range(1, self._max_attempts + 1):
             try:
                 response = await self._send(method, prepared, json)

@@ -257,34 +257,31 @@ async def execute_run(
         if claimed is None:
             return None
         context, done = claimed
-        status = await _run_turns(factory, context, done)
+        return await _run_turns(factory, context, done)
     except RunAborted as exc:
         log.info("run %s ends in error: %s", run_id, exc)
         return await finish(factory, run_id, "error", str(exc))
-    if status is None:
-        return None
-    return await finish(factory, run_id, status)
 
 
 async def _run_turns(
     factory: async_sessionmaker[AsyncSession], context: _Context, done: list[store.DoneTurn]
-) -> str | None:
-    """Play the turns not yet committed; the final status, or None if another delivery won."""
+) -> list[UUID] | None:
+    """Play the turns not yet committed and end the run (its last turn is written in the
+    same commit as its end).  ``None`` if another delivery won, else the successors."""
     history: list[dict[str, str]] = []
     for turn in done:
         history += [
             {"role": "user", "content": turn.user_message},
             {"role": "assistant", "content": turn.response_content},
         ]
-    if any(t.stopped_early for t in done):
-        return "failed"
     all_passed = all(t.passed for t in done)
     done_indexes = {t.turn_index for t in done}
+    remaining = [t for t in context.snapshot["turns"] if t["order_index"] not in done_indexes]
+    if not remaining or any(t.stopped_early for t in done):  # every turn was committed
+        return await finish(factory, context.run_id, "passed" if all_passed else "failed")
     customer_context = context.snapshot.get("customer_context") or {}
-    for turn in context.snapshot["turns"]:
+    for position, turn in enumerate(remaining):
         index = turn["order_index"]
-        if index in done_indexes:
-            continue
         message = render_message(turn["user_message"], customer_context)
         try:
             reply = await call_agent(
@@ -330,7 +327,9 @@ async def _run_turns(
             + _price(context.judge_provider, judge_in, judge_out),
         }
         cost = _add_cost(context.cost, cost_delta)
-        recorded = await store.record_turn(
+        all_passed = all_passed and passed
+        last = stopped or position == len(remaining) - 1
+        outcome = await store.record_turn(
             factory,
             context.run_id,
             uuid.uuid4(),
@@ -355,12 +354,10 @@ async def _run_turns(
                 for criterion, (verdict, judgement) in zip(turn["criteria"], evaluated, strict=True)
             ],
             cost,
+            end=("passed" if all_passed else "failed") if last else None,
         )
-        if not recorded:
-            return None
+        if outcome is None or last:
+            return outcome
         context.cost = cost
         history = conversation
-        all_passed = all_passed and passed
-        if stopped:
-            return "failed"
-    return "passed" if all_passed else "failed"
+    raise AssertionError("unreachable: the last remaining turn ends the run")

@@ -33,6 +33,7 @@ from sqlalchemy import (
     Boolean,
     Integer,
     Text,
+    Update,
     Uuid,
     bindparam,
     column,
@@ -183,14 +184,37 @@ async def claim(factory: async_sessionmaker[AsyncSession], run_id: UUID) -> Clai
     )
 
 
-# --- a turn --------------------------------------------------------------------------------------
+# --- turns and the end ----------------------------------------------------------------------------
 
-# Locks the run row first: deliveries of one run write one at a time.
+# Each locks the run row first: deliveries of one run write one at a time.
 _TOUCH = (
     update(_runs)
     .where(_runs.c.id == _run, _runs.c.status == "running")
     .values(cost_summary=bindparam("p_cost"), updated_at=_now)
-    .returning(_runs.c.id)
+    .returning(_runs.c.id, _runs.c.batch_run_id)
+)
+_END = (
+    update(_runs)
+    .where(_runs.c.id == _run, _open)
+    .values(
+        status=bindparam("p_status"),
+        completed_at=_now,
+        updated_at=_now,
+        error_message=bindparam("p_error"),
+    )
+    .returning(_runs.c.id, _runs.c.batch_run_id)
+)
+# The last turn and the run's end, together: the turn is written only while the run runs.
+_TOUCH_AND_END = (
+    update(_runs)
+    .where(_runs.c.id == _run, _runs.c.status == "running")
+    .values(
+        cost_summary=bindparam("p_cost"),
+        status=bindparam("p_status"),
+        completed_at=_now,
+        updated_at=_now,
+    )
+    .returning(_runs.c.id, _runs.c.batch_run_id)
 )
 _TURN_COLUMNS = (
     "id",
@@ -221,21 +245,8 @@ _turn_values = (
     bindparam("p_passed", type_=Boolean()),
     bindparam("p_stopped", type_=Boolean()),
 )
-
-# PostgreSQL: the run touched, the turn and its criterion results inserted, in one
-# statement.  The results arrive as one JSON array, so the statement is the same for any
-# number of criteria.
-_touched = _TOUCH.cte("touched")
-_turn = (
-    insert(_turns)
-    .from_select(
-        _TURN_COLUMNS,
-        select(_turn_values[0], _touched.c.id, *_turn_values[1:], _now),
-    )
-    .returning(_turns.c.id)
-    .cte("turn")
-)
-_rows = (
+# The criterion results arrive as one JSON array: the statement is the same for any number.
+_results_given = (
     func.jsonb_to_recordset(bindparam("p_results", type_=JSONB()))
     .table_valued(
         column("id", Uuid()),
@@ -249,25 +260,52 @@ _rows = (
     )
     .render_derived(with_types=True)
 )
-_written = (
-    insert(_results)
-    .from_select(
-        _RESULT_COLUMNS,
-        select(
-            _rows.c.id,
-            _turn.c.id,
-            *(_rows.c[name] for name in _RESULT_COLUMNS[2:]),
-        ).select_from(_turn.join(_rows, true())),
-    )
-    .returning(_results.c.id)
-    .cte("written")
-)
-_RECORD_IN_ONE = Statement(
-    select(
-        select(func.count()).select_from(_turn).scalar_subquery().label("turns"),
-        select(func.count()).select_from(_written).scalar_subquery().label("results"),
-    )
-)
+
+
+def _in_one(run_change: Update, *, turn: bool, end: bool) -> Statement:
+    """PostgreSQL: ``run_change`` (an UPDATE of the run ``RETURNING id, batch_run_id``) with,
+    in the same statement, the turn and its criterion results written after it (``turn``)
+    and the run's successor handed out and its batch's count (``end``)."""
+    run = run_change.cte("run")
+    counts = [select(func.count()).select_from(run).scalar_subquery().label("changed")]
+    if turn:
+        written = (
+            insert(_turns)
+            .from_select(_TURN_COLUMNS, select(_turn_values[0], run.c.id, *_turn_values[1:], _now))
+            .returning(_turns.c.id)
+            .cte("turn")
+        )
+        results = (
+            insert(_results)
+            .from_select(
+                _RESULT_COLUMNS,
+                select(
+                    _results_given.c.id,
+                    written.c.id,
+                    *(_results_given.c[name] for name in _RESULT_COLUMNS[2:]),
+                ).select_from(written.join(_results_given, true())),
+            )
+            .returning(_results.c.id)
+            .cte("results")
+        )
+        counts.append(select(func.count()).select_from(results).scalar_subquery().label("results"))
+    if end:
+        batch = select(run.c.batch_run_id).scalar_subquery()
+        handed = hand_over(batch).cte("handed")
+        counted = count_end(batch, select(func.count()).select_from(handed).scalar_subquery())
+        counts.append(select(handed.c.id).scalar_subquery().label("successor"))
+        counts.append(
+            select(func.count())
+            .select_from(counted.cte("counted"))
+            .scalar_subquery()
+            .label("counted")
+        )
+    return Statement(select(*counts))
+
+
+_RECORD_IN_ONE = _in_one(_TOUCH, turn=True, end=False)
+_RECORD_AND_END_IN_ONE = _in_one(_TOUCH_AND_END, turn=True, end=True)
+_END_IN_ONE = _in_one(_END, turn=False, end=True)
 
 
 async def record_turn(
@@ -277,14 +315,20 @@ async def record_turn(
     turn: dict[str, Any],
     results: list[dict[str, Any]],
     cost: dict[str, Any],
-) -> bool:
+    *,
+    end: str | None = None,
+) -> list[UUID] | None:
     """Write one turn (``turn_index``, ``user_message``, ``response_content``, ``passed``,
     ``stopped_early``), its criterion results (``id``, ``criteria_id``, ``order_index``,
     ``verdict``, ``critique``, ``evidence``, ``input_tokens``, ``output_tokens``) and the
-    run's cost so far, all or nothing.  False when the run is no longer running or the turn
-    is already written (another delivery got there first)."""
+    run's cost so far, all or nothing — and, for the run's last turn, its end as ``end``
+    (see :func:`end`), in the same commit.
+
+    ``None`` when the run is no longer running or the turn is already written (another
+    delivery got there first); otherwise the successors the end handed out (none without
+    ``end``)."""
     now = utcnow()
-    params = {
+    params: dict[str, Any] = {
         "p_run": run_id,
         "p_cost": cost,
         "now": now,
@@ -295,18 +339,27 @@ async def record_turn(
         "p_passed": turn["passed"],
         "p_stopped": turn["stopped_early"],
     }
+    if end is not None:
+        params["p_status"] = end
     if _on_postgres(factory):
+        statement = _RECORD_IN_ONE if end is None else _RECORD_AND_END_IN_ONE
+        extra = {} if end is None else end_counts(end)
         try:
             async with _direct(factory) as conn:
-                written = await _RECORD_IN_ONE.rows(conn, **params, p_results=results)
+                (written,) = await statement.rows(conn, **params, **extra, p_results=results)
         except psycopg.IntegrityError:
-            return False
-        return written[0].turns == 1
+            return None
+        if not written.changed:
+            return None
+        return [written.successor] if end is not None and written.successor else []
     try:
         async with session_scope(factory) as session:
             conn = await session.connection()
-            if (await conn.execute(_TOUCH, params)).first() is None:
-                return False
+            changed = (
+                await conn.execute(_TOUCH if end is None else _TOUCH_AND_END, params)
+            ).first()
+            if changed is None:
+                return None
             await conn.execute(
                 insert(_turns), {"id": turn_id, "run_id": run_id, "created_at": now, **turn}
             )
@@ -314,39 +367,11 @@ async def record_turn(
                 await conn.execute(
                     insert(_results), [{**r, "turn_result_id": turn_id} for r in results]
                 )
+            if end is None or changed.batch_run_id is None:
+                return []
+            return await settle_run(session, changed.batch_run_id, end)
     except IntegrityError:
-        return False
-    return True
-
-
-# --- the end -------------------------------------------------------------------------------------
-
-_END = (
-    update(_runs)
-    .where(_runs.c.id == _run, _open)
-    .values(
-        status=bindparam("p_status"),
-        completed_at=_now,
-        updated_at=_now,
-        error_message=bindparam("p_error"),
-    )
-    .returning(_runs.c.batch_run_id)
-)
-
-# PostgreSQL: the run's end, its successor's hand-out and its batch's count in one statement.
-_ended = _END.cte("ended")
-_ended_batch = select(_ended.c.batch_run_id).scalar_subquery()
-_handed = hand_over(_ended_batch).cte("handed")
-_counted = count_end(_ended_batch, select(func.count()).select_from(_handed).scalar_subquery()).cte(
-    "counted"
-)
-_END_IN_ONE = Statement(
-    select(
-        select(func.count()).select_from(_ended).scalar_subquery().label("ended"),
-        select(_handed.c.id).scalar_subquery().label("successor"),
-        select(func.count()).select_from(_counted).scalar_subquery().label("counted"),
-    )
-)
+        return None
 
 
 async def end(
@@ -362,7 +387,7 @@ async def end(
     if _on_postgres(factory):
         async with _direct(factory) as conn:
             (ended,) = await _END_IN_ONE.rows(conn, **params, **end_counts(status))
-        if not ended.ended:
+        if not ended.changed:
             return None
         return [ended.successor] if ended.successor is not None else []
     async with session_scope(factory) as session:
@@ -370,5 +395,4 @@ async def end(
         moved = (await conn.execute(_END, params)).first()
         if moved is None:
             return None
-        batch_id = moved[0]
-        return await settle_run(session, batch_id, status) if batch_id else []
+        return await settle_run(session, moved.batch_run_id, status) if moved.batch_run_id else []

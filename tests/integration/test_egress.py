@@ -728,3 +728,23 @@ async def test_a_compressed_answer_is_measured_after_decompression(fake: FakeSer
 
     fake.default = Reply(body=gzip.compress(b"y" * 1000), headers={"Content-Encoding": "gzip"})
     assert (await client.request("GET", f"{fake.url}/small")).content == b"y" * 1000
+
+
+async def test_a_client_resolves_and_checks_a_url_once_for_its_life(fake: FakeServer) -> None:
+    """One client serves one run: its URLs are pinned on first use, like a kept-alive
+    connection; the next run's client resolves afresh (and sees a changed record)."""
+    dns = FakeDNS({"agent.example.com": ["127.0.0.1"]})
+    policy = EgressPolicy(rules=[DomainRule("agent.example.com")], allow_private=True)
+    url = url_for("agent.example.com", fake.port, "/chat")
+
+    first = make_client(policy, resolver=dns)
+    for _ in range(3):
+        assert (await first.request("POST", url, json={})).status_code == 200
+    assert dns.calls == [("agent.example.com", fake.port)]
+
+    dns.records["agent.example.com"] = ["10.0.0.7"]
+    refusing = make_client(EgressPolicy(rules=policy.rules, allow_private=False), resolver=dns)
+    with pytest.raises(BlockedAddress):
+        await refusing.request("POST", url, json={})
+    assert len(dns.calls) == 2
+    assert len(fake.requests) == 3
