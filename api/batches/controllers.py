@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from datetime import datetime, timedelta
 from typing import Annotated
 from uuid import UUID
 
@@ -24,6 +25,7 @@ from shared.queue import DISPATCH_BATCH, send
 from shared.scenarios.schemas import TERMINAL_STATUSES
 
 EVENT_POLL_S = 0.5
+RECENT = timedelta(seconds=30)
 
 
 class BatchRunController(Controller):
@@ -101,23 +103,34 @@ async def _progress(
     state: State, access: OrgAccess, batch_id: UUID
 ) -> AsyncIterator[ServerSentEventMessage]:
     seen: set[UUID] = set()
+    since: datetime | None = None  # runs ended before this were all reported
     last: bytes | None = None
     while True:
         async with session_scope(state.session_factory) as session:
             batch = await services.get_batch(session, access, batch_id)
-            finished = (
-                await session.execute(
-                    select(ScenarioRun.id, ScenarioRun.scenario_id, ScenarioRun.status)
-                    .where(
-                        ScenarioRun.batch_run_id == batch_id,
-                        ScenarioRun.status.in_(TERMINAL_STATUSES),
-                    )
-                    .order_by(ScenarioRun.completed_at, ScenarioRun.id)
-                )
+            over = batch.status in ("completed", "error") and (
+                batch.completed_scenarios >= batch.total_scenarios
+            )
+            finished = select(
+                ScenarioRun.id,
+                ScenarioRun.scenario_id,
+                ScenarioRun.status,
+                ScenarioRun.completed_at,
+            ).where(
+                ScenarioRun.batch_run_id == batch_id,
+                ScenarioRun.status.in_(TERMINAL_STATUSES),
+            )
+            if since is not None and not over:
+                # Only what ended lately (a run commits within moments of its completed_at);
+                # the last poll reads them all, so nothing is ever missed.
+                finished = finished.where(ScenarioRun.completed_at >= since - RECENT)
+            rows = (
+                await session.execute(finished.order_by(ScenarioRun.completed_at, ScenarioRun.id))
             ).all()
-        for run_id, scenario_id, status in finished:
+        for run_id, scenario_id, status, completed_at in rows:
             if run_id not in seen:
                 seen.add(run_id)
+                since = max(since, completed_at) if since else completed_at
                 payload = {"id": str(run_id), "scenario_id": str(scenario_id), "status": status}
                 yield ServerSentEventMessage(
                     event="run", data=msgspec.json.encode(payload).decode()
@@ -127,9 +140,7 @@ async def _progress(
             last = progress
             yield ServerSentEventMessage(event="progress", data=progress.decode())
         # A cancelled batch still counts the runs that were in flight: end after the last.
-        if batch.status in ("completed", "error") and (
-            batch.completed_scenarios >= batch.total_scenarios
-        ):
+        if over:
             yield ServerSentEventMessage(event="end", data=progress.decode())
             return
         await asyncio.sleep(EVENT_POLL_S)

@@ -56,7 +56,7 @@ from shared.errors import Conflict, InvalidInput, NotFound
 from shared.identity.access import OrgAccess
 from shared.outbound.services import agent_in_org
 from shared.paging import Paging, paginate
-from shared.scenarios.services import snapshot_expression, snapshots, tag_filter
+from shared.scenarios.services import snapshot_source, snapshots, tag_filter
 
 ACTIVE = ("queued", "running")
 _runs = ScenarioRun.__table__
@@ -142,24 +142,13 @@ async def create_batch(
 def _fan_out() -> Insert:
     """PostgreSQL: one pending run per scenario of ``:ids``, each with its snapshot, built
     and inserted by the database (the same rows the portable path above writes)."""
-    scenarios = Scenario.__table__
     picked = (
         func.unnest(bindparam("p_ids", type_=ARRAY(Uuid())))
         .table_valued("id")
         .render_derived(name="picked")
     )
-    source = (
-        select(
-            func.gen_random_uuid().label("id"),
-            scenarios.c.id.label("scenario_id"),
-            snapshot_expression(scenarios).label("snapshot"),
-            func.row_number()
-            .over(order_by=(scenarios.c.created_at, scenarios.c.id))
-            .label("position"),
-        )
-        .select_from(picked.join(scenarios, scenarios.c.id == picked.c.id))
-        .subquery("source")
-    )
+    snapshots = snapshot_source(picked)
+    source = select(func.gen_random_uuid().label("id"), snapshots).subquery("source")
     microsecond = literal_column("interval '1 microsecond'")
     return insert(_runs).from_select(
         [

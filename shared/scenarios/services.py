@@ -13,6 +13,7 @@ from sqlalchemy import (
     FromClause,
     Select,
     String,
+    Subquery,
     Text,
     cast,
     func,
@@ -258,70 +259,88 @@ async def snapshots(
     ]
 
 
-def snapshot_expression(scenario: FromClause) -> ColumnElement[Any]:
-    """The snapshot of ``scenario`` (a ``scenarios`` row in the enclosing query) built by
-    PostgreSQL as JSONB, in the shape :func:`snapshots` builds: a batch of thousands of
-    runs is fanned out by one ``INSERT … SELECT`` without its snapshots crossing the wire.
-    The test suite checks that both give the same snapshot."""
-    turn = ScenarioTurn.__table__.alias("snap_turn")
-    criterion = Criterion.__table__.alias("snap_criterion")
+def snapshot_source(scenario_ids: FromClause) -> Subquery:
+    """``(scenario_id, snapshot, position)`` for the scenarios whose ids ``scenario_ids``
+    (one ``id`` column) lists: each snapshot built by PostgreSQL as JSONB, in the shape
+    :func:`snapshots` builds, and its position in creation order (from 1).  A batch of
+    thousands of runs is fanned out by one ``INSERT … SELECT`` without its snapshots crossing
+    the wire; the criteria and turns are aggregated once per turn and per scenario, not by a
+    subquery per row.  The test suite checks that both builders give the same snapshot."""
+    scenario = Scenario.__table__
+    turn = ScenarioTurn.__table__
+    criterion = Criterion.__table__
     empty = literal_column("'[]'::jsonb")
+    wanted = select(scenario_ids.c.id).scalar_subquery()
     criteria = (
         select(
-            func.coalesce(
-                func.jsonb_agg(
-                    aggregate_order_by(
-                        func.jsonb_build_object(
-                            "id",
-                            cast(criterion.c.id, Text),
-                            "order_index",
-                            criterion.c.order_index,
-                            "question",
-                            criterion.c.question,
-                            "criteria_type",
-                            criterion.c.criteria_type,
-                            "few_shot_examples",
-                            criterion.c.few_shot_examples,
-                        ),
+            criterion.c.turn_id,
+            func.jsonb_agg(
+                aggregate_order_by(
+                    func.jsonb_build_object(
+                        "id",
+                        cast(criterion.c.id, Text),
+                        "order_index",
                         criterion.c.order_index,
-                    )
-                ),
-                empty,
-            )
+                        "question",
+                        criterion.c.question,
+                        "criteria_type",
+                        criterion.c.criteria_type,
+                        "few_shot_examples",
+                        criterion.c.few_shot_examples,
+                    ),
+                    criterion.c.order_index,
+                )
+            ).label("entries"),
         )
-        .where(criterion.c.turn_id == turn.c.id)
-        .scalar_subquery()
+        .join(turn, turn.c.id == criterion.c.turn_id)
+        .where(turn.c.scenario_id.in_(wanted))
+        .group_by(criterion.c.turn_id)
+        .cte("snapshot_criteria")
     )
     turns = (
         select(
-            func.coalesce(
-                func.jsonb_agg(
-                    aggregate_order_by(
-                        func.jsonb_build_object(
-                            "id",
-                            cast(turn.c.id, Text),
-                            "order_index",
-                            turn.c.order_index,
-                            "user_message",
-                            turn.c.user_message,
-                            "required",
-                            turn.c.required,
-                            "criteria",
-                            criteria,
-                        ),
+            turn.c.scenario_id,
+            func.jsonb_agg(
+                aggregate_order_by(
+                    func.jsonb_build_object(
+                        "id",
+                        cast(turn.c.id, Text),
+                        "order_index",
                         turn.c.order_index,
-                    )
-                ),
-                empty,
+                        "user_message",
+                        turn.c.user_message,
+                        "required",
+                        turn.c.required,
+                        "criteria",
+                        func.coalesce(criteria.c.entries, empty),
+                    ),
+                    turn.c.order_index,
+                )
+            ).label("entries"),
+        )
+        .outerjoin(criteria, criteria.c.turn_id == turn.c.id)
+        .where(turn.c.scenario_id.in_(wanted))
+        .group_by(turn.c.scenario_id)
+        .cte("snapshot_turns")
+    )
+    return (
+        select(
+            scenario.c.id.label("scenario_id"),
+            func.jsonb_build_object(
+                "name", scenario.c.name,
+                "customer_context", scenario.c.customer_context,
+                "turns", func.coalesce(turns.c.entries, empty),
+            ).label("snapshot"),
+            func.row_number()
+            .over(order_by=(scenario.c.created_at, scenario.c.id))
+            .label("position"),
+        )
+        .select_from(
+            scenario_ids.join(scenario, scenario.c.id == scenario_ids.c.id).outerjoin(
+                turns, turns.c.scenario_id == scenario.c.id
             )
         )
-        .where(turn.c.scenario_id == scenario.c.id)
-        .scalar_subquery()
-    )
-    return func.jsonb_build_object(
-        "name", scenario.c.name,
-        "customer_context", scenario.c.customer_context,
-        "turns", turns,
+        .subquery("snapshot_source")
     )  # fmt: skip
 
 

@@ -1,12 +1,14 @@
-"""Chaos: a batch of 300 two-turn scenarios on two real ``spar worker`` processes and a
-real ``spar scheduler``; one worker is killed with SIGKILL mid-batch, then replaced.
+"""Chaos: a batch of 500 two-turn scenarios on two real ``spar worker`` processes and a
+real ``spar scheduler``; one worker is killed with SIGKILL mid-batch, then replaced, while
+a client follows the batch's progress stream from a real ``spar serve``.
 
 The batch must still complete with every run terminal, exact counters (equal to what
 the runs themselves say, and to what the scenarios were built to produce), the window
 never exceeded, and no turn or criterion result written twice.  Recovery comes from
 Dramatiq's at-least-once delivery and the scheduler's sweeper (``SPAR_RUN_STALL_S=3``,
 ``SPAR_SWEEP_INTERVAL_S=1``), which re-sends runs the dead worker held and refills the
-window if the worker died between a run's end and its refill.
+window if the worker died between a run's end and its refill.  The stream must report
+every run once, counts that only grow, and end with the final counts.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from pathlib import Path
 from typing import Any
 from uuid import UUID
 
+import httpx
 import pytest
 import redis
 from dramatiq import Message
@@ -32,11 +35,12 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from shared.db.models import CriterionResult, ScenarioRun, TurnResult
 from tests.support.factories import tenant
 from tests.support.fakes import FakeAgent, FakeOpenAI
-from tests.support.processes import spar_process
+from tests.support.processes import free_port, spar_process
+from tests.support.sse import parse_sse
 
 pytestmark = pytest.mark.slow
 
-SCENARIOS = 300
+SCENARIOS = 500
 WINDOW = 20
 AGENT_DELAY_S = 0.05
 JUDGE_DELAY_S = 0.03
@@ -193,6 +197,28 @@ def sweeper_resent(directory: Path) -> int:
     )
 
 
+class ProgressReader(threading.Thread):
+    """Follows ``GET …/events`` from a real API process until the stream ends."""
+
+    def __init__(self, url: str, headers: dict[str, str]) -> None:
+        super().__init__(daemon=True)
+        self.url, self.headers = url, headers
+        self.events: list[tuple[str, Any]] = []
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            body = []
+            with httpx.stream("GET", self.url, headers=self.headers, timeout=DEADLINE_S) as r:
+                assert r.status_code == 200, r.read()
+                assert r.headers["content-type"].startswith("text/event-stream")
+                for chunk in r.iter_text():
+                    body.append(chunk)
+            self.events = parse_sse("".join(body))
+        except BaseException as exc:  # reported by the test
+            self.error = exc
+
+
 def held_runs(r: redis.Redis, worker_id: str) -> set[str]:
     """Run ids of the ``runs`` messages a Dramatiq worker process has fetched and not yet
     acknowledged (its ack set): what it strands if it dies."""
@@ -229,7 +255,14 @@ async def test_a_batch_survives_a_worker_killed_mid_batch(
             samples.append(await in_flight(db, batch_id))
             return response.json()
 
+        port = free_port()
         with (
+            spar_process(
+                ["serve", "--host", "127.0.0.1", "--port", str(port)],
+                chaos_env,
+                cwd=tmp_path,
+                health_url=f"http://127.0.0.1:{port}/health/live",
+            ),
             spar_process(["scheduler"], {**chaos_env, "SPAR_LOG_LEVEL": "INFO"}, cwd=tmp_path),
             spar_process(WORKER_ARGS, chaos_env, cwd=tmp_path) as worker_a,
         ):
@@ -242,6 +275,8 @@ async def test_a_batch_survives_a_worker_killed_mid_batch(
             assert response.json()["status"] == "queued"
             assert response.json()["total_scenarios"] == SCENARIOS
             batch_id = response.json()["id"]
+            progress = ProgressReader(f"http://127.0.0.1:{port}{path}/{batch_id}/events", h)
+            progress.start()
 
             # Worker A alone takes the first runs: the only consumer of ``runs`` is A.
             deadline = time.monotonic() + 30
@@ -259,12 +294,17 @@ async def test_a_batch_survives_a_worker_killed_mid_batch(
                     held = held_runs(r, worker_a_id)
                     seen |= consumers(r)
                     done = state["completed_scenarios"]
-                    # Prefer a kill that strands several runs; settle for one later on.
-                    if done >= SCENARIOS * KILL_AT and len(held) >= (3 if done < 180 else 1):
+                    # Both workers at work; prefer a kill that strands several runs, settle
+                    # for one later on.
+                    if (
+                        len(seen) == 2
+                        and done >= SCENARIOS * KILL_AT
+                        and len(held) >= (3 if done < SCENARIOS * 0.6 else 1)
+                    ):
                         break
                     assert time.monotonic() < deadline, (
                         f"no kill point: {state['completed_scenarios']} done, "
-                        f"A holds {len(held)}\n{logs(tmp_path)}"
+                        f"A holds {len(held)}, {len(seen)} workers took runs\n{logs(tmp_path)}"
                     )
                     await asyncio.sleep(0.02)
                 os.killpg(worker_a.pid, signal.SIGKILL)
@@ -302,6 +342,7 @@ async def test_a_batch_survives_a_worker_killed_mid_batch(
                     # Let any late duplicate delivery finish whatever it would still do.
                     await asyncio.sleep(1.0)
                     final = (await client.get(f"{path}/{batch_id}", headers=h)).json()
+                    await asyncio.to_thread(progress.join, 30)
 
     elapsed = time.monotonic() - started
     # The recovery path was taken: the sweeper re-sent the runs the dead worker held.
@@ -375,6 +416,26 @@ async def test_a_batch_survives_a_worker_killed_mid_batch(
     )
     assert duplicate_turns == 0
     assert duplicate_criteria == 0
+
+    # The client followed it all on the stream: every run once, counts only growing, and
+    # an end carrying the final counts.
+    assert not progress.is_alive() and progress.error is None, progress.error
+    names = [name for name, _ in progress.events]
+    assert names[-1] == "end" and names.count("end") == 1, names[-5:]
+    streamed = [data["id"] for name, data in progress.events if name == "run"]
+    assert len(streamed) == len(set(streamed)) == SCENARIOS
+    statuses = {data["id"]: data["status"] for name, data in progress.events if name == "run"}
+    assert statuses == {r["id"]: r["status"] for r in runs}
+    completed = [
+        data["completed_scenarios"] for name, data in progress.events if name == "progress"
+    ]
+    assert completed == sorted(completed) and len(completed) > 5, completed
+    end = progress.events[-1][1]
+    assert {k: end[k] for k in ("status", "completed_scenarios", "passed_scenarios")} == {
+        "status": "completed",
+        "completed_scenarios": SCENARIOS,
+        "passed_scenarios": expected["passed"],
+    }
     turns = dict(
         (
             await db.execute(

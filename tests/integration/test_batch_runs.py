@@ -22,7 +22,6 @@ from datetime import timedelta
 from typing import Any
 from uuid import UUID
 
-import msgspec
 import pytest
 from dramatiq import Message
 from dramatiq.brokers.stub import StubBroker
@@ -33,6 +32,7 @@ from sqlalchemy import func, insert, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from scheduler.sweeper import sweep
+from shared.batches import services as batch_services
 from shared.batches.services import dispatch_committed
 from shared.db.base import utcnow
 from shared.db.engine import (
@@ -42,12 +42,14 @@ from shared.db.engine import (
     session_scope,
 )
 from shared.db.models import BatchRun, Criterion, Scenario, ScenarioRun, ScenarioTurn
+from shared.identity.access import OrgAccess, Principal
 from shared.queue import QUEUES, RUN_SCENARIO
 from shared.scenarios import runner
 from shared.scenarios.runner import execute_run
 from shared.settings import Settings
 from tests.support.factories import Tenant, create_token, tenant
 from tests.support.fakes import FakeAgent
+from tests.support.sse import parse_sse
 
 BATCH_FIELDS = {
     "id",
@@ -217,21 +219,6 @@ def sent_runs(broker: StubBroker) -> list[str]:
         assert message.actor_name == RUN_SCENARIO[1]
         ids.append(message.args[0])
     return ids
-
-
-def parse_sse(text: str) -> list[tuple[str, Any]]:
-    """(event, decoded JSON data) for each event of a Server-Sent Events body."""
-    events = []
-    for block in text.replace("\r\n", "\n").split("\n\n"):
-        name, data = "message", []
-        for line in block.split("\n"):
-            if line.startswith("event:"):
-                name = line[len("event:") :].strip()
-            elif line.startswith("data:"):
-                data.append(line[len("data:") :].lstrip())
-        if data:
-            events.append((name, msgspec.json.decode("\n".join(data))))
-    return events
 
 
 # --- create ---------------------------------------------------------------------------------------
@@ -784,6 +771,118 @@ async def test_a_completed_batch_cannot_be_cancelled(
     done = await get_batch(client, w, batch["id"])
     assert done["status"] == "completed"
     assert done["error_message"] is None
+
+
+async def test_a_cancel_racing_with_runs_ending_neither_deadlocks_nor_miscounts(
+    client: AsyncTestClient, app: Litestar, settings: Settings, db: AsyncSession, agent: FakeAgent
+) -> None:
+    """A run's end locks its successor, then the batch row; a cancel locks the runs it
+    cancels, then the batch row.  Racing, they must neither deadlock nor lose a count."""
+    w = await make_world(client, agent)
+    for n in range(30):
+        await make_scenario(client, w, f"s{n}", tags=["race-cancel"])
+    batch = await create_batch(client, w, tags=["race-cancel"], max_concurrency=6)
+    batch_id = UUID(batch["id"])
+    factory = app.state.session_factory
+    handed = await dispatch_committed(factory, batch_id)
+
+    # The service itself, in this event loop, so that it truly interleaves with the runs (a
+    # request through the test client would block this loop until answered).
+    access = OrgAccess(
+        principal=Principal(kind="user", token_id=uuid.uuid4(), user_id=uuid.uuid4()),
+        organization_id=UUID(w.t.id),
+        permissions=frozenset({"scenarios:run"}),
+    )
+
+    async def cancel() -> str:
+        await asyncio.sleep(0.005)
+        async with session_scope(factory) as session:
+            return (await batch_services.cancel_batch(session, access, batch_id)).status
+
+    *ended, status = await asyncio.gather(
+        *(execute_run(factory, settings, run_id) for run_id in handed), cancel()
+    )
+
+    assert status == "error"
+    successors = [run_id for part in ended for run_id in part or []]
+    for run_id in successors:  # handed out before the cancel: they run and are counted
+        await execute_run(factory, settings, run_id)
+    final = await get_batch(client, w, batch["id"])
+    assert final["status"] == "error" and final["error_message"] == "cancelled"
+    assert final["completed_scenarios"] == final["total_scenarios"] == 30, final
+    assert final["passed_scenarios"] == len(handed) + len(successors)
+    assert final["error_scenarios"] == 30 - len(handed) - len(successors)
+    assert_counts_add_up(final)
+    assert await in_flight(db, batch_id) == 0
+    statuses = [r["status"] for r in final["runs"]]
+    assert statuses.count("passed") == final["passed_scenarios"]
+
+
+# --- snapshots ------------------------------------------------------------------------------------
+
+
+async def test_a_batch_runs_snapshot_is_the_one_a_single_run_takes(
+    client: AsyncTestClient, app: Litestar, db: AsyncSession, agent: FakeAgent
+) -> None:
+    """PostgreSQL builds a batch's snapshots itself (one INSERT … SELECT); a single run's is
+    built in Python.  Both must be the same document."""
+    w = await make_world(client, agent)
+    rich = {
+        "name": "rich ünïcode scenario",
+        "tags": ["snap"],
+        "customer_context": {"name": "Ada", "booking": {"id": "B-1", "nights": 3}, "vip": True},
+        "turns": [
+            {
+                "user_message": "Hi {{ name }}, about {{ booking.id }}",
+                "required": True,
+                "criteria": [
+                    {
+                        "question": "Does it greet [q:a]?",
+                        "criteria_type": "llm_evaluated",
+                        "few_shot_examples": [
+                            {"response": "Hello!", "verdict": "PASS", "critique": "greets"},
+                            {"response": "What?", "verdict": "FAIL", "critique": "rude"},
+                        ],
+                    },
+                    {"question": "B-\\d+", "criteria_type": "regex"},
+                ],
+            },
+            {"user_message": "No criteria here", "required": False, "criteria": []},
+            {
+                "user_message": "Bye",
+                "criteria": [{"question": "bye", "criteria_type": "not_contains"}],
+            },
+        ],
+    }
+    made = await client.post(f"/v1/orgs/{w.t.id}/scenarios", json=rich, headers=w.headers)
+    assert made.status_code == 201, made.text
+    single = await client.post(
+        f"/v1/orgs/{w.t.id}/scenarios/{made.json()['id']}/run",
+        json={"agent_id": w.agent_id},
+        headers=w.headers,
+    )
+    assert single.status_code == 201, single.text
+    batch = await create_batch(client, w, tags=["snap"])
+
+    stored = dict(
+        (
+            await db.execute(
+                select(ScenarioRun.batch_run_id.is_(None), ScenarioRun.snapshot).where(
+                    ScenarioRun.scenario_id == UUID(made.json()["id"])
+                )
+            )
+        ).all()
+    )
+    await db.commit()
+    assert stored[True] == stored[False]
+    assert [t["user_message"] for t in stored[False]["turns"]] == [
+        "Hi {{ name }}, about {{ booking.id }}",
+        "No criteria here",
+        "Bye",
+    ]
+    assert stored[False]["turns"][1]["criteria"] == []
+    assert stored[False]["turns"][0]["criteria"][0]["few_shot_examples"][1]["verdict"] == "FAIL"
+    assert (await get_batch(client, w, batch["id"]))["runs"][0]["total_turns"] == 3
 
 
 # --- the sweeper ----------------------------------------------------------------------------------

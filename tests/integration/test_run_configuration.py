@@ -1,0 +1,318 @@
+"""What a run calls out with (its agent, the egress policy, the judge) is cached by the
+workers per organization version (``shared.outbound.services.load_outbound``): every write
+to agents, LLM providers, credentials or allowed domains moves the version, so the next
+run to start sees the change even when a run before it — in the same process — loaded
+the configuration a moment earlier."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+from uuid import UUID
+
+import pytest
+from litestar import Litestar
+from litestar.testing import AsyncTestClient
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from shared.scenarios.runner import execute_run
+from shared.settings import Settings
+from tests.support.factories import Tenant, tenant
+from tests.support.fakes import FakeAgent, FakeOpenAI
+from tests.support.scenario_setup import (
+    create_http_agent,
+    create_judge_provider,
+    create_scenario,
+    criterion,
+    get_run,
+    outbound_setup,
+    start_run,
+    turn,
+)
+
+NOWHERE = "http://127.0.0.1:9"  # never called: only stored
+
+
+@pytest.fixture
+def agent() -> Iterator[FakeAgent]:
+    with FakeAgent(reply="Hello, how can I help?") as fake:
+        yield fake
+
+
+@pytest.fixture
+def other_agent() -> Iterator[FakeAgent]:
+    with FakeAgent(reply="Another agent here.") as fake:
+        yield fake
+
+
+@pytest.fixture
+def judge() -> Iterator[FakeOpenAI]:
+    with FakeOpenAI(reply='{"verdict": "PASS", "critique": "ok", "evidence": "ok"}') as fake:
+        yield fake
+
+
+async def version(db: AsyncSession, t: Tenant) -> int:
+    value = await db.scalar(
+        text("SELECT outbound_version FROM organizations WHERE id = :id"), {"id": t.id}
+    )
+    await db.commit()
+    return int(value)
+
+
+async def run_once(
+    client: AsyncTestClient,
+    app: Litestar,
+    settings: Settings,
+    t: Tenant,
+    scenario_id: str,
+    agent_id: str,
+) -> dict[str, Any]:
+    run = await start_run(client, t, scenario_id, agent_id)
+    await execute_run(app.state.session_factory, settings, UUID(run["id"]))
+    return await get_run(client, t, run["id"])
+
+
+def url(t: Tenant, tail: str) -> str:
+    return f"/v1/orgs/{t.id}/{tail}"
+
+
+def expect(response: Any, status: int) -> dict[str, Any]:
+    assert response.status_code == status, response.text
+    return response.json() if status != 204 else {}
+
+
+# Each change: (what to prepare first, unmeasured; the change measured).  Both take the
+# client, the tenant and the ids made by the setup, and may add ids for the second step.
+
+
+async def nothing(client: AsyncTestClient, t: Tenant, ids: dict[str, Any]) -> None:
+    return None
+
+
+async def spare_provider(client: AsyncTestClient, t: Tenant, ids: dict[str, Any]) -> None:
+    made = await create_judge_provider(client, t, NOWHERE, name="spare", is_default_judge=False)
+    ids["spare_provider"] = made["id"]
+
+
+async def spare_agent(client: AsyncTestClient, t: Tenant, ids: dict[str, Any]) -> None:
+    ids["spare_agent"] = (await create_http_agent(client, t, NOWHERE, name="spare"))["id"]
+
+
+async def spare_credential(client: AsyncTestClient, t: Tenant, ids: dict[str, Any]) -> None:
+    expect(
+        await client.put(
+            url(t, "credentials/spare"), json={"value": "v1-secret"}, headers=t.owner.headers
+        ),
+        201,
+    )
+
+
+async def create_domain(client: AsyncTestClient, t: Tenant, ids: dict[str, Any]) -> None:
+    body = {"domain": "api.example.com"}
+    expect(await client.post(url(t, "allowed-domains/"), json=body, headers=t.owner.headers), 201)
+
+
+async def update_domain(client: AsyncTestClient, t: Tenant, ids: dict[str, Any]) -> None:
+    body = {"headers": {"X-Team": "qa"}}
+    response = await client.patch(
+        url(t, f"allowed-domains/{ids['domain']}"), json=body, headers=t.owner.headers
+    )
+    expect(response, 200)
+
+
+async def delete_domain(client: AsyncTestClient, t: Tenant, ids: dict[str, Any]) -> None:
+    expect(
+        await client.delete(url(t, f"allowed-domains/{ids['domain']}"), headers=t.owner.headers),
+        204,
+    )
+
+
+async def create_credential(client: AsyncTestClient, t: Tenant, ids: dict[str, Any]) -> None:
+    expect(
+        await client.put(
+            url(t, "credentials/fresh"), json={"value": "v1-secret"}, headers=t.owner.headers
+        ),
+        201,
+    )
+
+
+async def replace_credential(client: AsyncTestClient, t: Tenant, ids: dict[str, Any]) -> None:
+    expect(
+        await client.put(
+            url(t, "credentials/spare"), json={"value": "v2-secret"}, headers=t.owner.headers
+        ),
+        200,
+    )
+
+
+async def delete_credential(client: AsyncTestClient, t: Tenant, ids: dict[str, Any]) -> None:
+    expect(await client.delete(url(t, "credentials/spare"), headers=t.owner.headers), 204)
+
+
+async def create_provider(client: AsyncTestClient, t: Tenant, ids: dict[str, Any]) -> None:
+    await create_judge_provider(client, t, NOWHERE, name="second", is_default_judge=False)
+
+
+async def update_provider(client: AsyncTestClient, t: Tenant, ids: dict[str, Any]) -> None:
+    body = {"default_model": "judge-2"}
+    response = await client.patch(
+        url(t, f"llm-providers/{ids['provider']}"), json=body, headers=t.owner.headers
+    )
+    expect(response, 200)
+
+
+async def delete_provider(client: AsyncTestClient, t: Tenant, ids: dict[str, Any]) -> None:
+    response = await client.delete(
+        url(t, f"llm-providers/{ids['spare_provider']}"), headers=t.owner.headers
+    )
+    expect(response, 204)
+
+
+async def create_agent(client: AsyncTestClient, t: Tenant, ids: dict[str, Any]) -> None:
+    await create_http_agent(client, t, NOWHERE, name="another agent")
+
+
+async def update_agent(client: AsyncTestClient, t: Tenant, ids: dict[str, Any]) -> None:
+    body = {"description": "version two"}
+    response = await client.patch(
+        url(t, f"agents/{ids['agent']}"), json=body, headers=t.owner.headers
+    )
+    expect(response, 200)
+
+
+async def delete_agent(client: AsyncTestClient, t: Tenant, ids: dict[str, Any]) -> None:
+    expect(
+        await client.delete(url(t, f"agents/{ids['spare_agent']}"), headers=t.owner.headers), 204
+    )
+
+
+CHANGES = {
+    "create an allowed domain": (nothing, create_domain),
+    "update an allowed domain": (nothing, update_domain),
+    "delete an allowed domain": (nothing, delete_domain),
+    "create a credential": (nothing, create_credential),
+    "replace a credential": (spare_credential, replace_credential),
+    "delete a credential": (spare_credential, delete_credential),
+    "create an LLM provider": (nothing, create_provider),
+    "update an LLM provider": (nothing, update_provider),
+    "delete an LLM provider": (spare_provider, delete_provider),
+    "create an agent": (nothing, create_agent),
+    "update an agent": (nothing, update_agent),
+    "delete an agent": (spare_agent, delete_agent),
+}
+
+
+@pytest.mark.parametrize("change", list(CHANGES))
+async def test_every_outbound_change_moves_the_organizations_version(
+    client: AsyncTestClient, db: AsyncSession, agent: FakeAgent, judge: FakeOpenAI, change: str
+) -> None:
+    t = await tenant(client)
+    other = await tenant(client)
+    made = await outbound_setup(client, t, agent.url, judge.url)
+    ids = {"domain": made.domain_id, "agent": made.agent_id, "provider": made.judge_provider_id}
+    prepare, act = CHANGES[change]
+    await prepare(client, t, ids)
+    before, other_before = await version(db, t), await version(db, other)
+
+    await act(client, t, ids)
+
+    assert await version(db, t) > before
+    assert await version(db, other) == other_before  # another tenant's cache stays warm
+
+
+async def test_reading_the_configuration_leaves_the_version_alone(
+    client: AsyncTestClient, db: AsyncSession, agent: FakeAgent, judge: FakeOpenAI
+) -> None:
+    t = await tenant(client)
+    made = await outbound_setup(client, t, agent.url, judge.url)
+    before = await version(db, t)
+    for tail in (
+        "allowed-domains/",
+        "credentials",
+        "llm-providers",
+        "agents",
+        f"agents/{made.agent_id}",
+    ):
+        expect(await client.get(url(t, tail), headers=t.owner.headers), 200)
+    assert await version(db, t) == before
+
+
+async def test_a_changed_agent_endpoint_reaches_the_very_next_run(
+    client: AsyncTestClient,
+    app: Litestar,
+    settings: Settings,
+    agent: FakeAgent,
+    other_agent: FakeAgent,
+    judge: FakeOpenAI,
+) -> None:
+    t = await tenant(client)
+    made = await outbound_setup(client, t, agent.url, judge.url)
+    scenario = await create_scenario(client, t, turns=[turn("Hi", criterion("Is it polite?"))])
+    first = await run_once(client, app, settings, t, scenario["id"], made.agent_id)
+    assert first["status"] == "passed", first
+    assert len(agent.requests) == 1
+
+    response = await client.patch(
+        url(t, f"agents/{made.agent_id}"),
+        json={"endpoint_url": f"{other_agent.url}/chat"},
+        headers=t.owner.headers,
+    )
+    expect(response, 200)
+    second = await run_once(client, app, settings, t, scenario["id"], made.agent_id)
+
+    assert second["status"] == "passed", second
+    assert second["turn_results"][0]["response_content"] == "Another agent here."
+    assert len(agent.requests) == 1  # the cached configuration was not used
+    assert len(other_agent.requests) == 1
+
+
+async def test_a_removed_allowed_domain_stops_the_very_next_run(
+    client: AsyncTestClient, app: Litestar, settings: Settings, agent: FakeAgent, judge: FakeOpenAI
+) -> None:
+    t = await tenant(client)
+    made = await outbound_setup(client, t, agent.url, judge.url)
+    scenario = await create_scenario(client, t, turns=[turn("Hi", criterion("Is it polite?"))])
+    assert (await run_once(client, app, settings, t, scenario["id"], made.agent_id))[
+        "status"
+    ] == "passed"
+
+    expect(
+        await client.delete(url(t, f"allowed-domains/{made.domain_id}"), headers=t.owner.headers),
+        204,
+    )
+    refused = await run_once(client, app, settings, t, scenario["id"], made.agent_id)
+
+    assert refused["status"] == "error", refused
+    assert refused["error_message"].startswith("agent:")
+    assert "allowed domains" in refused["error_message"]
+    assert len(agent.requests) == 1
+
+
+async def test_a_replaced_credential_is_sent_by_the_very_next_run(
+    client: AsyncTestClient, app: Litestar, settings: Settings, agent: FakeAgent, judge: FakeOpenAI
+) -> None:
+    t = await tenant(client)
+    body = {"value": "first-secret-value"}
+    expect(
+        await client.put(url(t, "credentials/agent_token"), json=body, headers=t.owner.headers), 201
+    )
+    made = await outbound_setup(client, t, agent.url, judge.url)
+    header = {"headers": {"X-Agent-Token": "{{credentials.agent_token}}"}}
+    expect(
+        await client.patch(
+            url(t, f"allowed-domains/{made.domain_id}"), json=header, headers=t.owner.headers
+        ),
+        200,
+    )
+    scenario = await create_scenario(client, t, turns=[turn("Hi", criterion("Is it polite?"))])
+    await run_once(client, app, settings, t, scenario["id"], made.agent_id)
+
+    body = {"value": "second-secret-value"}
+    expect(
+        await client.put(url(t, "credentials/agent_token"), json=body, headers=t.owner.headers), 200
+    )
+    await run_once(client, app, settings, t, scenario["id"], made.agent_id)
+
+    sent = [request.header("x-agent-token") for request in agent.requests]
+    assert sent == ["first-secret-value", "second-secret-value"]
