@@ -8,6 +8,7 @@ row has committed: the message is just a pointer to it.
 
 from __future__ import annotations
 
+import asyncio
 from functools import lru_cache
 from typing import Any
 
@@ -23,8 +24,9 @@ DISPATCH_BATCH = ("batches", "dispatch_batch")
 
 
 class _AsyncIO(AsyncIO):
-    """Dramatiq's event loop for async actors, with its waiting threads checking for
-    interrupts (time limits, shutdown) once a second instead of ten times.
+    """Dramatiq's event loop for async actors: uvloop where it builds (every run's I/O of a
+    worker goes through this one loop), and its waiting threads checking for interrupts
+    (time limits, shutdown) once a second instead of ten times.
 
     Every message in progress holds a worker thread waiting on the loop; a worker with
     dozens of conversations in flight would otherwise wake hundreds of times a second, and
@@ -32,8 +34,18 @@ class _AsyncIO(AsyncIO):
 
     def before_worker_boot(self, broker: dramatiq.Broker, worker: dramatiq.Worker) -> None:
         thread = EventLoopThread(self.logger, interrupt_check_ival=1.0)
+        thread.loop.close()
+        thread.loop = _new_event_loop()
         thread.start(timeout=1.0)
         set_event_loop_thread(thread)
+
+
+def _new_event_loop() -> asyncio.AbstractEventLoop:
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - not built for Windows
+        return asyncio.new_event_loop()
+    return uvloop.new_event_loop()
 
 
 @lru_cache(maxsize=4)

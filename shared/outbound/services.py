@@ -18,10 +18,11 @@ from dataclasses import dataclass
 from uuid import UUID, uuid4
 
 from sqlalchemy import select, update
-from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from shared.crypto import secret_box
 from shared.db.base import utcnow
+from shared.db.engine import session_scope
 from shared.db.models import Agent, AllowedDomain, Credential, LLMProvider, Organization
 from shared.db.queries import flush_unique, one_in_org
 from shared.errors import Conflict, InvalidInput, NotFound
@@ -538,13 +539,18 @@ class OutboundConfig:
 
 
 async def load_outbound(
-    session: AsyncSession, settings: Settings, org_id: UUID, agent_id: UUID, version: int
+    factory: async_sessionmaker[AsyncSession],
+    settings: Settings,
+    org_id: UUID,
+    agent_id: UUID,
+    version: int,
 ) -> OutboundConfig:
     """The agent's :class:`OutboundConfig`, as of the organization's ``outbound_version``
     (read by the caller).  Cached per worker process under that version: a batch of
     hundreds of runs loads it once, and any change to the agents, providers, credentials
-    or allowed domains (each bumps the version) is seen by the next run to start.  Raises
-    :class:`NotFound` when the agent or its provider is gone."""
+    or allowed domains (each bumps the version) is seen by the next run to start.  A session
+    of ``factory`` is opened only to load.  Raises :class:`NotFound` when the agent or its
+    provider is gone."""
     key = (org_id, agent_id, version, settings)
     cached = _outbound_cache.get(key)
     if cached is None:
@@ -555,7 +561,8 @@ async def load_outbound(
             async with _loading.setdefault(loading, asyncio.Lock()):
                 cached = _outbound_cache.get(key)
                 if cached is None:
-                    cached = await _load_outbound(session, settings, org_id, agent_id)
+                    async with session_scope(factory) as session:
+                        cached = await _load_outbound(session, settings, org_id, agent_id)
                     _outbound_cache[key] = cached
                     while len(_outbound_cache) > OUTBOUND_CACHE_SIZE:
                         _outbound_cache.popitem(last=False)

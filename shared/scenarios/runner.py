@@ -30,7 +30,6 @@ from jinja2.exceptions import SecurityError
 from jinja2.sandbox import SandboxedEnvironment
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from shared.db.engine import session_scope
 from shared.errors import NotFound
 from shared.llm.judge import Judgement, judge
 from shared.outbound.agents import AgentConfig, call_agent
@@ -180,10 +179,9 @@ async def _claim(
     if run is None:
         return None
     try:
-        async with session_scope(factory) as session:
-            outbound = await load_outbound(
-                session, settings, run.organization_id, run.agent_id, run.outbound_version
-            )
+        outbound = await load_outbound(
+            factory, settings, run.organization_id, run.agent_id, run.outbound_version
+        )
     except NotFound as exc:
         raise RunAborted(f"cannot start: {exc.detail}") from None
     context = _Context(
