@@ -122,6 +122,13 @@ def cmd_serve(args: argparse.Namespace) -> None:
     _serve(args.host, args.port, args.workers)
 
 
+def _positive(raw: str) -> int:
+    value = int(raw)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {raw!r}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="spar", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -138,11 +145,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     worker = commands.add_parser("worker", help="run Dramatiq workers")
     worker.add_argument("--queues", default=",".join(QUEUES), help="comma-separated queues")
-    worker.add_argument("--processes", type=int, default=2)
-    worker.add_argument("--threads", type=int, default=16, help="concurrent messages per process")
+    worker.add_argument("--processes", type=_positive, default=2)
+    worker.add_argument(
+        "--threads", type=_positive, default=16, help="concurrent messages per process"
+    )
     worker.add_argument(
         "--prefetch",
-        type=int,
+        type=_positive,
         default=None,
         help="messages a process may hold (default: --threads; env dramatiq_queue_prefetch)",
     )

@@ -1,19 +1,22 @@
 """Batch runs (DESIGN §5.3): fan-out in bulk, a sliding dispatch window, exact counters.
 
 * Creating a batch resolves its scenarios (ids and/or tags) and inserts one pending run
-  per scenario in bulk, each with its snapshot.
+  per scenario, each with its snapshot: on PostgreSQL one ``INSERT … SELECT`` builds them
+  all in the database (:func:`shared.scenarios.services.snapshot_source`).
 * The window: at most ``max_concurrency`` runs of a batch are in flight across every
   worker.  The batch row counts the runs handed out (``dispatched_scenarios``) and the
   runs ended (``completed_scenarios``); the difference is the window in use.
 * :func:`dispatch` fills the window (locking the batch row to count it): the first runs
   of a new batch, or places lost with a message (the sweeper offers it to every active
   batch).
-* :func:`settle_run` is called by the run engine in the same transaction as a run's move
-  to a terminal state: it hands the run's place to the next run and counts the run (so
-  ``completed = passed + failed + error`` always holds and nothing is counted twice; the
-  batch completes when every run is terminal).  A successor is thus dispatched the moment
-  its predecessor ends, with no message in between, and the batch row — the one row every
-  run of the batch writes — is locked only by the last statement before the commit.
+* A run's end hands its place to the next run and counts the run in the same commit as
+  its move to a terminal state (:func:`hand_over`, :func:`count_end`), so
+  ``completed = passed + failed + error`` always holds, nothing is counted twice, the
+  batch completes with its last run, and a successor is dispatched the moment its
+  predecessor ends.  The run engine folds both into the run's own last statement on
+  PostgreSQL (:mod:`shared.scenarios.store`), or calls :func:`settle_run` in its
+  transaction elsewhere; either way the batch row, the one row every run of the batch
+  writes, is locked last.
 
 The caller commits, then sends the runs handed out: a message is only a pointer to a
 committed row.
@@ -140,15 +143,15 @@ async def create_batch(
 
 
 def _fan_out() -> Insert:
-    """PostgreSQL: one pending run per scenario of ``:ids``, each with its snapshot, built
+    """PostgreSQL: one pending run per scenario of ``:p_ids``, each with its snapshot, built
     and inserted by the database (the same rows the portable path above writes)."""
     picked = (
         func.unnest(bindparam("p_ids", type_=ARRAY(Uuid())))
         .table_valued("id")
         .render_derived(name="picked")
     )
-    snapshots = snapshot_source(picked)
-    source = select(func.gen_random_uuid().label("id"), snapshots).subquery("source")
+    built = snapshot_source(picked)
+    source = select(func.gen_random_uuid().label("id"), built).subquery("source")
     microsecond = literal_column("interval '1 microsecond'")
     return insert(_runs).from_select(
         [

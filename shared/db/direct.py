@@ -45,7 +45,8 @@ POSTGRES_OPTIONS = "-c jit=off"
 RUN_ENGINE_OPTIONS = "-c synchronous_commit=off"
 
 
-def _json_dumps(value: object) -> str:
+def json_text(value: object) -> str:
+    """``value`` as JSON text, by msgspec (UUIDs and datetimes included)."""
     return msgspec.json.encode(value).decode()
 
 
@@ -70,7 +71,7 @@ class Statement:
             raise TypeError(f"missing statement parameters: {', '.join(sorted(missing))}")
         params = {**self._constants, **given}
         for name in self._json & given.keys():
-            params[name] = Jsonb(given[name], dumps=_json_dumps)
+            params[name] = Jsonb(given[name], dumps=json_text)
         return params
 
     async def rows(self, connection: AsyncConnection[Any], **given: Any) -> Sequence[Any]:

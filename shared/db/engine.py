@@ -14,17 +14,12 @@ from sqlalchemy.ext.asyncio import (
     create_async_engine,
 )
 
-from shared.db.direct import POSTGRES_OPTIONS, close_direct_pool
+from shared.db.direct import POSTGRES_OPTIONS, close_direct_pool, json_text
 from shared.settings import Settings
-
-
-def _json_dumps(value: object) -> str:
-    return msgspec.json.encode(value).decode()
-
 
 # JSON columns (snapshots, cost summaries, results) are written on every turn: msgspec is
 # several times faster than the standard library at both ends.
-_JSON = {"json_serializer": _json_dumps, "json_deserializer": msgspec.json.decode}
+_JSON = {"json_serializer": json_text, "json_deserializer": msgspec.json.decode}
 
 
 def create_engine(settings: Settings, *, pre_ping: bool = True) -> AsyncEngine:

@@ -275,7 +275,7 @@ async def _run_turns(
     all_passed = all(t.passed for t in done)
     done_indexes = {t.turn_index for t in done}
     remaining = [t for t in context.snapshot["turns"] if t["order_index"] not in done_indexes]
-    if not remaining or any(t.stopped_early for t in done):  # every turn was committed
+    if not remaining or any(t.stopped_early for t in done):  # nothing left to play
         return await finish(factory, context.run_id, "passed" if all_passed else "failed")
     customer_context = context.snapshot.get("customer_context") or {}
     for position, turn in enumerate(remaining):

@@ -382,8 +382,7 @@ async def end(
 
     ``None`` when this changed nothing (the run was already terminal); otherwise the
     successors to send (none outside a batch, or when nothing is left to hand out)."""
-    params: dict[str, Any] = {"p_run": run_id, "p_status": status, "p_error": error}
-    params["now"] = utcnow()
+    params = {"p_run": run_id, "p_status": status, "p_error": error, "now": utcnow()}
     if _on_postgres(factory):
         async with _direct(factory) as conn:
             (ended,) = await _END_IN_ONE.rows(conn, **params, **end_counts(status))
