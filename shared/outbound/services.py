@@ -553,22 +553,23 @@ async def load_outbound(
     provider is gone."""
     key = (org_id, agent_id, version, settings)
     cached = _outbound_cache.get(key)
-    if cached is None:
-        # One load per key at a time: a batch's first window starts a hundred runs of one
-        # agent at once, and they would all miss together.
-        loading = (asyncio.get_running_loop(), key)
-        try:
-            async with _loading.setdefault(loading, asyncio.Lock()):
-                cached = _outbound_cache.get(key)
-                if cached is None:
-                    async with session_scope(factory) as session:
-                        cached = await _load_outbound(session, settings, org_id, agent_id)
-                    _outbound_cache[key] = cached
-                    while len(_outbound_cache) > OUTBOUND_CACHE_SIZE:
-                        _outbound_cache.popitem(last=False)
-        finally:
-            _loading.pop(loading, None)
-    _outbound_cache.move_to_end(key)
+    if cached is not None:
+        _outbound_cache.move_to_end(key)
+        return cached
+    # One load per key at a time: a batch's first window starts a hundred runs of one
+    # agent at once, and they would all miss together.
+    loading = (asyncio.get_running_loop(), key)
+    try:
+        async with _loading.setdefault(loading, asyncio.Lock()):
+            cached = _outbound_cache.get(key)
+            if cached is None:
+                async with session_scope(factory) as session:
+                    cached = await _load_outbound(session, settings, org_id, agent_id)
+                _outbound_cache[key] = cached
+                while len(_outbound_cache) > OUTBOUND_CACHE_SIZE:
+                    _outbound_cache.popitem(last=False)
+    finally:
+        _loading.pop(loading, None)
     return cached
 
 

@@ -6,6 +6,7 @@ the configuration a moment earlier."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 from typing import Any
 from uuid import UUID
@@ -13,7 +14,7 @@ from uuid import UUID
 import pytest
 from litestar import Litestar
 from litestar.testing import AsyncTestClient
-from sqlalchemy import text
+from sqlalchemy import event, text
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from shared.scenarios.runner import execute_run
@@ -316,3 +317,31 @@ async def test_a_replaced_credential_is_sent_by_the_very_next_run(
 
     sent = [request.header("x-agent-token") for request in agent.requests]
     assert sent == ["first-secret-value", "second-secret-value"]
+
+
+async def test_runs_starting_together_load_the_configuration_once(
+    client: AsyncTestClient, app: Litestar, settings: Settings, agent: FakeAgent, judge: FakeOpenAI
+) -> None:
+    """A batch's first window starts many runs of one agent at the same moment: one of them
+    loads the configuration, the others wait for it rather than all querying at once."""
+    t = await tenant(client)
+    made = await outbound_setup(client, t, agent.url, judge.url)
+    scenario = await create_scenario(client, t, turns=[turn("Hi", criterion("Is it polite?"))])
+    runs = [await start_run(client, t, scenario["id"], made.agent_id) for _ in range(6)]
+    agent_queries: list[str] = []
+
+    def count(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        if "FROM agents" in statement:
+            agent_queries.append(statement)
+
+    event.listen(app.state.engine.sync_engine, "before_cursor_execute", count)
+    try:
+        await asyncio.gather(
+            *(execute_run(app.state.session_factory, settings, UUID(r["id"])) for r in runs)
+        )
+    finally:
+        event.remove(app.state.engine.sync_engine, "before_cursor_execute", count)
+
+    assert len(agent_queries) == 1, agent_queries
+    for run in runs:
+        assert (await get_run(client, t, run["id"]))["status"] == "passed"
