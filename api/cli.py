@@ -76,12 +76,6 @@ def cmd_migrate(_: argparse.Namespace) -> None:
     _migrate()
 
 
-# How long an idle or saturated worker waits at most before asking Redis for work again.
-# Dramatiq's default (1 s) would leave a freed thread idle for up to a second after a
-# batch run hands out its successor; Redis answers a poll in microseconds.
-WORKER_POLL_MS = 100
-
-
 def cmd_worker(args: argparse.Namespace) -> None:
     """Dramatiq worker processes for the given queues (all of them by default)."""
     settings = get_settings()
@@ -97,7 +91,6 @@ def cmd_worker(args: argparse.Namespace) -> None:
     if args.prefetch:
         env["dramatiq_queue_prefetch"] = str(args.prefetch)
     env.setdefault("dramatiq_queue_prefetch", str(args.threads))
-    env.setdefault("dramatiq_worker_timeout", str(WORKER_POLL_MS))
     argv = [sys.executable, "-m", "dramatiq", "workers.actors", "--skip-logging"]
     argv += ["--processes", str(args.processes), "--threads", str(args.threads)]
     argv += ["--queues", *queues]

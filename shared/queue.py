@@ -14,9 +14,13 @@ from typing import Any
 
 import dramatiq
 from dramatiq.asyncio import EventLoopThread, set_event_loop_thread
+from dramatiq.broker import Consumer
 from dramatiq.brokers.redis import RedisBroker
 from dramatiq.brokers.stub import StubBroker
+from dramatiq.common import q_name
 from dramatiq.middleware import AsyncIO
+
+from shared.settings import get_settings
 
 QUEUES = ("runs", "batches", "documents", "calibration", "triggers")
 RUN_SCENARIO = ("runs", "run_scenario")
@@ -48,10 +52,36 @@ def _new_event_loop() -> asyncio.AbstractEventLoop:
     return uvloop.new_event_loop()
 
 
+class PollingRedisBroker(RedisBroker):
+    """Dramatiq's Redis broker, an idle consumer of a work queue polling it at least every
+    ``work_poll_ms`` (``SPAR_WORK_POLL_MS``).
+
+    Redis pushes nothing to Dramatiq's consumers: an idle one polls, backing off up to its
+    idle timeout.  Dramatiq gives consumers and worker threads one timeout
+    (``dramatiq_worker_timeout``, 1 s), so a batch's successor run, sent the moment its
+    predecessor ends, could wait up to a second for an idle worker to look.  Only the work
+    queues' consumers poll this often; the delay queues' consumers and the worker threads,
+    which wake only to check for shutdown, keep Dramatiq's timeout."""
+
+    def __init__(self, *, url: str, work_poll_ms: int) -> None:
+        super().__init__(url=url)
+        self.work_poll_ms = work_poll_ms
+
+    def consume(self, queue_name: str, prefetch: int = 1, timeout: int = 5000) -> Consumer:
+        if q_name(queue_name) == queue_name:
+            timeout = min(timeout, self.work_poll_ms)
+        return super().consume(queue_name, prefetch, timeout)
+
+
 @lru_cache(maxsize=4)
 def get_broker(redis_url: str | None) -> dramatiq.Broker:
-    """One broker per process and URL, with the AsyncIO middleware for async actors."""
-    broker: dramatiq.Broker = RedisBroker(url=redis_url) if redis_url else StubBroker()
+    """One broker per process and URL (``spar dev``'s API and worker share the in-memory
+    one), with the AsyncIO middleware for async actors."""
+    broker: dramatiq.Broker = (
+        PollingRedisBroker(url=redis_url, work_poll_ms=get_settings().work_poll_ms)
+        if redis_url
+        else StubBroker()
+    )
     broker.add_middleware(_AsyncIO())
     for queue in QUEUES:
         broker.declare_queue(queue)

@@ -28,6 +28,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     sweep_interval_s: float = 15.0
     run_stall_s: float = 300.0
     db_pool_size: int = 10
+    work_poll_ms: int = 50
     log_level: str = "INFO"
 
     @property
@@ -73,6 +74,7 @@ _VARIABLES = {
     "SPAR_SWEEP_INTERVAL_S": ("sweep_interval_s", _positive_float),
     "SPAR_RUN_STALL_S": ("run_stall_s", _positive_float),
     "SPAR_DB_POOL_SIZE": ("db_pool_size", _positive_int),
+    "SPAR_WORK_POLL_MS": ("work_poll_ms", _positive_int),
     "SPAR_LOG_LEVEL": ("log_level", str.upper),
 }
 

@@ -25,6 +25,7 @@ def test_every_variable_is_read():
             "SPAR_USER_TOKEN_TTL_S": "3600",
             "SPAR_CALIBRATION_WAIT_S": "2.5",
             "SPAR_DB_POOL_SIZE": "4",
+            "SPAR_WORK_POLL_MS": "20",
             "SPAR_LOG_LEVEL": "debug",
         }
     )
@@ -37,6 +38,7 @@ def test_every_variable_is_read():
     assert settings.user_token_ttl_s == 3600
     assert settings.calibration_wait_s == 2.5
     assert settings.db_pool_size == 4
+    assert settings.work_poll_ms == 20
     assert settings.log_level == "DEBUG"
 
 
