@@ -35,7 +35,7 @@ from shared.llm.judge import Judgement, judge
 from shared.outbound.agents import AgentConfig, call_agent
 from shared.outbound.egress import EgressClient, EgressError, ProviderConfig
 from shared.outbound.services import load_outbound
-from shared.scenarios import store
+from shared.scenarios import checks, store
 from shared.settings import Settings
 
 log = logging.getLogger("spar.runs")
@@ -103,35 +103,6 @@ def render_message(template: str, customer_context: dict[str, Any]) -> str:
     if len(rendered) > MAX_RENDERED_CHARS:
         raise RunAborted("user message template failed: the rendered message is too long")
     return rendered
-
-
-def deterministic_verdict(kind: str, pattern: str, reply: str) -> tuple[str, str, str]:
-    """(verdict, critique, evidence) for the free checks: contains, not_contains, regex."""
-    if kind == "regex":
-        match = re.search(pattern, reply)
-        if match:
-            return "PASS", f"reply matches /{pattern}/", match.group(0)
-        return "FAIL", f"reply does not match /{pattern}/", ""
-    found = pattern.casefold() in reply.casefold()
-    if kind == "contains":
-        return (
-            ("PASS", f"reply contains {pattern!r}", pattern)
-            if found
-            else (
-                "FAIL",
-                f"reply does not contain {pattern!r}",
-                "",
-            )
-        )
-    return (
-        ("FAIL", f"reply contains {pattern!r}", pattern)
-        if found
-        else (
-            "PASS",
-            f"reply does not contain {pattern!r}",
-            "",
-        )
-    )
 
 
 @dataclass(slots=True)
@@ -203,7 +174,10 @@ async def _evaluate(
 ) -> tuple[dict[str, Any], Judgement | None]:
     kind = criterion["criteria_type"]
     if kind != "llm_evaluated":
-        verdict, critique, evidence = deterministic_verdict(kind, criterion["question"], reply)
+        try:
+            verdict, critique, evidence = await checks.verdict(kind, criterion["question"], reply)
+        except checks.CheckTimedOut as exc:
+            raise RunAborted(f"criterion: {exc}") from None
         return {"verdict": verdict, "critique": critique, "evidence": evidence}, None
     if context.judge_provider is None:
         raise RunAborted(

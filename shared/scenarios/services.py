@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import re
 import uuid
 from typing import Any
 from uuid import UUID
@@ -40,6 +39,7 @@ from shared.identity.access import OrgAccess
 from shared.outbound.services import agent_in_org
 from shared.paging import Paging, paginate
 from shared.scenarios import schemas
+from shared.scenarios.checks import PatternError, compile_pattern
 
 
 def _check_criteria(turns: list[schemas.ScenarioTurnCreate]) -> None:
@@ -47,8 +47,8 @@ def _check_criteria(turns: list[schemas.ScenarioTurnCreate]) -> None:
         for c, criterion in enumerate(turn.criteria):
             if criterion.criteria_type == "regex":
                 try:
-                    re.compile(criterion.question)
-                except re.error as exc:
+                    compile_pattern(criterion.question)
+                except PatternError as exc:
                     raise InvalidInput(
                         ("body", "turns", str(t), "criteria", str(c), "question"),
                         f"Invalid regular expression: {exc}",

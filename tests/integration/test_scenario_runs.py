@@ -751,6 +751,31 @@ async def test_judge_with_a_verdict_outside_pass_fail_is_an_error(
     assert done["turn_results"] == []
 
 
+async def test_a_regex_that_runs_away_ends_the_run_as_an_error(
+    client: AsyncTestClient,
+    app: Litestar,
+    settings: Settings,
+    agent: FakeAgent,
+) -> None:
+    # Exponential backtracking on this reply: with no limit it would hold the worker for
+    # longer than the test suite lives.
+    agent.reply = "x" * 5000
+    t, out = await setup(client, agent, None)
+    scenario = await create_scenario(
+        client,
+        t,
+        turns=[
+            turn("one", criterion("x", "contains"), criterion("(x+x+)+y", "regex")),
+            turn("two"),
+        ],
+    )
+    done = await run_to_end(client, app, settings, t, scenario["id"], out.agent_id)
+    assert done["status"] == "error", done
+    assert done["error_message"] == "criterion: regex /(x+x+)+y/ ran longer than 1 s on the reply"
+    assert done["turn_results"] == [], "an undecided check is never counted"
+    assert len(agent.requests) == 1
+
+
 async def test_llm_criterion_without_a_judge_provider_is_an_error(
     client: AsyncTestClient,
     app: Litestar,

@@ -1,0 +1,61 @@
+"""The free deterministic checks of a criterion (DESIGN §5.2): ``contains`` and
+``not_contains`` (case-insensitive substring), and ``regex``.
+
+A ``regex`` criterion runs the scenario author's pattern on the agent's reply, and a
+pattern can backtrack for longer than the universe has left.  So patterns are compiled
+and run by the ``regex`` package (the syntax of Python's ``re``, in its compatible V0
+mode), under a time limit, on a thread of their own that releases the GIL while it
+matches: a catastrophic pattern ends its own run as ``error`` instead of stalling every
+run on the worker's event loop.  Creating a scenario compiles its patterns with the same
+engine, so what is accepted is what runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from concurrent.futures import ThreadPoolExecutor
+from functools import lru_cache, partial
+
+import regex
+
+REGEX_TIMEOUT_S = 1.0
+# Two at a time: a pattern that runs into the limit holds one for a second.
+_regex_threads = ThreadPoolExecutor(max_workers=2, thread_name_prefix="spar-regex")
+
+PatternError = regex.error
+
+
+class CheckTimedOut(Exception):
+    """The pattern did not finish on the reply within :data:`REGEX_TIMEOUT_S`."""
+
+
+@lru_cache(maxsize=512)
+def compile_pattern(pattern: str) -> regex.Pattern[str]:
+    """The compiled pattern; raises :data:`PatternError` with the reason it is invalid."""
+    return regex.compile(pattern, regex.V0)
+
+
+async def verdict(kind: str, pattern: str, reply: str) -> tuple[str, str, str]:
+    """(verdict, critique, evidence) of a ``contains``, ``not_contains`` or ``regex``
+    check on ``reply``; raises :class:`CheckTimedOut`."""
+    if kind == "regex":
+        search = partial(
+            compile_pattern(pattern).search, reply, timeout=REGEX_TIMEOUT_S, concurrent=True
+        )
+        try:
+            match = await asyncio.get_running_loop().run_in_executor(_regex_threads, search)
+        except TimeoutError:
+            raise CheckTimedOut(
+                f"regex /{pattern}/ ran longer than {REGEX_TIMEOUT_S:g} s on the reply"
+            ) from None
+        if match:
+            return "PASS", f"reply matches /{pattern}/", match.group(0)
+        return "FAIL", f"reply does not match /{pattern}/", ""
+    found = pattern.casefold() in reply.casefold()
+    if kind == "contains":
+        if found:
+            return "PASS", f"reply contains {pattern!r}", pattern
+        return "FAIL", f"reply does not contain {pattern!r}", ""
+    if found:
+        return "FAIL", f"reply contains {pattern!r}", pattern
+    return "PASS", f"reply does not contain {pattern!r}", ""

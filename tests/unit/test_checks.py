@@ -1,0 +1,55 @@
+"""The deterministic checks of a criterion: verdicts, and a runaway pattern's limit."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from shared.scenarios import checks
+
+REPLY = "Your Order Number is AB-991. No refund possible."
+
+
+@pytest.mark.parametrize(
+    ("kind", "pattern", "expected"),
+    [
+        ("contains", "order number", ("PASS", "order number")),
+        ("contains", "invoice", ("FAIL", "")),
+        ("not_contains", "REFUND", ("FAIL", "REFUND")),
+        ("not_contains", "discount", ("PASS", "")),
+        ("regex", r"[A-Z]{2}-\d{3}\b", ("PASS", "AB-991")),
+        ("regex", r"^No refund", ("FAIL", "")),
+        ("regex", r"(?i)order\s+(?P<what>\w+)", ("PASS", "Order Number")),
+    ],
+)
+async def test_verdicts(kind: str, pattern: str, expected: tuple[str, str]):
+    verdict, critique, evidence = await checks.verdict(kind, pattern, REPLY)
+    assert (verdict, evidence) == expected
+    assert pattern in critique
+
+
+def test_invalid_patterns_are_refused_with_the_reason():
+    with pytest.raises(checks.PatternError, match="missing \\)"):
+        checks.compile_pattern("(unclosed")
+
+
+async def test_a_runaway_pattern_is_stopped_and_leaves_the_event_loop_free():
+    ticks = 0
+
+    async def tick() -> None:
+        nonlocal ticks
+        while True:
+            await asyncio.sleep(0.01)
+            ticks += 1
+
+    ticker = asyncio.create_task(tick())
+    started = time.monotonic()
+    with pytest.raises(checks.CheckTimedOut, match=r"ran longer than 1 s"):
+        await checks.verdict("regex", r"(x+x+)+y", "x" * 5000)
+    elapsed = time.monotonic() - started
+    ticker.cancel()
+    assert 0.5 * checks.REGEX_TIMEOUT_S < elapsed < 10 * checks.REGEX_TIMEOUT_S
+    # Blocked, the loop would have ticked once or twice in that second.
+    assert ticks >= 20, ticks
