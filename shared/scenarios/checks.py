@@ -25,8 +25,10 @@ _regex_threads = ThreadPoolExecutor(max_workers=2, thread_name_prefix="spar-rege
 PatternError = regex.error
 
 
-class CheckTimedOut(Exception):
-    """The pattern did not finish on the reply within :data:`REGEX_TIMEOUT_S`."""
+class CheckUndecided(Exception):
+    """The check could not be decided: its pattern did not finish on the reply within
+    :data:`REGEX_TIMEOUT_S`, or does not compile (a scenario saved before patterns were
+    checked by this engine)."""
 
 
 @lru_cache(maxsize=512)
@@ -37,15 +39,17 @@ def compile_pattern(pattern: str) -> regex.Pattern[str]:
 
 async def verdict(kind: str, pattern: str, reply: str) -> tuple[str, str, str]:
     """(verdict, critique, evidence) of a ``contains``, ``not_contains`` or ``regex``
-    check on ``reply``; raises :class:`CheckTimedOut`."""
+    check on ``reply``; raises :class:`CheckUndecided`."""
     if kind == "regex":
-        search = partial(
-            compile_pattern(pattern).search, reply, timeout=REGEX_TIMEOUT_S, concurrent=True
-        )
+        try:
+            compiled = compile_pattern(pattern)
+        except PatternError as exc:
+            raise CheckUndecided(f"regex /{pattern}/ is invalid: {exc}") from None
+        search = partial(compiled.search, reply, timeout=REGEX_TIMEOUT_S, concurrent=True)
         try:
             match = await asyncio.get_running_loop().run_in_executor(_regex_threads, search)
         except TimeoutError:
-            raise CheckTimedOut(
+            raise CheckUndecided(
                 f"regex /{pattern}/ ran longer than {REGEX_TIMEOUT_S:g} s on the reply"
             ) from None
         if match:

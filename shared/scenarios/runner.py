@@ -176,7 +176,7 @@ async def _evaluate(
     if kind != "llm_evaluated":
         try:
             verdict, critique, evidence = await checks.verdict(kind, criterion["question"], reply)
-        except checks.CheckTimedOut as exc:
+        except checks.CheckUndecided as exc:
             raise RunAborted(f"criterion: {exc}") from None
         return {"verdict": verdict, "critique": critique, "evidence": evidence}, None
     if context.judge_provider is None:
