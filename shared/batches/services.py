@@ -51,7 +51,7 @@ from sqlalchemy import (
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from shared.batches import schemas
-from shared.db.base import UTCDateTime, utcnow
+from shared.db.base import NOW, utcnow
 from shared.db.engine import session_scope
 from shared.db.models import BatchRun, Scenario, ScenarioRun, TurnResult
 from shared.db.queries import one_in_org
@@ -180,10 +180,13 @@ def _fan_out() -> Insert:
             bindparam("p_batch", type_=Uuid()),
             bindparam("p_user", type_=Uuid()),
             # Distinct, ordered timestamps: runs are dispatched in the batch's order.
-            _now + (source.c.position - 1) * microsecond,
-            _now,
+            NOW + (source.c.position - 1) * microsecond,
+            NOW,
         ),
     )
+
+
+_FAN_OUT = _fan_out()
 
 
 async def get_batch(session: AsyncSession, access: OrgAccess, batch_id: UUID) -> BatchRun:
@@ -274,9 +277,8 @@ async def cancel_batch(session: AsyncSession, access: OrgAccess, batch_id: UUID)
 # --- a run's end ---------------------------------------------------------------------------------
 # Every run of a batch executes these, so they are built once.  The run engine runs them in
 # its transaction (settle_run) or, on PostgreSQL, folded into one statement with the run's
-# own end (shared.scenarios.runner).
+# own end (shared.scenarios.store).
 
-_now = bindparam("now", type_=UTCDateTime())
 # Two comparisons, not IN: an IN list is re-rendered on every execution.
 _active = or_(_batches.c.status == ACTIVE[0], _batches.c.status == ACTIVE[1])
 
@@ -305,7 +307,7 @@ def hand_over(batch_id: ColumnElement[Any]) -> Update:
     return (
         update(_runs)
         .where(_runs.c.id == following)
-        .values(dispatched_at=_now, updated_at=_now)
+        .values(dispatched_at=NOW, updated_at=NOW)
         .returning(_runs.c.id)
     )
 
@@ -326,8 +328,8 @@ def count_end(batch_id: ColumnElement[Any], handed: ColumnElement[Any]) -> Updat
             error_scenarios=_batches.c.error_scenarios + bindparam("add_error"),
             dispatched_scenarios=_batches.c.dispatched_scenarios + handed,
             status=case((ends, "completed"), else_=_batches.c.status),
-            completed_at=case((ends, _now), else_=_batches.c.completed_at),
-            updated_at=_now,
+            completed_at=case((ends, NOW), else_=_batches.c.completed_at),
+            updated_at=NOW,
         )
         .returning(_batches.c.id)
     )
@@ -446,6 +448,3 @@ def batch_read(
         error_message=batch.error_message,
         runs=runs if runs is not None else msgspec.UNSET,
     )
-
-
-_FAN_OUT = _fan_out()

@@ -6,7 +6,7 @@ import uuid
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import JSON, DateTime, MetaData, TypeDecorator, Uuid
+from sqlalchemy import JSON, DateTime, MetaData, TypeDecorator, Uuid, bindparam
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
@@ -33,6 +33,10 @@ class UTCDateTime(TypeDecorator[datetime]):
             return None
         return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
 
+
+# The ``:now`` of statements built once (the run engine's, the batch window's, some nested in
+# the others): one parameter, given ``utcnow()`` at each execution.
+NOW = bindparam("now", type_=UTCDateTime())
 
 JSONType = JSON().with_variant(JSONB(), "postgresql")
 

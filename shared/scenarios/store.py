@@ -50,7 +50,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from shared.batches.services import count_end, end_counts, hand_over, settle_run
-from shared.db.base import UTCDateTime, utcnow
+from shared.db.base import NOW, utcnow
 from shared.db.direct import Statement, direct_pool
 from shared.db.engine import session_scope
 from shared.db.models import CriterionResult, Organization, ScenarioRun, TurnResult
@@ -60,7 +60,6 @@ _runs = ScenarioRun.__table__
 _turns = TurnResult.__table__
 _results = CriterionResult.__table__
 _orgs = Organization.__table__
-_now = bindparam("now", type_=UTCDateTime())
 _run = bindparam("p_run", type_=Uuid())
 # Two comparisons, not IN: an IN list is re-rendered on every execution.
 _open = or_(_runs.c.status == OPEN_STATUSES[0], _runs.c.status == OPEN_STATUSES[1])
@@ -105,7 +104,7 @@ class Claimed:
 _CLAIM = (
     update(_runs)
     .where(_runs.c.id == _run, _open)
-    .values(status="running", started_at=func.coalesce(_runs.c.started_at, _now), updated_at=_now)
+    .values(status="running", started_at=func.coalesce(_runs.c.started_at, NOW), updated_at=NOW)
     .returning(
         _runs.c.organization_id,
         _runs.c.agent_id,
@@ -190,7 +189,7 @@ async def claim(factory: async_sessionmaker[AsyncSession], run_id: UUID) -> Clai
 _TOUCH = (
     update(_runs)
     .where(_runs.c.id == _run, _runs.c.status == "running")
-    .values(cost_summary=bindparam("p_cost"), updated_at=_now)
+    .values(cost_summary=bindparam("p_cost"), updated_at=NOW)
     .returning(_runs.c.id, _runs.c.batch_run_id)
 )
 _END = (
@@ -198,8 +197,8 @@ _END = (
     .where(_runs.c.id == _run, _open)
     .values(
         status=bindparam("p_status"),
-        completed_at=_now,
-        updated_at=_now,
+        completed_at=NOW,
+        updated_at=NOW,
         error_message=bindparam("p_error"),
     )
     .returning(_runs.c.id, _runs.c.batch_run_id)
@@ -211,8 +210,8 @@ _TOUCH_AND_END = (
     .values(
         cost_summary=bindparam("p_cost"),
         status=bindparam("p_status"),
-        completed_at=_now,
-        updated_at=_now,
+        completed_at=NOW,
+        updated_at=NOW,
     )
     .returning(_runs.c.id, _runs.c.batch_run_id)
 )
@@ -271,7 +270,7 @@ def _in_one(run_change: Update, *, turn: bool, end: bool) -> Statement:
     if turn:
         written = (
             insert(_turns)
-            .from_select(_TURN_COLUMNS, select(_turn_values[0], run.c.id, *_turn_values[1:], _now))
+            .from_select(_TURN_COLUMNS, select(_turn_values[0], run.c.id, *_turn_values[1:], NOW))
             .returning(_turns.c.id)
             .cte("turn")
         )
