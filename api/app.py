@@ -8,20 +8,22 @@ from typing import Any
 
 from litestar import Litestar, Router
 from litestar.handlers import HTTPRouteHandler
-from litestar.openapi import OpenAPIConfig
-from litestar.openapi.plugins import SwaggerRenderPlugin
-from litestar.openapi.spec import Components, SecurityScheme
 
 from api.auth import ACCESS_KEY, authorize
 from api.batches.controllers import CONTROLLERS as BATCH_CONTROLLERS
 from api.deps import DEPENDENCIES
 from api.exceptions import EXCEPTION_HANDLERS
 from api.health import HealthController
+from api.http import complete_allow_headers, declare_query_params, reject_unknown_query
 from api.identity.controllers import CONTROLLERS as IDENTITY_CONTROLLERS
-from api.openapi import document_validation_errors
+from api.observability import ObservabilityMiddleware, metrics
+from api.openapi import docs_assets, finish_openapi, openapi_config
 from api.outbound.controllers import CONTROLLERS as OUTBOUND_CONTROLLERS
+from api.requests import SparRequest
 from api.scenarios.controllers import CONTROLLERS as SCENARIO_CONTROLLERS
 from shared.db.engine import create_engine, create_session_factory, dispose_engine
+from shared.identity.throttle import LoginThrottle
+from shared.metrics import mark_process_dead
 from shared.queue import get_broker
 from shared.settings import Settings, get_settings
 
@@ -51,45 +53,35 @@ def _check_access_rules(router: Router) -> None:
 
 def create_app(settings: Settings | None = None) -> Litestar:
     settings = settings or get_settings()
-    v1 = Router("/v1", route_handlers=V1_CONTROLLERS, guards=[authorize])
+    v1 = Router("/v1", route_handlers=V1_CONTROLLERS, guards=[authorize, reject_unknown_query])
     _check_access_rules(v1)
 
     async def open_database(app: Litestar) -> None:
         app.state.engine = create_engine(settings)
         app.state.session_factory = create_session_factory(app.state.engine)
         app.state.broker = get_broker(settings.redis_url)
+        app.state.login_throttle = LoginThrottle.from_settings(settings)
 
     async def close_database(app: Litestar) -> None:
+        await app.state.login_throttle.close()
         await dispose_engine(app.state.engine)
 
-    openapi = OpenAPIConfig(
-        title="Spar",
-        version="1.0.0",
-        description="Test conversational AI agents before and after they ship.",
-        path="/schema",
-        render_plugins=[SwaggerRenderPlugin(path="/")],
-        components=Components(
-            security_schemes={
-                "bearer": SecurityScheme(
-                    type="http",
-                    scheme="bearer",
-                    description="`ust_…` user or `pat_…` platform token",
-                )
-            }
-        ),
-        security=[{"bearer": []}],
-    )
     app = Litestar(
-        route_handlers=[HealthController, v1],
+        route_handlers=[HealthController, metrics, v1, docs_assets()],
         dependencies=DEPENDENCIES,
         exception_handlers=EXCEPTION_HANDLERS,  # type: ignore[arg-type]
-        openapi_config=openapi,
+        request_class=SparRequest,
+        middleware=[ObservabilityMiddleware],
+        logging_config=None,  # shared.logs sets one format for every process
+        openapi_config=openapi_config(),
         on_startup=[open_database],
-        on_shutdown=[close_database],
+        on_shutdown=[close_database, mark_process_dead],
         debug=False,
     )
     app.state.settings = settings
-    document_validation_errors(app)
+    finish_openapi(app)
+    complete_allow_headers(app)
+    declare_query_params(app)
     return app
 
 

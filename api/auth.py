@@ -14,10 +14,12 @@ from uuid import UUID
 
 from litestar import Request
 from litestar.connection import ASGIConnection
+from litestar.datastructures import State
 from litestar.exceptions import ValidationException
 from litestar.handlers import BaseRouteHandler
+from sqlalchemy.ext.asyncio import AsyncEngine
 
-from shared.db.engine import session_scope
+from shared.db.engine import autocommit
 from shared.errors import PermissionDenied, Unauthorized
 from shared.identity import services
 from shared.identity.access import AccessRule, OrgAccess, Principal
@@ -25,6 +27,7 @@ from shared.identity.access import AccessRule, OrgAccess, Principal
 ACCESS_KEY = "access"
 _PRINCIPAL_STATE = "spar_principal"
 _ACCESS_STATE = "spar_org_access"
+_AUTOCOMMIT_STATE = "autocommit_engine"
 
 
 def bearer_token(connection: ASGIConnection[Any, Any, Any, Any]) -> str:
@@ -49,6 +52,15 @@ def _org_id(connection: ASGIConnection[Any, Any, Any, Any]) -> UUID | None:
         ) from None
 
 
+def autocommit_engine(state: State) -> AsyncEngine:
+    """The app's engine in autocommit (same pool), made once: the guard's lookups and the
+    sessions of requests that only read use it."""
+    made: tuple[AsyncEngine, AsyncEngine] | None = state.get(_AUTOCOMMIT_STATE)
+    if made is None or made[0] is not state.engine:  # (a test may swap the engine)
+        made = state[_AUTOCOMMIT_STATE] = (state.engine, autocommit(state.engine))
+    return made[1]
+
+
 async def authorize(
     connection: ASGIConnection[Any, Any, Any, Any], handler: BaseRouteHandler
 ) -> None:
@@ -61,10 +73,20 @@ async def authorize(
     if rule.public:
         return
     token = bearer_token(connection)
-    async with session_scope(connection.app.state.session_factory) as session:
-        principal = await services.authenticate(session, token)  # 401 before anything else
-        org_id = _org_id(connection)
-        access = await services.resolve_access(session, principal, org_id) if org_id else None
+    try:
+        org_id, malformed = _org_id(connection), None
+    except ValidationException as exc:
+        org_id, malformed = None, exc
+    # One autocommit round trip for token, user and role (no BEGIN, no COMMIT), on a
+    # connection of its own: the handler's session may not be wanted, and a session opened
+    # here could not be closed if the request failed before the handler's dependencies.
+    async with autocommit_engine(connection.app.state).connect() as db:
+        # 401 before anything else, then 404 for an organization out of reach.
+        principal, access = await services.authenticate(
+            db, token, org_id if malformed is None else None
+        )
+    if malformed is not None:
+        raise malformed
     if rule.user_only and not principal.is_user:
         raise PermissionDenied("this endpoint is for users; platform tokens cannot use it")
     if rule.permission or rule.role:

@@ -1,4 +1,14 @@
-"""The ``spar`` command: dev, migrate, serve (worker and scheduler join as they get work)."""
+"""The ``spar`` command: one entry point for every Spar process.
+
+* ``spar dev``: the API, the workers and the sweeper in one process, on a local SQLite
+  file and an in-memory broker (no PostgreSQL or Redis needed);
+* ``spar migrate``: apply the database migrations (``SPAR_DATABASE_URL``);
+* ``spar serve``: the HTTP API (stateless; run as many as needed);
+* ``spar worker``: Dramatiq workers taking runs, batches and the rest from Redis;
+* ``spar scheduler``: the stuck-run sweeper (run several; one is active at a time).
+
+Configuration comes from ``SPAR_*`` environment variables.
+"""
 
 from __future__ import annotations
 
@@ -6,10 +16,13 @@ import argparse
 import logging
 import os
 import secrets
+import shutil
 import sys
 from pathlib import Path
 
-from shared.logs import configure_logging
+from shared.logs import configure_logging, uvicorn_log_config
+from shared.metrics_dir import ENV as METRICS_DIR_ENV
+from shared.metrics_dir import prepare_multiprocess_dir
 from shared.queue import QUEUES
 from shared.settings import DEFAULT_DATABASE_URL, SettingsError, get_settings
 
@@ -23,15 +36,25 @@ def _migrate() -> None:
 def _serve(host: str, port: int, workers: int) -> None:
     import uvicorn
 
-    uvicorn.run(
-        "api.app:create_app",
-        factory=True,
-        host=host,
-        port=port,
-        workers=workers,
-        proxy_headers=True,
-        log_level=get_settings().log_level.lower(),
-    )
+    settings = get_settings()
+    # The workers write their metrics to one directory; any of them answers /metrics.
+    ours = not os.environ.get(METRICS_DIR_ENV)
+    metrics_dir = prepare_multiprocess_dir("api")
+    try:
+        uvicorn.run(
+            "api.app:create_app",
+            factory=True,
+            host=host,
+            port=port,
+            workers=workers,
+            proxy_headers=True,
+            log_level=settings.log_level.lower(),
+            log_config=uvicorn_log_config(settings.log_level, settings.log_format),
+            access_log=False,  # the API logs each request itself, with its request id
+        )
+    finally:
+        if ours:
+            shutil.rmtree(metrics_dir, ignore_errors=True)
 
 
 DEV_SECRET_FILE = Path(".spar-dev-secret")
@@ -52,6 +75,7 @@ def cmd_dev(args: argparse.Namespace) -> None:
     for variable, default in (
         ("SPAR_DATABASE_URL", DEFAULT_DATABASE_URL),
         ("SPAR_EGRESS_ALLOW_PRIVATE", "true"),
+        ("SPAR_LOG_FORMAT", "text"),
     ):
         if not os.environ.get(variable):
             os.environ[variable] = default
@@ -59,6 +83,7 @@ def cmd_dev(args: argparse.Namespace) -> None:
         os.environ["SPAR_SECRET_KEY"] = _dev_secret_key()
     get_settings.cache_clear()
     settings = get_settings()
+    configure_logging(settings.log_level, settings.log_format)
     logging.getLogger("spar").info("spar dev: database %s", settings.database_url)
     _migrate()
     import uvicorn
@@ -69,10 +94,13 @@ def cmd_dev(args: argparse.Namespace) -> None:
         host=args.host,
         port=args.port,
         log_level=settings.log_level.lower(),
+        log_config=uvicorn_log_config(settings.log_level, settings.log_format),
+        access_log=False,
     )
 
 
 def cmd_migrate(_: argparse.Namespace) -> None:
+    """Apply the database migrations up to the latest (``alembic upgrade head``)."""
     _migrate()
 
 
@@ -84,6 +112,7 @@ def cmd_worker(args: argparse.Namespace) -> None:
     if not settings.secret_key:
         raise SettingsError("SPAR_SECRET_KEY must be set (it decrypts credentials)")
     queues = [q.strip() for q in args.queues.split(",") if q.strip()]
+    prepare_multiprocess_dir("worker")  # shared by the worker processes and --metrics-port
     env = dict(os.environ)
     # Dramatiq reads both once, when it is imported, so they go to a fresh interpreter.
     # A process holds no more messages than it has threads: a run waiting behind busy
@@ -94,13 +123,17 @@ def cmd_worker(args: argparse.Namespace) -> None:
     argv = [sys.executable, "-m", "dramatiq", "workers.actors", "--skip-logging"]
     argv += ["--processes", str(args.processes), "--threads", str(args.threads)]
     argv += ["--queues", *queues]
+    if args.metrics_port:
+        env["SPAR_WORKER_METRICS_PORT"] = str(args.metrics_port)
+    if args.metrics_port or settings.worker_metrics_port:
+        argv += ["--fork-function", "shared.metrics:serve_worker_metrics"]
     sys.stdout.flush()
     sys.stderr.flush()
     os.execve(sys.executable, argv, env)  # noqa: S606 - our own interpreter, fixed arguments
 
 
 def cmd_scheduler(_: argparse.Namespace) -> None:
-    """The sweeper (and, later, cron triggers); run several, one is active."""
+    """The stuck-run sweeper; run several, one is active (leader election)."""
     from scheduler.main import main as scheduler_main
 
     settings = get_settings()
@@ -110,6 +143,7 @@ def cmd_scheduler(_: argparse.Namespace) -> None:
 
 
 def cmd_serve(args: argparse.Namespace) -> None:
+    """The HTTP API under uvicorn."""
     if not get_settings().secret_key:
         raise SettingsError("SPAR_SECRET_KEY must be set (it encrypts secrets at rest)")
     _serve(args.host, args.port, args.workers)
@@ -123,24 +157,62 @@ def _positive(raw: str) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="spar", description=__doc__)
-    commands = parser.add_subparsers(dest="command", required=True)
+    parser = argparse.ArgumentParser(
+        prog="spar",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    dev = commands.add_parser("dev", help="run everything in one process on SQLite")
-    dev.add_argument("--host", default="127.0.0.1")
-    dev.add_argument("--port", type=int, default=8000)
+    dev = commands.add_parser(
+        "dev",
+        help="run the API, workers and sweeper in one process on SQLite (local use)",
+        description=(
+            "Migrate and serve a local SQLite database (SPAR_DATABASE_URL, default "
+            f"{DEFAULT_DATABASE_URL}) with the workers and the sweeper in the same process "
+            "on an in-memory broker.  Outbound calls may reach private addresses, and a "
+            f"secret key is kept in {DEV_SECRET_FILE} unless SPAR_SECRET_KEY is set."
+        ),
+    )
+    dev.add_argument(
+        "--host", default="127.0.0.1", help="address to listen on (default: %(default)s)"
+    )
+    dev.add_argument(
+        "--port", type=int, default=8000, help="port to listen on (default: %(default)s)"
+    )
     dev.set_defaults(func=cmd_dev)
 
     migrate = commands.add_parser(
-        "migrate", help="apply database migrations (alembic upgrade head)"
+        "migrate",
+        help="apply the database migrations (alembic upgrade head)",
+        description="Upgrade the database at SPAR_DATABASE_URL to the latest schema.",
     )
     migrate.set_defaults(func=cmd_migrate)
 
-    worker = commands.add_parser("worker", help="run Dramatiq workers")
-    worker.add_argument("--queues", default=",".join(QUEUES), help="comma-separated queues")
-    worker.add_argument("--processes", type=_positive, default=2)
+    worker = commands.add_parser(
+        "worker",
+        help="run Dramatiq worker processes for the work queues (needs SPAR_REDIS_URL)",
+        description=(
+            "Dramatiq worker processes taking messages from Redis (SPAR_REDIS_URL); "
+            "SPAR_SECRET_KEY must be set to decrypt credentials."
+        ),
+    )
     worker.add_argument(
-        "--threads", type=_positive, default=16, help="concurrent messages per process"
+        "--queues",
+        default=",".join(QUEUES),
+        help="comma-separated queues to take messages from (default: %(default)s)",
+    )
+    worker.add_argument(
+        "--processes",
+        type=_positive,
+        default=2,
+        help="worker processes to start (default: %(default)s)",
+    )
+    worker.add_argument(
+        "--threads",
+        type=_positive,
+        default=16,
+        help="concurrent messages per process (default: %(default)s)",
     )
     worker.add_argument(
         "--prefetch",
@@ -148,15 +220,45 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="messages a process may hold (default: --threads; env dramatiq_queue_prefetch)",
     )
+    worker.add_argument(
+        "--metrics-port",
+        type=_positive,
+        default=None,
+        help="serve the workers' Prometheus metrics on this port at /metrics "
+        "(default: SPAR_WORKER_METRICS_PORT, else none)",
+    )
     worker.set_defaults(func=cmd_worker)
 
-    scheduler = commands.add_parser("scheduler", help="run the scheduler (sweeper)")
+    scheduler = commands.add_parser(
+        "scheduler",
+        help="run the sweeper that re-sends stuck runs (one replica active at a time)",
+        description=(
+            "Re-enqueue runs stuck in pending or running past their deadline.  Run several "
+            "for availability: a PostgreSQL advisory lock keeps one active.  Needs "
+            "SPAR_REDIS_URL."
+        ),
+    )
     scheduler.set_defaults(func=cmd_scheduler)
 
-    serve = commands.add_parser("serve", help="run the API")
-    serve.add_argument("--host", default="0.0.0.0")  # noqa: S104 - a server listens
-    serve.add_argument("--port", type=int, default=8000)
-    serve.add_argument("--workers", type=int, default=1)
+    serve = commands.add_parser(
+        "serve",
+        help="run the HTTP API (needs SPAR_SECRET_KEY)",
+        description="Serve the HTTP API with uvicorn; it is stateless, run as many as needed.",
+    )
+    serve.add_argument(
+        "--host",
+        default="0.0.0.0",  # noqa: S104 - a server listens
+        help="address to listen on (default: %(default)s)",
+    )
+    serve.add_argument(
+        "--port", type=int, default=8000, help="port to listen on (default: %(default)s)"
+    )
+    serve.add_argument(
+        "--workers",
+        type=_positive,
+        default=1,
+        help="uvicorn worker processes (default: %(default)s)",
+    )
     serve.set_defaults(func=cmd_serve)
     return parser
 
@@ -164,7 +266,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
     try:
-        configure_logging(get_settings().log_level)
+        configure_logging(get_settings().log_level, get_settings().log_format)
         args.func(args)
     except SettingsError as exc:
         sys.exit(f"spar: configuration error: {exc}")

@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from typing import Annotated
+from typing import Annotated, Any
 from uuid import UUID
 
+from litestar import Request
 from litestar.datastructures import State
 from litestar.di import NamedDependency, Provide
 from litestar.params import FromPath, QueryParameter
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from api.auth import provide_access, provide_principal
+from api.auth import autocommit_engine, provide_access, provide_principal
 from shared.identity.access import OrgAccess, Principal
 from shared.paging import DEFAULT_LIMIT, MAX_LIMIT, MAX_OFFSET, Paging
 from shared.settings import Settings
@@ -25,10 +26,27 @@ Page = NamedDependency[Paging]
 Config = NamedDependency[Settings]
 PathId = FromPath[UUID]
 
+# The documented maximum is read as a JSON number (a double): 2**63 - 1 would round up to
+# 2**63, an offset the API refuses.  2**53 - 1 is exact, and far past any real listing.
+OFFSET_LIMIT = min(MAX_OFFSET, 2**53 - 1)
 
-async def provide_db_session(state: State) -> AsyncIterator[AsyncSession]:
-    """One transaction per request: committed after the handler, rolled back on error."""
-    async with state.session_factory() as session:
+
+# Requests that only read.  Inside a READ COMMITTED transaction every statement takes its
+# own snapshot anyway, so their statements run in autocommit: same answers, without the
+# BEGIN and COMMIT round trips.
+_READ_METHODS = frozenset({"GET", "HEAD"})
+
+
+async def provide_db_session(
+    state: State, request: Request[Any, Any, Any]
+) -> AsyncIterator[AsyncSession]:
+    """One transaction per request: committed after the handler, rolled back on error
+    (a GET or HEAD reads in autocommit)."""
+    if request.method in _READ_METHODS:
+        session = state.session_factory(bind=autocommit_engine(state))
+    else:
+        session = state.session_factory()
+    async with session:
         try:
             yield session
             await session.commit()
@@ -45,7 +63,7 @@ def provide_paging(
     limit: Annotated[
         int, QueryParameter(ge=1, le=MAX_LIMIT, description="Page size (1-500).")
     ] = DEFAULT_LIMIT,
-    offset: Annotated[int, QueryParameter(ge=0, le=MAX_OFFSET, description="Items to skip.")] = 0,
+    offset: Annotated[int, QueryParameter(ge=0, le=OFFSET_LIMIT, description="Items to skip.")] = 0,
 ) -> Paging:
     return Paging(limit=limit, offset=offset)
 

@@ -19,8 +19,10 @@ from litestar.status_codes import (
     HTTP_404_NOT_FOUND,
     HTTP_409_CONFLICT,
     HTTP_422_UNPROCESSABLE_ENTITY,
+    HTTP_429_TOO_MANY_REQUESTS,
     HTTP_500_INTERNAL_SERVER_ERROR,
 )
+from litestar.types import Empty
 
 from shared.errors import (
     Conflict,
@@ -28,8 +30,10 @@ from shared.errors import (
     NotFound,
     PermissionDenied,
     SparError,
+    TooManyRequests,
     Unauthorized,
 )
+from shared.schemas import UnstorableJson, within_depth
 
 log = logging.getLogger("spar.api")
 
@@ -57,6 +61,7 @@ _STATUS = {
     Conflict: HTTP_409_CONFLICT,
     PermissionDenied: HTTP_403_FORBIDDEN,
     Unauthorized: HTTP_401_UNAUTHORIZED,
+    TooManyRequests: HTTP_429_TOO_MANY_REQUESTS,
 }
 
 
@@ -78,7 +83,8 @@ def validation_response(items: list[ValidationErrorItem]) -> Response:
 
 # --- turning msgspec's messages into the spec's entries ----------------------------------------
 
-_PATH_TOKEN = re.compile(r"\.([^.\[]+)|\[(\d+)\]")
+# msgspec's paths: ".name" and "[0]" lead somewhere; "[...]" (a dict's value) names no key.
+_PATH_TOKEN = re.compile(r"\.([^.\[]+)|\[(\d+)\]|\[\.\.\.\]")
 # (pattern on msgspec's message, error type, ctx key or None)
 _MESSAGE_TYPES: list[tuple[re.Pattern[str], str, str | None]] = [
     (re.compile(r"^Object missing required field `(?P<field>[^`]+)`"), "missing", None),
@@ -136,15 +142,26 @@ def _lookup(document: Any, path: list[str]) -> Any:
 
 
 def _request_body(request: Request[Any, Any, Any]) -> Any:
-    # The body was read (and cached on the connection) before validation failed.
+    """The decoded body, to echo ``input``; None when it cannot be had.  Never raises: it
+    runs while answering bodies that are malformed, invalid UTF-8 or nested too deeply."""
+    # The body was read and decoded (both cached on the connection) before validation failed.
     state = getattr(request, "_connection_state", None)
+    decoded = getattr(state, "json", Empty)
+    if decoded is not Empty:
+        return decoded
     raw = getattr(state, "body", None)
     if not isinstance(raw, bytes | bytearray):
         return None
     try:
         return msgspec.json.decode(raw)
-    except msgspec.DecodeError:
+    except (ValueError, RecursionError, msgspec.MsgspecError):
         return None
+
+
+def _echo(value: Any) -> Any:
+    # A value nested deeper than any field allows is not echoed: encoding it could recurse
+    # as deep as the decoder did.
+    return value if within_depth(value) else None
 
 
 def _msgspec_error(exc: BaseException) -> msgspec.ValidationError | None:
@@ -176,7 +193,7 @@ def _items_from_validation(
         message, _, at = str(cause).partition(" - at `")
     else:
         message, at = str(first.get("message") or exc.detail), ""
-    tokens = [a or b for a, b in _PATH_TOKEN.findall(at.rstrip("`"))]
+    tokens = [a or b for a, b in _PATH_TOKEN.findall(at.rstrip("`")) if a or b]
     # msgspec sees the body as the handler's ``data`` argument: "$.data.name" is body.name,
     # and a message about "$" itself (no path) concerns the body as a whole.
     whole_body = source == "body" and not tokens
@@ -189,8 +206,14 @@ def _items_from_validation(
         tokens.append(field)
     if whole_body and kind == "missing":
         message = "Request body is required"
-    if source == "body":
-        value = _lookup(_request_body(request), tokens) if kind != "missing" else None
+    if cause is not None and isinstance(cause.__cause__, UnstorableJson):
+        # A free-form field refused by the Struct after decoding: the error knows where.
+        unstorable = cause.__cause__
+        message, kind, ctx = unstorable.message, unstorable.type, unstorable.ctx
+        tokens.extend(unstorable.path)
+        value = unstorable.input
+    elif source == "body":
+        value = _echo(_lookup(_request_body(request), tokens)) if kind != "missing" else None
     elif source == "query":
         value = request.query_params.get(tokens[0]) if tokens else None
     elif source == "path":
@@ -219,6 +242,8 @@ def handle_invalid_input(_: Request[Any, Any, Any], exc: InvalidInput) -> Respon
 def handle_spar_error(_: Request[Any, Any, Any], exc: SparError) -> Response:
     status = next((code for kind, code in _STATUS.items() if isinstance(exc, kind)), 400)
     headers = {"WWW-Authenticate": "Bearer"} if status == HTTP_401_UNAUTHORIZED else None
+    if isinstance(exc, TooManyRequests):
+        headers = {"Retry-After": str(exc.retry_after)}
     return detail_response(status, exc.detail, headers)
 
 

@@ -7,8 +7,11 @@ import asyncio
 import msgspec
 from litestar import Controller, Response, get
 from litestar.datastructures import State
+from litestar.openapi import ResponseSpec
+from litestar.status_codes import HTTP_503_SERVICE_UNAVAILABLE
 from sqlalchemy import text
 
+from api.http import reject_unknown_query
 from shared.db.engine import session_scope
 
 
@@ -21,13 +24,22 @@ class HealthController(Controller):
     path = "/health"
     tags = ["health"]
     include_in_schema = True
+    guards = [reject_unknown_query]
 
     @get("/live", operation_id="healthLive")
     async def live(self) -> HealthStatus:
         """The process is up."""
         return HealthStatus(status="ok")
 
-    @get("/ready", operation_id="healthReady")
+    @get(
+        "/ready",
+        operation_id="healthReady",
+        responses={
+            HTTP_503_SERVICE_UNAVAILABLE: ResponseSpec(
+                HealthStatus, description="The database or the broker does not answer."
+            )
+        },
+    )
     async def ready(self, state: State) -> Response[HealthStatus]:
         """The process can serve: the database and the broker answer (503 otherwise)."""
         checks: dict[str, str] = {}
@@ -46,5 +58,5 @@ class HealthController(Controller):
         ok = all(value == "ok" for value in checks.values())
         return Response(
             HealthStatus(status="ok" if ok else "unavailable", checks=checks),
-            status_code=200 if ok else 503,
+            status_code=200 if ok else HTTP_503_SERVICE_UNAVAILABLE,
         )

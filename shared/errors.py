@@ -29,6 +29,14 @@ class Unauthorized(SparError):
     """No usable credentials: missing, malformed, unknown, expired or revoked token."""
 
 
+class TooManyRequests(SparError):
+    """The caller must wait ``retry_after`` seconds before trying again (429)."""
+
+    def __init__(self, detail: str, *, retry_after: int) -> None:
+        super().__init__(detail)
+        self.retry_after = retry_after
+
+
 class InvalidInput(SparError):
     """Input that passed decoding but breaks a rule only a service can check (422).
 

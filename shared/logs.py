@@ -1,13 +1,195 @@
-"""One log format for every Spar process (the API, ``spar dev``, workers, the scheduler)."""
+"""One log format for every Spar process (the API, ``spar dev``, workers, the scheduler),
+and the request id that ties a request's log lines to the work it started.
+
+* ``SPAR_LOG_FORMAT=json`` (the default): one JSON object per line, with ``time``,
+  ``level``, ``logger``, ``message``, ``pid``, ``request_id`` (when there is one),
+  ``exc_info`` and any ``extra`` fields.  ``text`` is a human format (``spar dev`` uses it).
+* The request id lives in a context variable: the API sets it per request (from a valid
+  ``X-Request-ID`` or a new one), :func:`shared.queue.send` copies it into every message
+  it sends, and :class:`MessageContext` restores it in the worker around the actor,
+  so one grep on the id follows a run from the API into the worker and its successors.
+
+Nothing here logs request bodies or headers; callers never pass them.
+"""
 
 from __future__ import annotations
 
+import contextvars
 import logging
+import re
 import sys
+import threading
+import time
+import uuid
+from datetime import UTC, datetime
+from typing import Any
 
-FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+import dramatiq
+import msgspec
+
+TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s [%(request_id)s]: %(message)s"
+FORMATS = ("json", "text")
+
+_message_log = logging.getLogger("spar.worker.messages")
+
+#: The id of the request (or message) whose work is running in this context.
+request_id: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    "spar_request_id", default=None
+)
+
+#: The message option that carries the request id from the sender to the worker.
+MESSAGE_OPTION = "request_id"
+
+_VALID_REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
+
+# Attributes every LogRecord has; anything else on a record came in through ``extra=``.
+_RECORD_ATTRIBUTES = frozenset(
+    logging.LogRecord("", 0, "", 0, "", (), None).__dict__.keys()
+    | {"message", "asctime", "request_id", "taskName", "color_message"}  # uvicorn's ANSI copy
+)
 
 
-def configure_logging(level: str) -> None:
-    """Log to stderr at ``level`` (``SPAR_LOG_LEVEL``); a no-op once logging is configured."""
-    logging.basicConfig(level=level, format=FORMAT, stream=sys.stderr)
+def new_request_id() -> str:
+    return uuid.uuid4().hex
+
+
+def accept_request_id(raw: str | None) -> str:
+    """``raw`` (a caller's ``X-Request-ID``) when it is short and made of safe characters,
+    else a new id: a caller's value goes into every log line, so it is never trusted."""
+    if raw is not None and _VALID_REQUEST_ID.fullmatch(raw):
+        return raw
+    return new_request_id()
+
+
+def current_request_id() -> str | None:
+    return request_id.get()
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        entry: dict[str, Any] = {
+            "time": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
+            "level": record.levelname,
+            "logger": record.name,
+            "message": record.getMessage(),
+            "pid": record.process,
+        }
+        rid = getattr(record, "request_id", None) or request_id.get()
+        if rid:
+            entry["request_id"] = rid
+        for key, value in record.__dict__.items():
+            if key not in _RECORD_ATTRIBUTES and not key.startswith("_"):
+                entry[key] = value
+        if record.exc_info:
+            entry["exc_info"] = self.formatException(record.exc_info)
+        if record.stack_info:
+            entry["stack_info"] = self.formatStack(record.stack_info)
+        return msgspec.json.encode(entry, enc_hook=str).decode()
+
+
+class TextFormatter(logging.Formatter):
+    def __init__(self) -> None:
+        super().__init__(TEXT_FORMAT)
+
+    def format(self, record: logging.LogRecord) -> str:
+        record.request_id = getattr(record, "request_id", None) or request_id.get() or "-"
+        return super().format(record)
+
+
+def formatter(log_format: str) -> logging.Formatter:
+    if log_format not in FORMATS:
+        raise ValueError(f"unknown log format {log_format!r} (expected one of {FORMATS})")
+    return JsonFormatter() if log_format == "json" else TextFormatter()
+
+
+class _SparHandler(logging.StreamHandler):  # type: ignore[type-arg]
+    """Marks the handler this module installed, so configuring twice replaces it."""
+
+
+def configure_logging(level: str, log_format: str = "json") -> None:
+    """Log to stderr at ``level`` (``SPAR_LOG_LEVEL``) in ``log_format``
+    (``SPAR_LOG_FORMAT``).  Calling it again replaces the handler it installed."""
+    root = logging.getLogger()
+    for handler in [h for h in root.handlers if isinstance(h, _SparHandler)]:
+        root.removeHandler(handler)
+    handler = _SparHandler(sys.stderr)
+    handler.setFormatter(formatter(log_format))
+    root.addHandler(handler)
+    root.setLevel(level)
+
+
+def uvicorn_log_config(level: str, log_format: str) -> dict[str, Any]:
+    """A ``logging.config.dictConfig`` for uvicorn, which applies it in each of its worker
+    processes: the same format as :func:`configure_logging`, uvicorn's loggers through
+    it, and no access log (the API writes its own, with the request id)."""
+    return {
+        "version": 1,
+        "disable_existing_loggers": False,
+        "formatters": {"spar": {"()": formatter, "log_format": log_format}},
+        "handlers": {
+            "stderr": {
+                "class": "logging.StreamHandler",
+                "formatter": "spar",
+                "stream": "ext://sys.stderr",
+            }
+        },
+        "root": {"handlers": ["stderr"], "level": level},
+        "loggers": {
+            "uvicorn": {"level": level, "handlers": [], "propagate": True},
+            "uvicorn.error": {"level": level, "handlers": [], "propagate": True},
+            "uvicorn.access": {"level": "WARNING", "handlers": [], "propagate": False},
+        },
+    }
+
+
+class MessageContext(dramatiq.Middleware):
+    """Restores, around each actor, the request id its message was sent with (or, for a
+    message sent without one, its message id), so the worker's log lines carry it and the
+    messages the actor sends pass it on; and logs one line per message: actor, queue,
+    outcome and duration, never its arguments.
+
+    Added first on the broker: Dramatiq runs ``after_*`` hooks in reverse order, so the id
+    is still set while the other middleware (retries, time limits) log about the message.
+    Before and after hooks run on the same worker thread.
+    """
+
+    def __init__(self) -> None:
+        self._local = threading.local()
+
+    def before_process_message(self, broker: dramatiq.Broker, message: dramatiq.Message) -> None:
+        request_id.set(str(message.options.get(MESSAGE_OPTION) or message.message_id))
+        self._local.started = time.perf_counter()
+
+    def after_process_message(
+        self,
+        broker: dramatiq.Broker,
+        message: dramatiq.Message,
+        *,
+        result: Any = None,
+        exception: BaseException | None = None,
+    ) -> None:
+        self._done(message, "succeeded" if exception is None else "failed")
+
+    def after_skip_message(self, broker: dramatiq.Broker, message: dramatiq.Message) -> None:
+        self._done(message, "skipped")
+
+    def _done(self, message: dramatiq.Message, outcome: str) -> None:
+        started = getattr(self._local, "started", None)
+        self._local.started = None
+        duration_ms = round((time.perf_counter() - started) * 1000, 1) if started else None
+        _message_log.info(
+            "%s %s",
+            message.actor_name,
+            outcome,
+            extra={
+                "actor": message.actor_name,
+                "queue": message.queue_name,
+                "message_id": message.message_id,
+                "outcome": outcome,
+                "duration_ms": duration_ms,
+            },
+        )
+        # A worker thread serves one message after another in the same context.
+        request_id.set(None)

@@ -4,6 +4,9 @@ Redis when ``SPAR_REDIS_URL`` is set, otherwise Dramatiq's in-memory stub broker
 embedded ``spar dev``).  Messages are sent by actor name, so senders (the API, the
 scheduler) never import the actors.  Send only after the transaction that created the
 row has committed: the message is just a pointer to it.
+
+Every message carries the request id of the context that sent it (a new one outside
+any request), and the worker restores it around the actor (:mod:`shared.logs`).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from dramatiq.brokers.stub import StubBroker
 from dramatiq.common import q_name
 from dramatiq.middleware import AsyncIO
 
+from shared.logs import MESSAGE_OPTION, MessageContext, current_request_id, new_request_id
 from shared.settings import get_settings
 
 QUEUES = ("runs", "batches", "documents", "calibration", "triggers")
@@ -76,22 +80,31 @@ class PollingRedisBroker(RedisBroker):
 @lru_cache(maxsize=4)
 def get_broker(redis_url: str | None) -> dramatiq.Broker:
     """One broker per process and URL (``spar dev``'s API and worker share the in-memory
-    one), with the AsyncIO middleware for async actors."""
+    one), with the AsyncIO middleware for async actors, the request id restored around
+    every actor (first, so that every other middleware's log lines carry it) and the
+    actors' metrics."""
+    from shared.metrics import ActorMetrics  # imported late: see shared.metrics_dir
+
     broker: dramatiq.Broker = (
         PollingRedisBroker(url=redis_url, work_poll_ms=get_settings().work_poll_ms)
         if redis_url
         else StubBroker()
     )
+    broker.add_middleware(MessageContext(), before=type(broker.middleware[0]))
     broker.add_middleware(_AsyncIO())
+    broker.add_middleware(ActorMetrics())
     for queue in QUEUES:
         broker.declare_queue(queue)
     return broker
 
 
 def send(broker: dramatiq.Broker, target: tuple[str, str], *args: Any) -> None:
+    """Send ``args`` to the actor ``target`` (queue, actor name), with the current request
+    id (or a new one) so the worker's log lines for it can be found by that id."""
     queue_name, actor_name = target
+    options = {MESSAGE_OPTION: current_request_id() or new_request_id()}
     broker.enqueue(
         dramatiq.Message(
-            queue_name=queue_name, actor_name=actor_name, args=args, kwargs={}, options={}
+            queue_name=queue_name, actor_name=actor_name, args=args, kwargs={}, options=options
         )
     )

@@ -1,20 +1,41 @@
-"""Building blocks shared by every domain's request and response Structs."""
+"""Building blocks shared by every domain's request and response Structs.
+
+Strings are checked where they are declared: ``text()`` refuses the characters PostgreSQL
+and UTF-8 cannot hold.  Free-form JSON (``JsonObject``, or any type marked ``STORABLE``)
+has no declared strings, so ``Input`` walks it after decoding: the same characters are
+refused in its keys and values at any depth, and its nesting is bounded.
+"""
 
 from __future__ import annotations
 
-from typing import Annotated
+import functools
+import re
+import types
+from collections.abc import Iterator
+from typing import Annotated, Any, Union, get_args, get_origin
 
 import msgspec
 
 # Characters PostgreSQL and UTF-8 can hold: no NUL, no lone surrogates.
 _STORABLE = "\\x00\\ud800-\\udfff"
 TEXT_PATTERN = f"^[^{_STORABLE}]*$"
+_UNSTORABLE = re.compile(f"[{_STORABLE}]")
+MAX_JSON_DEPTH = 32
 
 
 def text(min_length: int = 0, max_length: int | None = None, **extra: str) -> msgspec.Meta:
     """Constraints of an input string: its length bounds, and storable characters only."""
     return msgspec.Meta(min_length=min_length, max_length=max_length, pattern=TEXT_PATTERN, **extra)
 
+
+class _Storable:
+    """Marks a free-form field of an ``Input``: its value is checked by ``check_json``."""
+
+    def __repr__(self) -> str:
+        return "STORABLE"
+
+
+STORABLE = _Storable()
 
 Name255 = Annotated[str, text(1, 255)]
 Email = Annotated[
@@ -27,10 +48,110 @@ Email = Annotated[
     ),
 ]
 TimezoneName = Annotated[str, text(1, 64, description="An IANA time zone, e.g. Europe/Paris.")]
+JsonObject = Annotated[
+    dict[str, Any],
+    msgspec.Meta(
+        description=f"Any JSON object, nested at most {MAX_JSON_DEPTH} levels deep; "
+        "no NUL characters or lone surrogates in its keys or strings."
+    ),
+    STORABLE,
+]
+
+
+class UnstorableJson(ValueError):
+    """A free-form value that cannot be stored; ``path`` leads from the field to the fault."""
+
+    def __init__(
+        self, message: str, *, path: tuple[str, ...], type: str, ctx: dict[str, Any], input: Any
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.path = path
+        self.type = type
+        self.ctx = ctx
+        self.input = input
+
+
+def _nodes(value: Any, path: tuple[str, ...]) -> Iterator[tuple[Any, tuple[str, ...], int]]:
+    """Every value inside ``value`` in document order, with its path and nesting depth.
+
+    Iterative on purpose: a body nested a thousand levels must not exhaust the stack."""
+    pending = [(value, path, 0)]
+    while pending:
+        current, at, depth = pending.pop()
+        yield current, at, depth
+        if isinstance(current, dict):
+            children = [(item, (*at, str(key)), depth + 1) for key, item in current.items()]
+        elif isinstance(current, list):
+            children = [(item, (*at, str(i)), depth + 1) for i, item in enumerate(current)]
+        else:
+            continue
+        pending.extend(reversed(children))
+
+
+def within_depth(value: Any, limit: int = MAX_JSON_DEPTH) -> bool:
+    """Whether ``value`` nests at most ``limit`` objects or arrays in one another."""
+    return all(
+        depth < limit for node, _, depth in _nodes(value, ()) if isinstance(node, dict | list)
+    )
+
+
+def _unstorable_text(text: str, path: tuple[str, ...]) -> UnstorableJson:
+    return UnstorableJson(
+        "Text may not contain NUL characters or lone surrogates",
+        path=path,
+        type="string_pattern_mismatch",
+        ctx={"pattern": TEXT_PATTERN},
+        input=text,
+    )
+
+
+def check_json(value: Any, path: tuple[str, ...] = ()) -> None:
+    """Refuse what PostgreSQL cannot store in ``value``: NUL or a lone surrogate in any key
+    or string, and nesting deeper than ``MAX_JSON_DEPTH``.  Raises ``UnstorableJson``."""
+    for node, at, depth in _nodes(value, path):
+        if isinstance(node, str):
+            if _UNSTORABLE.search(node):
+                raise _unstorable_text(node, at)
+        elif isinstance(node, dict | list):
+            if depth >= MAX_JSON_DEPTH:
+                raise UnstorableJson(
+                    f"Nested more than {MAX_JSON_DEPTH} levels deep",
+                    path=at,
+                    type="too_deeply_nested",
+                    ctx={"max_depth": MAX_JSON_DEPTH},
+                    input=None,  # echoing it back could be as deep as what was refused
+                )
+            if isinstance(node, dict):
+                for key in node:
+                    if isinstance(key, str) and _UNSTORABLE.search(key):
+                        raise _unstorable_text(key, (*at, key))
+
+
+def _is_marked(annotation: Any) -> bool:
+    if STORABLE in getattr(annotation, "__metadata__", ()):
+        return True
+    if get_origin(annotation) in (Union, types.UnionType):
+        return any(_is_marked(arg) for arg in get_args(annotation))
+    return False
+
+
+@functools.cache
+def _free_form_fields(struct: type[msgspec.Struct]) -> tuple[str, ...]:
+    return tuple(f.name for f in msgspec.structs.fields(struct) if _is_marked(f.type))
 
 
 class Input(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
-    """Base of request bodies: unknown fields are refused, so mass assignment is impossible."""
+    """Base of request bodies: unknown fields are refused, so mass assignment is impossible.
+
+    Free-form fields (annotated ``JsonObject`` or ``STORABLE``) are checked after decoding;
+    msgspec reports the ``UnstorableJson`` as a ``ValidationError`` at this Struct's path,
+    with the error as its ``__cause__``.  A subclass defining ``__post_init__`` calls super.
+    """
+
+    def __post_init__(self) -> None:
+        for name in _free_form_fields(type(self)):
+            check_json(getattr(self, name), (name,))
 
 
 class Output(msgspec.Struct, kw_only=True):

@@ -30,6 +30,20 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     db_pool_size: int = 10
     work_poll_ms: int = 50
     log_level: str = "INFO"
+    log_format: str = "json"  # or "text"; spar dev defaults to text
+    # When set, GET /metrics requires "Authorization: Bearer <metrics_token>".
+    metrics_token: str | None = None
+    worker_metrics_port: int | None = None  # spar worker --metrics-port
+    # Failed-login throttle (shared/identity/throttle.py): limits and windows per
+    # (account, address) pair, per account, per address; known addresses skip the account's.
+    login_pair_limit: int = 5
+    login_pair_window_s: float = 900.0
+    login_account_limit: int = 20
+    login_account_window_s: float = 300.0
+    login_address_limit: int = 50
+    login_address_window_s: float = 900.0
+    login_known_address_s: float = 30 * 24 * 3600.0
+    login_key_prefix: str = "spar:login:"
 
     @property
     def is_sqlite(self) -> bool:
@@ -51,6 +65,13 @@ def _positive_int(raw: str) -> int:
     value = int(raw)
     if value <= 0:
         raise SettingsError(f"expected a positive integer, got {raw!r}")
+    return value
+
+
+def _log_format(raw: str) -> str:
+    value = raw.strip().lower()
+    if value not in {"json", "text"}:
+        raise SettingsError(f"expected json or text, got {raw!r}")
     return value
 
 
@@ -76,6 +97,17 @@ _VARIABLES = {
     "SPAR_DB_POOL_SIZE": ("db_pool_size", _positive_int),
     "SPAR_WORK_POLL_MS": ("work_poll_ms", _positive_int),
     "SPAR_LOG_LEVEL": ("log_level", str.upper),
+    "SPAR_LOG_FORMAT": ("log_format", _log_format),
+    "SPAR_METRICS_TOKEN": ("metrics_token", str),
+    "SPAR_WORKER_METRICS_PORT": ("worker_metrics_port", _positive_int),
+    "SPAR_LOGIN_PAIR_LIMIT": ("login_pair_limit", _positive_int),
+    "SPAR_LOGIN_PAIR_WINDOW_S": ("login_pair_window_s", _positive_float),
+    "SPAR_LOGIN_ACCOUNT_LIMIT": ("login_account_limit", _positive_int),
+    "SPAR_LOGIN_ACCOUNT_WINDOW_S": ("login_account_window_s", _positive_float),
+    "SPAR_LOGIN_ADDRESS_LIMIT": ("login_address_limit", _positive_int),
+    "SPAR_LOGIN_ADDRESS_WINDOW_S": ("login_address_window_s", _positive_float),
+    "SPAR_LOGIN_KNOWN_ADDRESS_S": ("login_known_address_s", _positive_float),
+    "SPAR_LOGIN_KEY_PREFIX": ("login_key_prefix", str),
 }
 
 

@@ -56,6 +56,8 @@ def settings(database_url: str) -> Settings:
         secret_key="test-secret-key-do-not-use-in-production",
         public_base_url="http://testserver.local",
         egress_allow_private=True,
+        # This run's own login-throttle keys: runs sharing a Redis never count each other's.
+        login_key_prefix=f"spar-test-{os.getpid()}:login:",
     )
 
 
@@ -70,6 +72,14 @@ async def client(app: Litestar) -> AsyncIterator[AsyncTestClient]:
         yield test_client
         # Tests run the workers' code in this loop: the direct pool it opened is this loop's.
         await close_direct_pool(app.state.engine)
+
+
+@pytest.fixture(autouse=True)
+async def _clean_login_throttle(request: pytest.FixtureRequest) -> AsyncIterator[None]:
+    """Forget failed logins after each test that used the app: no test inherits a lock-out."""
+    yield
+    if "client" in request.fixturenames:
+        await request.getfixturevalue("app").state.login_throttle.clear()
 
 
 @pytest.fixture(autouse=True)

@@ -1,6 +1,7 @@
 """Sets up a worker process from settings: its log format and level, and its Dramatiq
-broker, which opens the database connections as the worker boots.  Import before
-declaring actors."""
+broker (with the request id and metrics middleware of :func:`shared.queue.get_broker`),
+which opens the database connections as the worker boots.  Import before declaring
+actors."""
 
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ class WarmUp(dramatiq.Middleware):
             log.warning("could not open the database connections at boot", exc_info=True)
 
 
-configure_logging(get_settings().log_level)
+configure_logging(get_settings().log_level, get_settings().log_format)
 broker = get_broker(get_settings().redis_url)
 if not any(isinstance(m, WarmUp) for m in broker.middleware):
     broker.add_middleware(WarmUp())

@@ -11,18 +11,16 @@ from uuid import UUID
 import msgspec
 from litestar import Controller, get, post
 from litestar.datastructures import State
+from litestar.openapi import ResponseSpec
 from litestar.params import JSONBody, QueryParameter
 from litestar.response import ServerSentEvent, ServerSentEventMessage
 from litestar.status_codes import HTTP_200_OK
-from sqlalchemy import select
 
 from api.deps import Access, DbSession, Page, PathId
 from shared.batches import schemas, services
 from shared.db.engine import session_scope
-from shared.db.models import ScenarioRun
 from shared.identity.access import OrgAccess, requires
 from shared.queue import DISPATCH_BATCH, send
-from shared.scenarios.schemas import TERMINAL_STATUSES
 
 EVENT_POLL_S = 0.5
 RECENT = timedelta(seconds=30)
@@ -56,6 +54,7 @@ class BatchRunController(Controller):
         paging: Page,
         status: Annotated[schemas.BatchStatus | None, QueryParameter()] = None,
     ) -> schemas.BatchRunList:
+        """The organization's batch runs, paged; `status` keeps those in that state."""
         rows, total = await services.list_batches(db_session, access, paging, status)
         return schemas.BatchRunList(batch_runs=[services.batch_read(b) for b in rows], total=total)
 
@@ -84,6 +83,13 @@ class BatchRunController(Controller):
         "/{batch_run_id:str}/events",
         operation_id="streamBatchRunEvents",
         access=requires("scenarios:read"),
+        responses={
+            HTTP_200_OK: ResponseSpec(
+                str,
+                media_type="text/event-stream",
+                description="Server-Sent Events: `progress`, `run`, then `end`.",
+            )
+        },
     )
     async def events(
         self,
@@ -111,30 +117,17 @@ async def _progress(
             over = batch.status in ("completed", "error") and (
                 batch.completed_scenarios >= batch.total_scenarios
             )
-            finished = select(
-                ScenarioRun.id,
-                ScenarioRun.scenario_id,
-                ScenarioRun.status,
-                ScenarioRun.completed_at,
-            ).where(
-                ScenarioRun.batch_run_id == batch_id,
-                ScenarioRun.status.in_(TERMINAL_STATUSES),
-            )
-            if since is not None and not over:
-                # Only what ended lately (a run commits within moments of its completed_at);
-                # the last poll reads them all, so nothing is ever missed.
-                finished = finished.where(ScenarioRun.completed_at >= since - RECENT)
-            rows = (
-                await session.execute(finished.order_by(ScenarioRun.completed_at, ScenarioRun.id))
-            ).all()
-        for run_id, scenario_id, status, completed_at in rows:
-            if run_id not in seen:
-                seen.add(run_id)
-                since = max(since, completed_at) if since else completed_at
-                payload = {"id": str(run_id), "scenario_id": str(scenario_id), "status": status}
-                yield ServerSentEventMessage(
-                    event="run", data=msgspec.json.encode(payload).decode()
-                )
+            # Only what ended lately (a run commits within moments of its completed_at); the
+            # last poll reads them all, so nothing is ever missed.
+            recent = since - RECENT if since is not None and not over else None
+            ended = await services.run_summaries(session, batch_id, ended=True, ended_since=recent)
+        for run in ended:
+            if run.id not in seen:
+                seen.add(run.id)
+                if run.completed_at is not None:
+                    since = max(since, run.completed_at) if since else run.completed_at
+                # The batch detail's run summary: scenario name, passed and total turns.
+                yield ServerSentEventMessage(event="run", data=msgspec.json.encode(run).decode())
         progress = msgspec.json.encode(services.batch_read(batch))
         if progress != last:
             last = progress

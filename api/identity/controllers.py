@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
-from litestar import Controller, delete, get, patch, post
+from typing import Any
+
+from litestar import Controller, Request, delete, get, patch, post
+from litestar.openapi import ResponseSpec
 from litestar.params import JSONBody
 from litestar.status_codes import HTTP_200_OK, HTTP_204_NO_CONTENT
 
 from api.deps import Access, Caller, Config, DbSession, Page, PathId
+from api.exceptions import ErrorBody
 from shared.identity import schemas, services
 from shared.identity.access import AUTHENTICATED, PUBLIC, USER_ONLY, requires, requires_role
 from shared.identity.permissions import ADMIN, OWNER
@@ -26,12 +30,35 @@ class AuthController(Controller):
             user=services.user_read(user), access_token=token, expires_at=expires_at
         )
 
-    @post("/login", operation_id="login", access=PUBLIC, status_code=HTTP_200_OK)
+    @post(
+        "/login",
+        operation_id="login",
+        access=PUBLIC,
+        status_code=HTTP_200_OK,
+        responses={
+            429: ResponseSpec(
+                ErrorBody,
+                description="Too many failed logins for this account or from this address; "
+                "the `Retry-After` header says how many seconds to wait.",
+            )
+        },
+    )
     async def login(
-        self, db_session: DbSession, settings: Config, data: JSONBody[schemas.LoginBody]
+        self,
+        request: Request[Any, Any, Any],
+        db_session: DbSession,
+        settings: Config,
+        data: JSONBody[schemas.LoginBody],
     ) -> schemas.AccessToken:
-        """Exchange email and password for a user token (`ust_…`)."""
-        token, expires_at = await services.login(db_session, settings, data)
+        """Exchange email and password for a user token (`ust_…`); failed logins are throttled."""
+        token, expires_at = await services.login(
+            db_session,
+            settings,
+            data,
+            throttle=request.app.state.login_throttle,
+            # uvicorn has already applied the proxy headers it trusts to the ASGI scope.
+            address=request.client.host if request.client else "unknown",
+        )
         return schemas.AccessToken(access_token=token, expires_at=expires_at)
 
     @post("/logout", operation_id="logout", access=USER_ONLY, status_code=HTTP_204_NO_CONTENT)
@@ -53,6 +80,7 @@ class OrganizationController(Controller):
     async def list_organizations(
         self, db_session: DbSession, principal: Caller, paging: Page
     ) -> schemas.OrganizationList:
+        """The organizations the caller can see, paged."""
         orgs, total = await services.list_organizations(db_session, principal, paging)
         return schemas.OrganizationList(
             organizations=[services.org_read(o) for o in orgs], total=total
@@ -70,6 +98,7 @@ class OrganizationController(Controller):
     async def get_organization(
         self, db_session: DbSession, access: Access, org_id: PathId
     ) -> schemas.OrganizationRead:
+        """One organization the caller belongs to."""
         return services.org_read(await services.get_organization(db_session, access))
 
     @patch("/{org_id:str}", operation_id="updateOrganization", access=requires("org:write"))
@@ -80,6 +109,7 @@ class OrganizationController(Controller):
         org_id: PathId,
         data: JSONBody[schemas.OrganizationUpdate],
     ) -> schemas.OrganizationRead:
+        """Change the name, business information or time zone; omitted fields stay."""
         return services.org_read(await services.update_organization(db_session, access, data))
 
     @delete("/{org_id:str}", operation_id="deleteOrganization", access=requires_role(OWNER))
@@ -98,6 +128,7 @@ class MemberController(Controller):
     async def list_members(
         self, db_session: DbSession, access: Access, org_id: PathId, paging: Page
     ) -> schemas.MemberList:
+        """The organization's members with their roles and status, paged."""
         members, total = await services.list_members(db_session, access, paging)
         return schemas.MemberList(members=members, total=total)
 
@@ -116,6 +147,7 @@ class MemberController(Controller):
     async def get_member(
         self, db_session: DbSession, access: Access, org_id: PathId, user_id: PathId
     ) -> schemas.MemberRead:
+        """One member of the organization, with their role."""
         return await services.get_member(db_session, access, user_id)
 
     @patch("/{user_id:str}", operation_id="updateMemberRole", access=requires("members:write"))
@@ -134,6 +166,7 @@ class MemberController(Controller):
     async def remove_member(
         self, db_session: DbSession, access: Access, org_id: PathId, user_id: PathId
     ) -> None:
+        """Remove a member from the organization (the owner cannot be removed)."""
         await services.remove_member(db_session, access, user_id)
 
 
@@ -145,6 +178,7 @@ class RoleController(Controller):
     async def list_roles(
         self, db_session: DbSession, access: Access, org_id: PathId, paging: Page
     ) -> schemas.RoleList:
+        """The organization's system and custom roles with their permissions, paged."""
         roles, total = await services.list_roles(db_session, access, paging)
         return schemas.RoleList(roles=[services.role_read(r) for r in roles], total=total)
 
@@ -156,12 +190,14 @@ class RoleController(Controller):
         org_id: PathId,
         data: JSONBody[schemas.RoleCreate],
     ) -> schemas.RoleRead:
+        """Create a custom role: a name and a list of known permissions."""
         return services.role_read(await services.create_role(db_session, access, data))
 
     @get("/{role_id:str}", operation_id="getRole", access=requires("roles:read"))
     async def get_role(
         self, db_session: DbSession, access: Access, org_id: PathId, role_id: PathId
     ) -> schemas.RoleRead:
+        """One role with its permissions."""
         return services.role_read(await services.get_role(db_session, access, role_id))
 
     @patch("/{role_id:str}", operation_id="updateRole", access=requires("roles:write"))
@@ -173,6 +209,7 @@ class RoleController(Controller):
         role_id: PathId,
         data: JSONBody[schemas.RoleUpdate],
     ) -> schemas.RoleRead:
+        """Change a role's name or permissions; omitted fields stay."""
         return services.role_read(await services.update_role(db_session, access, role_id, data))
 
     @delete("/{role_id:str}", operation_id="deleteRole", access=requires("roles:write"))
@@ -191,6 +228,7 @@ class PlatformTokenController(Controller):
     async def list_tokens(
         self, db_session: DbSession, access: Access, org_id: PathId, paging: Page
     ) -> schemas.PlatformTokenList:
+        """The organization's platform tokens, never their values, paged (ADMIN/OWNER)."""
         tokens, total = await services.list_platform_tokens(db_session, access, paging)
         return schemas.PlatformTokenList(
             tokens=[services.platform_token_read(t) for t in tokens], total=total
@@ -212,6 +250,7 @@ class PlatformTokenController(Controller):
     async def get_token(
         self, db_session: DbSession, access: Access, org_id: PathId, token_id: PathId
     ) -> schemas.PlatformTokenRead:
+        """One platform token, never its value (ADMIN/OWNER)."""
         pat = await services.get_platform_token(db_session, access, token_id)
         return services.platform_token_read(pat)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Annotated
 
 from litestar import Controller, Response, delete, get, patch, post, put
+from litestar.openapi import ResponseSpec
 from litestar.params import JSONBody, PathParameter
 from litestar.status_codes import HTTP_200_OK, HTTP_201_CREATED
 
@@ -29,6 +30,7 @@ class AllowedDomainController(Controller):
     async def list_domains(
         self, db_session: DbSession, access: Access, org_id: PathId, paging: Page
     ) -> schemas.AllowedDomainList:
+        """The organization's allowed domains, paged."""
         entries, total = await services.list_domains(db_session, access, paging)
         return schemas.AllowedDomainList(
             domains=[services.domain_read(e) for e in entries], total=total
@@ -49,6 +51,7 @@ class AllowedDomainController(Controller):
     async def get_domain(
         self, db_session: DbSession, access: Access, org_id: PathId, domain_id: PathId
     ) -> schemas.AllowedDomainRead:
+        """One allowed domain."""
         return services.domain_read(await services.get_domain(db_session, access, domain_id))
 
     @patch("/{domain_id:str}", operation_id="updateAllowedDomain", access=requires("domains:write"))
@@ -60,6 +63,7 @@ class AllowedDomainController(Controller):
         domain_id: PathId,
         data: JSONBody[schemas.AllowedDomainUpdate],
     ) -> schemas.AllowedDomainRead:
+        """Change an allowed domain, its headers or query params; omitted fields stay."""
         entry = await services.update_domain(db_session, access, domain_id, data)
         return services.domain_read(entry)
 
@@ -69,6 +73,7 @@ class AllowedDomainController(Controller):
     async def delete_domain(
         self, db_session: DbSession, access: Access, org_id: PathId, domain_id: PathId
     ) -> None:
+        """Remove a host from the allowed domains."""
         await services.delete_domain(db_session, access, domain_id)
 
 
@@ -86,7 +91,16 @@ class CredentialController(Controller):
             credentials=[services.credential_read(c) for c in rows], total=total
         )
 
-    @put("/{key:str}", operation_id="putCredential", access=requires("credentials:write"))
+    @put(
+        "/{key:str}",
+        operation_id="putCredential",
+        access=requires("credentials:write"),
+        responses={
+            HTTP_201_CREATED: ResponseSpec(
+                schemas.CredentialRead, description="Created: the key was new."
+            )
+        },
+    )
     async def put_credential(
         self,
         db_session: DbSession,
@@ -126,6 +140,7 @@ class LLMProviderController(Controller):
     async def list_providers(
         self, db_session: DbSession, access: Access, org_id: PathId, paging: Page
     ) -> schemas.LLMProviderList:
+        """The organization's LLM providers, paged."""
         rows, total = await services.list_providers(db_session, access, paging)
         return schemas.LLMProviderList(
             llm_providers=[services.provider_read(p) for p in rows], total=total
@@ -139,12 +154,14 @@ class LLMProviderController(Controller):
         org_id: PathId,
         data: JSONBody[schemas.LLMProviderCreate],
     ) -> schemas.LLMProviderRead:
+        """Register an LLM provider (its API key by credential key)."""
         return services.provider_read(await services.create_provider(db_session, access, data))
 
     @get("/{provider_id:str}", operation_id="getLLMProvider", access=requires("providers:read"))
     async def get_provider(
         self, db_session: DbSession, access: Access, org_id: PathId, provider_id: PathId
     ) -> schemas.LLMProviderRead:
+        """One LLM provider."""
         return services.provider_read(await services.get_provider(db_session, access, provider_id))
 
     @patch(
@@ -158,6 +175,7 @@ class LLMProviderController(Controller):
         provider_id: PathId,
         data: JSONBody[schemas.LLMProviderUpdate],
     ) -> schemas.LLMProviderRead:
+        """Change an LLM provider; omitted fields stay."""
         provider = await services.update_provider(db_session, access, provider_id, data)
         return services.provider_read(provider)
 
@@ -179,6 +197,7 @@ class AgentController(Controller):
     async def list_agents(
         self, db_session: DbSession, access: Access, org_id: PathId, paging: Page
     ) -> schemas.AgentList:
+        """The organization's agents, paged."""
         rows, total = await services.list_agents(db_session, access, paging)
         return schemas.AgentList(agents=[services.agent_read(a) for a in rows], total=total)
 
@@ -197,6 +216,7 @@ class AgentController(Controller):
     async def get_agent(
         self, db_session: DbSession, access: Access, org_id: PathId, agent_id: PathId
     ) -> schemas.AgentRead:
+        """One agent."""
         return services.agent_read(await services.get_agent(db_session, access, agent_id))
 
     @patch("/{agent_id:str}", operation_id="updateAgent", access=requires("agents:write"))
@@ -208,12 +228,14 @@ class AgentController(Controller):
         agent_id: PathId,
         data: JSONBody[schemas.AgentUpdate],
     ) -> schemas.AgentRead:
+        """Change an agent; omitted fields stay."""
         return services.agent_read(await services.update_agent(db_session, access, agent_id, data))
 
     @delete("/{agent_id:str}", operation_id="deleteAgent", access=requires("agents:write"))
     async def delete_agent(
         self, db_session: DbSession, access: Access, org_id: PathId, agent_id: PathId
     ) -> None:
+        """Delete an agent."""
         await services.delete_agent(db_session, access, agent_id)
 
 

@@ -14,6 +14,7 @@ from api.deps import Access, DbSession, Page, PathId
 from shared.identity.access import requires
 from shared.queue import RUN_SCENARIO, send
 from shared.scenarios import schemas, services
+from shared.schemas import TEXT_PATTERN
 
 
 async def commit_then_send(db_session: AsyncSession, state: State, run_id: UUID) -> None:
@@ -34,9 +35,16 @@ class ScenarioController(Controller):
         org_id: PathId,
         paging: Page,
         tag: Annotated[
-            str | None, QueryParameter(description="Only scenarios with this tag.")
+            str | None,
+            QueryParameter(
+                description="Only scenarios with this tag.",
+                min_length=1,
+                max_length=100,
+                pattern=TEXT_PATTERN,
+            ),
         ] = None,
     ) -> schemas.ScenarioList:
+        """The organization's scenarios, paged; `tag` keeps those with that tag."""
         rows, total = await services.list_scenarios(db_session, access, paging, tag)
         return schemas.ScenarioList(scenarios=rows, total=total)
 
@@ -48,6 +56,7 @@ class ScenarioController(Controller):
         org_id: PathId,
         data: JSONBody[schemas.ScenarioCreate],
     ) -> schemas.ScenarioRead:
+        """Create a scenario with its turns and criteria."""
         return services.scenario_read(await services.create_scenario(db_session, access, data))
 
     @get("/runs", operation_id="listScenarioRuns", access=requires("scenarios:read"))
@@ -60,9 +69,19 @@ class ScenarioController(Controller):
         scenario_id: Annotated[UUID | None, QueryParameter()] = None,
         agent_id: Annotated[UUID | None, QueryParameter()] = None,
         status: Annotated[schemas.RunStatus | None, QueryParameter()] = None,
+        batch_run_id: Annotated[
+            UUID | None, QueryParameter(description="Only the runs of this batch run.")
+        ] = None,
     ) -> schemas.ScenarioRunList:
+        """Scenario runs without their results, paged; filter by scenario, agent, batch, status."""
         runs, total = await services.list_runs(
-            db_session, access, paging, scenario_id=scenario_id, agent_id=agent_id, status=status
+            db_session,
+            access,
+            paging,
+            scenario_id=scenario_id,
+            agent_id=agent_id,
+            batch_run_id=batch_run_id,
+            status=status,
         )
         return schemas.ScenarioRunList(
             runs=[services.run_read(r, with_results=False) for r in runs], total=total
@@ -80,6 +99,7 @@ class ScenarioController(Controller):
     async def get_scenario(
         self, db_session: DbSession, access: Access, org_id: PathId, scenario_id: PathId
     ) -> schemas.ScenarioRead:
+        """One scenario with its turns and criteria."""
         return services.scenario_read(await services.get_scenario(db_session, access, scenario_id))
 
     @put("/{scenario_id:str}", operation_id="updateScenario", access=requires("scenarios:write"))
@@ -99,6 +119,7 @@ class ScenarioController(Controller):
     async def delete_scenario(
         self, db_session: DbSession, access: Access, org_id: PathId, scenario_id: PathId
     ) -> None:
+        """Delete a scenario."""
         await services.delete_scenario(db_session, access, scenario_id)
 
     @post("/{scenario_id:str}/run", operation_id="runScenario", access=requires("scenarios:run"))

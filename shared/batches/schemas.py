@@ -29,6 +29,7 @@ class BatchRunItemSummary(Output):
     status: str
     passed_turns: int
     total_turns: int
+    completed_at: datetime | None = None
 
 
 class BatchRunRead(Output):

@@ -25,7 +25,7 @@ committed row.
 from __future__ import annotations
 
 import uuid
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 from uuid import UUID
 
@@ -59,6 +59,7 @@ from shared.errors import Conflict, InvalidInput, NotFound
 from shared.identity.access import OrgAccess
 from shared.outbound.services import agent_in_org
 from shared.paging import Paging, paginate
+from shared.scenarios.schemas import TERMINAL_STATUSES
 from shared.scenarios.services import snapshot_source, snapshots, tag_filter
 
 ACTIVE = ("queued", "running")
@@ -204,23 +205,37 @@ async def list_batches(
     return await paginate(session, query, paging, BatchRun.created_at, BatchRun.id)
 
 
-async def run_summaries(session: AsyncSession, batch_id: UUID) -> list[schemas.BatchRunItemSummary]:
+async def run_summaries(
+    session: AsyncSession,
+    batch_id: UUID,
+    *,
+    ended: bool = False,
+    ended_since: datetime | None = None,
+) -> list[schemas.BatchRunItemSummary]:
+    """A summary of each run of the batch (the batch detail's ``runs`` and the events
+    stream's ``run`` events), in the batch's order; with ``ended``, only the terminal runs
+    (those that ended at ``ended_since`` or later, when given) in the order they ended."""
     passed_turns = (
         select(func.count(TurnResult.id))
         .where(TurnResult.run_id == ScenarioRun.id, TurnResult.passed)
         .scalar_subquery()
     )
-    rows = await session.execute(
-        select(
-            ScenarioRun.id,
-            ScenarioRun.scenario_id,
-            ScenarioRun.status,
-            ScenarioRun.snapshot,
-            passed_turns,
+    query = select(
+        ScenarioRun.id,
+        ScenarioRun.scenario_id,
+        ScenarioRun.status,
+        ScenarioRun.snapshot,
+        ScenarioRun.completed_at,
+        passed_turns,
+    ).where(ScenarioRun.batch_run_id == batch_id)
+    if ended:
+        query = query.where(ScenarioRun.status.in_(TERMINAL_STATUSES)).order_by(
+            ScenarioRun.completed_at, ScenarioRun.id
         )
-        .where(ScenarioRun.batch_run_id == batch_id)
-        .order_by(ScenarioRun.created_at, ScenarioRun.id)
-    )
+        if ended_since is not None:
+            query = query.where(ScenarioRun.completed_at >= ended_since)
+    else:
+        query = query.order_by(ScenarioRun.created_at, ScenarioRun.id)
     return [
         schemas.BatchRunItemSummary(
             id=run_id,
@@ -229,8 +244,9 @@ async def run_summaries(session: AsyncSession, batch_id: UUID) -> list[schemas.B
             status=status,
             passed_turns=passed,
             total_turns=len((snap or {}).get("turns") or []),
+            completed_at=completed_at,
         )
-        for run_id, scenario_id, status, snap, passed in rows
+        for run_id, scenario_id, status, snap, completed_at, passed in await session.execute(query)
     ]
 
 

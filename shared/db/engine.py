@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 import msgspec
 from sqlalchemy import event
+from sqlalchemy.exc import DisconnectionError
 from sqlalchemy.ext.asyncio import (
     AsyncEngine,
     AsyncSession,
@@ -23,10 +25,11 @@ _JSON = {"json_serializer": json_text, "json_deserializer": msgspec.json.decode}
 
 
 def create_engine(settings: Settings, *, pre_ping: bool = True) -> AsyncEngine:
-    """The process's engine.  ``pre_ping`` checks each pooled connection before lending it
-    (one more round trip per transaction): the API wants it, so that a request never meets
-    a connection that died with a database restart.  Workers do without it: a delivery
-    that meets one fails, invalidates the pool, and is retried and resumed."""
+    """The process's engine.  ``pre_ping`` checks a pooled connection that has been idle
+    for a while before lending it (one more round trip): the API wants it, so that a
+    request never meets a connection that died with a database restart.  Workers do
+    without it: a delivery that meets one fails, invalidates the pool, and is retried and
+    resumed."""
     if settings.is_sqlite:
         engine = create_async_engine(settings.database_url, **_JSON)
 
@@ -39,14 +42,51 @@ def create_engine(settings: Settings, *, pre_ping: bool = True) -> AsyncEngine:
             cursor.close()
 
         return engine
-    return create_async_engine(
+    engine = create_async_engine(
         settings.database_url,
         **_JSON,
         connect_args={"options": POSTGRES_OPTIONS},
         pool_size=settings.db_pool_size,
         max_overflow=settings.db_pool_size,
-        pool_pre_ping=pre_ping,
     )
+    if pre_ping:
+        _ping_idle_connections(engine)
+    return engine
+
+
+# A connection back in the pool less than this long ago is lent without a ping.  Under load
+# every connection comes back within milliseconds and a ping on each check-out was a round
+# trip per transaction (two per request); a database restart takes longer than this, so a
+# connection that outlived one has been idle for longer and is pinged.
+PING_AFTER_IDLE_S = 1.0
+_CHECKED_IN = "spar_checked_in"
+
+
+def _ping_idle_connections(engine: AsyncEngine) -> None:
+    """``pool_pre_ping`` for connections idle more than :data:`PING_AFTER_IDLE_S`: a dead
+    one is replaced (the pool retries the check-out) before the caller sees it."""
+    sync_engine = engine.sync_engine
+    dialect = sync_engine.dialect
+
+    @event.listens_for(sync_engine, "checkin")
+    def _checked_in(_dbapi_connection, record):  # type: ignore[no-untyped-def]
+        record.info[_CHECKED_IN] = time.monotonic()
+
+    @event.listens_for(sync_engine, "checkout")
+    def _checked_out(dbapi_connection, record, _proxy):  # type: ignore[no-untyped-def]
+        since = record.info.get(_CHECKED_IN)
+        if since is None or time.monotonic() - since < PING_AFTER_IDLE_S:
+            return  # a new connection, or one in use a moment ago
+        try:
+            dialect.do_ping(dbapi_connection)
+        except dialect.loaded_dbapi.Error as exc:
+            raise DisconnectionError(str(exc)) from exc
+
+
+def autocommit(engine: AsyncEngine) -> AsyncEngine:
+    """``engine`` with its connections in autocommit (same pool): for work that only reads,
+    or whose statements each stand alone, without BEGIN and COMMIT round trips."""
+    return engine.execution_options(isolation_level="AUTOCOMMIT")
 
 
 def create_session_factory(engine: AsyncEngine) -> async_sessionmaker[AsyncSession]:

@@ -44,11 +44,19 @@ class OrgAccess:
         if self.role_name not in ROLE_LEVELS[level]:
             raise PermissionDenied(f"requires the {level} role")
 
-    def require_grantable(self, permissions: list[str] | tuple[str, ...]) -> None:
-        """Nobody hands out a permission they do not hold themselves."""
+    def require_grantable(
+        self,
+        permissions: list[str] | tuple[str, ...],
+        refusal: str = "cannot grant permissions you lack",
+    ) -> None:
+        """Nobody hands out, takes away or manages a permission they do not hold themselves.
+
+        The one escalation rule: creating or editing a role, deleting one, giving a member
+        a role or acting on a member all pass the permissions involved through here.
+        """
         missing = [p for p in permissions if p not in self.permissions]
         if missing:
-            raise PermissionDenied(f"cannot grant permissions you lack: {', '.join(missing)}")
+            raise PermissionDenied(f"{refusal}: {', '.join(missing)}")
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,8 +13,8 @@ from uuid import UUID
 from zoneinfo import available_timezones
 
 import msgspec
-from sqlalchemy import delete, select, update
-from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy import bindparam, delete, select, update
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 
 from shared import security
 from shared.db.base import utcnow
@@ -24,6 +24,7 @@ from shared.errors import Conflict, InvalidInput, NotFound, PermissionDenied, Un
 from shared.identity import schemas
 from shared.identity.access import OrgAccess, Principal
 from shared.identity.permissions import GUEST, OWNER, SYSTEM_ROLES, ordered
+from shared.identity.throttle import LoginThrottle
 from shared.paging import Paging, paginate
 from shared.settings import Settings
 
@@ -91,15 +92,31 @@ async def register(
 
 
 async def login(
-    session: AsyncSession, settings: Settings, body: schemas.LoginBody
+    session: AsyncSession,
+    settings: Settings,
+    body: schemas.LoginBody,
+    *,
+    throttle: LoginThrottle,
+    address: str,
 ) -> tuple[str, datetime]:
-    """Issue a token for a matching email and password; every failure reads the same."""
-    user = await session.scalar(select(User).where(User.email == normalize_email(body.email)))
-    password_ok = await asyncio.to_thread(
-        security.verify_password, user.password_hash if user else None, body.password
-    )
+    """Issue a token for a matching email and password; every failure reads the same.
+
+    ``address`` is the client's; the throttle refuses (429) before any password work when
+    this account or address has failed too often, whether or not the account exists.
+    """
+    email = normalize_email(body.email)
+    attempt = await throttle.admit(email, address)
+    try:
+        user = await session.scalar(select(User).where(User.email == email))
+        password_ok = await asyncio.to_thread(
+            security.verify_password, user.password_hash if user else None, body.password
+        )
+    except Exception:
+        await throttle.abandoned(attempt)
+        raise
     if user is None or not password_ok or not user.is_active or user.status != "active":
-        raise Unauthorized("invalid email or password")
+        raise Unauthorized("invalid email or password")  # the attempt stays counted
+    await throttle.succeeded(attempt)
     return await _issue_user_token(session, settings, user.id)
 
 
@@ -111,73 +128,111 @@ async def logout(session: AsyncSession, principal: Principal) -> None:
     )
 
 
-async def authenticate(session: AsyncSession, raw_token: str) -> Principal:
-    """Resolve a bearer token to its principal, or raise :class:`Unauthorized`."""
+# The guard's lookups, built once.  A user token comes with its user and, for a route inside
+# an organization, the user's role there (outer joins: no membership, no role): one
+# indexed round trip answers the whole question, so revocation is seen by the very next
+# request without any cache.
+_USER_TOKEN = (
+    select(
+        UserToken.id,
+        UserToken.revoked_at,
+        UserToken.expires_at,
+        User.id.label("user_id"),
+        User.is_active,
+        User.status,
+    )
+    .join(User, User.id == UserToken.user_id)
+    .where(UserToken.token_digest == bindparam("digest"))
+)
+_USER_TOKEN_IN_ORG = (
+    _USER_TOKEN.add_columns(Membership.role_id, Role.name, Role.is_system, Role.permissions)
+    .outerjoin(
+        Membership,
+        (Membership.user_id == User.id) & (Membership.organization_id == bindparam("org_id")),
+    )
+    .outerjoin(Role, Role.id == Membership.role_id)
+)
+_PLATFORM_TOKEN = select(
+    PlatformToken.id,
+    PlatformToken.is_active,
+    PlatformToken.expires_at,
+    PlatformToken.organization_id,
+    PlatformToken.permissions,
+    PlatformToken.last_used_at,
+).where(PlatformToken.token_digest == bindparam("digest"))
+
+
+async def authenticate(
+    connection: AsyncConnection, raw_token: str, org_id: UUID | None = None
+) -> tuple[Principal, OrgAccess | None]:
+    """Resolve a bearer token to its principal and, given ``org_id``, its access there.
+
+    Raises :class:`Unauthorized` for a token that is unknown, revoked or expired (before
+    anything else), then :class:`NotFound` if the principal has no access to ``org_id``.
+    ``connection`` should be in autocommit: reads only, and at most one write a minute.
+    """
     now = utcnow()
     digest = security.token_digest(raw_token)
     if raw_token.startswith(security.USER_TOKEN_PREFIX):
-        row = (
-            await session.execute(
-                select(UserToken, User)
-                .join(User, User.id == UserToken.user_id)
-                .where(UserToken.token_digest == digest)
+        if org_id is None:
+            result = await connection.execute(_USER_TOKEN, {"digest": digest})
+        else:
+            result = await connection.execute(
+                _USER_TOKEN_IN_ORG, {"digest": digest, "org_id": org_id}
             )
-        ).one_or_none()
+        row = result.one_or_none()
         if row is None:
             raise Unauthorized("invalid token")
-        token, user = row
-        if token.revoked_at is not None:
+        if row.revoked_at is not None:
             raise Unauthorized("token has been revoked")
-        if token.expires_at <= now:
+        if row.expires_at <= now:
             raise Unauthorized("token has expired")
-        if not user.is_active or user.status != "active":
+        if not row.is_active or row.status != "active":
             raise Unauthorized("account is not active")
-        return Principal(kind="user", token_id=token.id, user_id=user.id)
+        principal = Principal(kind="user", token_id=row.id, user_id=row.user_id)
+        if org_id is None:
+            return principal, None
+        role = (row.name, row.is_system, row.permissions) if row.role_id is not None else None
+        return principal, resolve_access(principal, org_id, role)
     if raw_token.startswith(security.PLATFORM_TOKEN_PREFIX):
-        pat = await session.scalar(
-            select(PlatformToken).where(PlatformToken.token_digest == digest)
-        )
+        pat = (await connection.execute(_PLATFORM_TOKEN, {"digest": digest})).one_or_none()
         if pat is None:
             raise Unauthorized("invalid token")
         if not pat.is_active:
             raise Unauthorized("token has been revoked")
         if pat.expires_at is not None and pat.expires_at <= now:
             raise Unauthorized("token has expired")
-        # At most one write a minute per token, guarded in SQL so concurrent requests agree.
-        await session.execute(
-            update(PlatformToken)
-            .where(
-                PlatformToken.id == pat.id,
-                (PlatformToken.last_used_at.is_(None))
-                | (PlatformToken.last_used_at < now - PLATFORM_TOKEN_TOUCH_INTERVAL),
+        stale = now - PLATFORM_TOKEN_TOUCH_INTERVAL
+        if pat.last_used_at is None or pat.last_used_at < stale:
+            # At most one write a minute per token: skipped in Python when the row just read
+            # is fresh, guarded in SQL so that concurrent requests agree.
+            await connection.execute(
+                update(PlatformToken)
+                .where(
+                    PlatformToken.id == pat.id,
+                    (PlatformToken.last_used_at.is_(None)) | (PlatformToken.last_used_at < stale),
+                )
+                .values(last_used_at=now)
             )
-            .values(last_used_at=now)
-            .execution_options(synchronize_session=False)
-        )
-        return Principal(
+        principal = Principal(
             kind="platform_token",
             token_id=pat.id,
             organization_id=pat.organization_id,
             permissions=frozenset(pat.permissions),
         )
+        return principal, None if org_id is None else resolve_access(principal, org_id, None)
     raise Unauthorized("invalid token")
 
 
-async def resolve_access(session: AsyncSession, principal: Principal, org_id: UUID) -> OrgAccess:
-    """The principal's access to ``org_id``; a non-member sees the organization as missing."""
+def resolve_access(
+    principal: Principal, org_id: UUID, role: tuple[str, bool, list[str]] | None
+) -> OrgAccess:
+    """The principal's access to ``org_id``, given a user's role there (name, is_system,
+    permissions; None for no membership); a non-member sees the organization as missing."""
     if principal.is_user:
-        row = (
-            await session.execute(
-                select(Role.name, Role.is_system, Role.permissions)
-                .join(Membership, Membership.role_id == Role.id)
-                .where(
-                    Membership.organization_id == org_id, Membership.user_id == principal.user_id
-                )
-            )
-        ).one_or_none()
-        if row is None:
+        if role is None:
             raise NotFound("organization not found")
-        name, is_system, permissions = row
+        name, is_system, permissions = role
         return OrgAccess(
             principal=principal,
             organization_id=org_id,
@@ -299,6 +354,22 @@ async def _role_in_org(session: AsyncSession, org_id: UUID, role_id: UUID) -> Ro
     return await one_in_org(session, Role, org_id, role_id, "role")
 
 
+async def _managed_role(session: AsyncSession, access: OrgAccess, role_id: UUID, verb: str) -> Role:
+    """The custom role ``role_id``, locked, if the caller may change or delete it: nobody
+    touches a role that holds a permission they lack (they could strip it from others)."""
+    role = await session.scalar(
+        select(Role)
+        .where(Role.id == role_id, Role.organization_id == access.organization_id)
+        .with_for_update()
+    )
+    if role is None:
+        raise NotFound("role not found")
+    if role.is_system:
+        raise Conflict(f"system roles cannot be {verb}d")
+    access.require_grantable(role.permissions, f"cannot {verb} a role holding permissions you lack")
+    return role
+
+
 async def _system_role(session: AsyncSession, org_id: UUID, name: str) -> Role:
     return await session.scalar(
         select(Role).where(Role.organization_id == org_id, Role.name == name, Role.is_system)
@@ -332,10 +403,9 @@ async def create_role(session: AsyncSession, access: OrgAccess, body: schemas.Ro
 async def update_role(
     session: AsyncSession, access: OrgAccess, role_id: UUID, body: schemas.RoleUpdate
 ) -> Role:
-    role = await _role_in_org(session, access.organization_id, role_id)
-    if role.is_system:
-        raise Conflict("system roles cannot be changed")
+    role = await _managed_role(session, access, role_id, "change")
     if body.permissions is not schemas.UNSET:
+        # The role holds nothing the caller lacks, so neither can a removal; check additions.
         access.require_grantable(body.permissions)
         role.permissions = ordered(body.permissions)
     if body.name is not schemas.UNSET:
@@ -347,9 +417,7 @@ async def update_role(
 
 async def delete_role(session: AsyncSession, access: OrgAccess, role_id: UUID) -> None:
     """Delete a custom role; its members fall back to GUEST and so lose its permissions."""
-    role = await _role_in_org(session, access.organization_id, role_id)
-    if role.is_system:
-        raise Conflict("system roles cannot be deleted")
+    role = await _managed_role(session, access, role_id, "delete")
     guest = await _system_role(session, access.organization_id, GUEST)
     await session.execute(
         update(Membership)
@@ -435,7 +503,9 @@ async def _managed_membership(
     membership, role = row
     if role.is_system and role.name == OWNER:
         raise Conflict(f"the organization owner cannot be {action}")
-    access.require_grantable(role.permissions)
+    access.require_grantable(
+        role.permissions, "cannot manage a member holding permissions you lack"
+    )
     return membership, role
 
 

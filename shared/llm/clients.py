@@ -8,7 +8,7 @@ from typing import Any
 
 import msgspec
 
-from shared.outbound.egress import EgressClient, EgressError, ProviderConfig
+from shared.outbound.egress import EgressClient, EgressError, EgressResponse, ProviderConfig
 
 ANTHROPIC_VERSION = "2023-06-01"
 
@@ -49,10 +49,11 @@ async def chat(
     )
 
 
-def _ok_json(egress: EgressClient, provider: ProviderConfig, response: Any, who: str) -> Any:
+def _ok_json(response: EgressResponse, who: str) -> Any:
     if response.status_code >= 400:
-        # Providers sometimes echo the key they were given: never let it into a message.
-        body = egress.policy.redact(response.text, provider.api_key)[:300]
+        # Providers sometimes echo the key they were given: egress redacted it (the key went
+        # out in a sensitive header) before this cut, so no part of it survives.
+        body = response.text[:300]
         raise LLMError(f"{who} answered HTTP {response.status_code}: {body}")
     try:
         return response.json()
@@ -84,7 +85,7 @@ async def _openai(
     headers = {"Authorization": f"Bearer {provider.api_key}"} if provider.api_key else {}
     url = provider.base_url.rstrip("/") + "/chat/completions"
     response = await egress.request("POST", url, json=body, headers=headers)
-    data = _ok_json(egress, provider, response, f"LLM provider {provider.provider}")
+    data = _ok_json(response, f"LLM provider {provider.provider}")
     try:
         content = data["choices"][0]["message"]["content"]
         usage = data.get("usage") or {}
@@ -128,7 +129,7 @@ async def _anthropic(
         headers["x-api-key"] = provider.api_key
     url = provider.base_url.rstrip("/") + "/v1/messages"
     response = await egress.request("POST", url, json=body, headers=headers)
-    data = _ok_json(egress, provider, response, "LLM provider anthropic")
+    data = _ok_json(response, "LLM provider anthropic")
     try:
         blocks = data["content"]
         content = "".join(b.get("text", "") for b in blocks if b.get("type") == "text")

@@ -15,6 +15,7 @@ from typing import Any
 import msgspec
 
 from shared.llm.clients import LLMError, chat
+from shared.metrics import judge_labels, observed_call
 from shared.outbound.egress import EgressClient, ProviderConfig
 
 VERDICT_SCHEMA: dict[str, Any] = {
@@ -99,6 +100,7 @@ def parse_verdict(content: str) -> tuple[str, str, str] | None:
     return None
 
 
+@observed_call("judge", judge_labels)
 async def judge(
     egress: EgressClient,
     provider: ProviderConfig,
@@ -128,6 +130,10 @@ async def judge(
         parsed = parse_verdict(result.content)
         if parsed is not None:
             verdict, critique, evidence = parsed
+            # The content came redacted from egress; parsing it unescaped its JSON strings,
+            # so what is kept is redacted again in its final form.
+            redactor = egress.policy.redactor(provider.api_key)
+            critique, evidence = redactor.text(critique), redactor.text(evidence)
             return Judgement(
                 verdict, critique, evidence, input_tokens, output_tokens, latency_ms, attempt
             )

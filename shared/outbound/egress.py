@@ -19,6 +19,11 @@ its connection pool hands out a kept-alive connection in constant time, where ht
 scanned every pooled connection on each request.  The session keeps no cookies, so
 nothing one organization's call was given rides along on another's.
 
+5. what comes back is redacted (:mod:`shared.outbound.redact`): the response's text, JSON
+   and headers, and every error raised, have each credential value of the organization and
+   each secret sent in an ``Authorization``-style header replaced, in every encoded form an
+   echo produces, so no caller can store, return or log one.
+
 Nothing here logs header values or bodies.
 """
 
@@ -41,6 +46,8 @@ from uuid import UUID
 import aiohttp
 import msgspec
 from multidict import CIMultiDict
+
+from shared.outbound.redact import Redactor, redactor_for, secret_of_header
 
 CREDENTIAL_REF = re.compile(r"\{\{\s*credentials\.([A-Za-z0-9_.-]{1,128})\s*\}\}")
 RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
@@ -99,7 +106,8 @@ class DomainRule:
 @dataclass(frozen=True, slots=True)
 class EgressPolicy:
     rules: list[DomainRule]
-    credentials: dict[str, str] = field(default_factory=dict)
+    # Every credential of the organization: the referenced ones are injected, all redacted.
+    credentials: dict[str, str] = field(default_factory=dict, repr=False)
     allow_private: bool = False
 
     def rule_for(self, host: str) -> DomainRule | None:
@@ -109,12 +117,14 @@ class EgressPolicy:
             return None
         return max(matching, key=lambda r: (not r.pattern.startswith("*."), len(r.pattern)))
 
+    def redactor(self, *extra_secrets: str | None) -> Redactor:
+        """What takes every credential value (and ``extra_secrets``) out of a text."""
+        extra = (secret for secret in extra_secrets if secret)
+        return redactor_for(frozenset((*self.credentials.values(), *extra)))
+
     def redact(self, text: str, *extra_secrets: str | None) -> str:
-        """``text`` with every credential value it knows replaced, for error messages."""
-        for secret in (*self.credentials.values(), *extra_secrets):
-            if secret and len(secret) >= 4:
-                text = text.replace(secret, "[redacted]")
-        return text
+        """``text`` with every credential value (and ``extra_secrets``) replaced."""
+        return self.redactor(*extra_secrets).text(text)
 
     def resolve_templates(self, values: Mapping[str, str]) -> dict[str, str]:
         def substitute(match: Any) -> str:
@@ -177,22 +187,40 @@ async def system_resolver(host: str, port: int) -> list[str]:
 
 @dataclass(slots=True)
 class EgressResponse:
+    """A response as Spar may use it: everything read from it is redacted."""
+
     status_code: int
-    headers: Mapping[str, str]  # case-insensitive
-    content: bytes
+    headers: Mapping[str, str]  # case-insensitive, values redacted
+    raw: bytes = field(repr=False)  # as received: read it through content, text or json()
     url: str
     latency_ms: float  # whole call, retries and redirects included
     attempts: int
+    redactor: Redactor = field(repr=False)
+
+    @property
+    def content(self) -> bytes:
+        return self.redactor.bytes(self.raw)
 
     def json(self) -> Any:
-        return msgspec.json.decode(self.content)
+        # Decoded first: a secret written with JSON escapes is matched once unescaped.
+        return self.redactor.value(msgspec.json.decode(self.raw))
 
     @property
     def text(self) -> str:
-        return self.content.decode("utf-8", errors="replace")
+        return self.redactor.text(self.raw.decode("utf-8", errors="replace"))
 
 
 _SENSITIVE = frozenset({"authorization", "proxy-authorization", "cookie", "x-api-key"})
+
+
+def _sent_secrets(headers: Mapping[str, str]) -> list[str]:
+    """The secrets a caller put in sensitive headers (a provider's API key), scheme-less."""
+    return [
+        secret
+        for name, value in headers.items()
+        if name.lower() in _SENSITIVE
+        for secret in (value, secret_of_header(value))
+    ]
 
 
 def _origin(url: str) -> tuple[str, str | None, int | None]:
@@ -284,6 +312,21 @@ class EgressClient:
         json: Any = None,
         headers: Mapping[str, str] | None = None,
     ) -> EgressResponse:
+        redactor = self.policy.redactor(*_sent_secrets(headers or {}))
+        try:
+            return await self._request(method, url, json, headers, redactor)
+        except EgressError as exc:
+            exc.args = tuple(redactor.text(a) if isinstance(a, str) else a for a in exc.args)
+            raise
+
+    async def _request(
+        self,
+        method: str,
+        url: str,
+        json: Any,
+        headers: Mapping[str, str] | None,
+        redactor: Redactor,
+    ) -> EgressResponse:
         started = time.perf_counter()
         attempts = 0
         for _hop in range(self._max_redirects + 1):
@@ -292,11 +335,14 @@ class EgressClient:
             if response.status not in REDIRECT_STATUSES or "location" not in response.headers:
                 return EgressResponse(
                     status_code=response.status,
-                    headers=response.headers,
-                    content=response.content,
+                    headers=CIMultiDict(
+                        (name, redactor.text(value)) for name, value in response.headers.items()
+                    ),
+                    raw=response.content,
                     url=url,
                     latency_ms=(time.perf_counter() - started) * 1000,
                     attempts=attempts,
+                    redactor=redactor,
                 )
             next_url = urljoin(url, response.headers["location"])
             if _origin(next_url) != _origin(url):

@@ -8,7 +8,7 @@ from uuid import UUID
 
 import msgspec
 
-from shared.schemas import Input, Name255, Output, text
+from shared.schemas import STORABLE, Input, Name255, Output, text
 
 UNSET = msgspec.UNSET
 UnsetType = msgspec.UnsetType
@@ -17,7 +17,14 @@ CREDENTIAL_KEY_PATTERN = "^[A-Za-z0-9_.-]{1,128}$"
 CredentialKey = Annotated[str, msgspec.Meta(pattern=CREDENTIAL_KEY_PATTERN)]
 Url = Annotated[str, text(1, 2048, description="An http(s) URL.")]
 Model = Annotated[str, text(1, 255)]
-HeaderMap = dict[Annotated[str, text(1, 255)], Annotated[str, text(0, 8192)]]
+# Free-form like JsonObject, so NUL and lone surrogates are refused at the offending key.
+HeaderMap = Annotated[
+    dict[
+        Annotated[str, msgspec.Meta(min_length=1, max_length=255)],
+        Annotated[str, msgspec.Meta(max_length=8192)],
+    ],
+    STORABLE,
+]
 ProviderKind = Literal["openai", "anthropic", "openai_compatible"]
 AgentKind = Literal["http", "llm"]
 AgentProtocol = Literal["spar", "openai_chat"]

@@ -449,13 +449,13 @@ async def _changed(session: AsyncSession, org_id: UUID) -> None:
 
 
 async def _decrypted_credentials(
-    session: AsyncSession, settings: Settings, org_id: UUID, keys: set[str]
+    session: AsyncSession, settings: Settings, org_id: UUID, keys: set[str] | None
 ) -> dict[str, str]:
-    if not keys:
+    """The values of ``keys`` (all of the organization's when ``None``)."""
+    if keys is not None and not keys:
         return {}
-    rows = await session.scalars(
-        select(Credential).where(Credential.organization_id == org_id, Credential.key.in_(keys))
-    )
+    query = select(Credential).where(Credential.organization_id == org_id)
+    rows = await session.scalars(query if keys is None else query.where(Credential.key.in_(keys)))
     box = secret_box(settings.secret_key)
     return {row.key: box.decrypt(row.ciphertext) for row in rows}
 
@@ -466,8 +466,9 @@ async def load_egress_policy(
     domains = list(
         await session.scalars(select(AllowedDomain).where(AllowedDomain.organization_id == org_id))
     )
-    keys = set().union(*(referenced_credentials(d.headers, d.query_params) for d in domains))
-    credentials = await _decrypted_credentials(session, settings, org_id, keys)
+    # All of them, not only the referenced ones: egress redacts every value from what it
+    # brings back (a provider's key, a value an agent learnt some other way).
+    credentials = await _decrypted_credentials(session, settings, org_id, None)
     return EgressPolicy(
         rules=[
             DomainRule(pattern=d.domain, headers=dict(d.headers), query_params=dict(d.query_params))

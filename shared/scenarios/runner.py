@@ -25,44 +25,21 @@ from typing import Any
 from uuid import UUID
 
 import aiohttp
-from jinja2 import StrictUndefined, Template, TemplateError, nodes
-from jinja2.exceptions import SecurityError
-from jinja2.sandbox import SandboxedEnvironment
+from jinja2 import Template, TemplateError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from shared.errors import NotFound
 from shared.llm.judge import Judgement, judge
+from shared.metrics import RUNS_IN_FLIGHT, in_flight, run_finished
 from shared.outbound.agents import AgentConfig, call_agent
 from shared.outbound.egress import EgressClient, EgressError, ProviderConfig
 from shared.outbound.services import load_outbound
 from shared.scenarios import checks, store
+from shared.scenarios.templates import MAX_RENDERED_CHARS, uses_reserved_name
+from shared.scenarios.templates import environment as _templates
 from shared.settings import Settings
 
 log = logging.getLogger("spar.runs")
-
-MAX_RENDERED_CHARS = 100_000
-
-
-class _Sandbox(SandboxedEnvironment):
-    """Jinja's sandbox, also refusing the arithmetic that builds huge values."""
-
-    intercepted_binops = frozenset({"*", "**"})
-
-    def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
-        if operator == "**":
-            raise SecurityError("the power operator is not allowed in templates")
-        if isinstance(left, int) and not isinstance(left, bool) and isinstance(right, str | list):
-            left, right = right, left
-        if (
-            isinstance(left, str | list)
-            and isinstance(right, int)
-            and len(left) * right > MAX_RENDERED_CHARS
-        ):
-            raise SecurityError("template value too large")
-        return super().call_binop(context, operator, left, right)
-
-
-_templates = _Sandbox(undefined=StrictUndefined, autoescape=False)
 
 
 class RunAborted(Exception):
@@ -78,8 +55,8 @@ def _compiled(template: str) -> Template:
     """A user message template parsed, checked and compiled once per worker process (a
     batch renders the same few templates hundreds of times)."""
     parsed = _templates.parse(template)
-    if any(node.name == "self" for node in parsed.find_all(nodes.Name)):
-        # Jinja binds "self" to the template itself; it cannot be a context variable.
+    if uses_reserved_name(parsed):
+        # Scenarios saved before templates were checked at save may still hold one.
         raise RunAborted(
             "user message template failed: 'self' is reserved in templates; "
             "rename that customer_context key"
@@ -209,9 +186,13 @@ async def finish(
     """Move a non-terminal run to ``status``, counted in its batch with the run that takes
     its place handed out (:func:`shared.scenarios.store.end`): ``None`` when the run was
     already terminal, else the successors to send."""
-    return await store.end(factory, run_id, status, error)
+    successors = await store.end(factory, run_id, status, error)
+    if successors is not None:
+        run_finished(status)
+    return successors
 
 
+@in_flight(RUNS_IN_FLIGHT)
 async def execute_run(
     factory: async_sessionmaker[AsyncSession],
     settings: Settings,
@@ -327,8 +308,12 @@ async def _run_turns(
             ],
             cost,
             end=("passed" if all_passed else "failed") if last else None,
+            # The turns a failed required turn leaves unplayed, recorded with the run's end.
+            skipped=[t["order_index"] for t in remaining[position + 1 :]] if stopped else (),
         )
         if outcome is None or last:
+            if outcome is not None:
+                run_finished("passed" if all_passed else "failed")
             return outcome
         context.cost = cost
         history = conversation

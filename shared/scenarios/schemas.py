@@ -8,7 +8,7 @@ from uuid import UUID
 
 import msgspec
 
-from shared.schemas import Input, Name255, Output, text
+from shared.schemas import Input, JsonObject, Name255, Output, text
 
 UNSET = msgspec.UNSET
 UnsetType = msgspec.UnsetType
@@ -16,6 +16,7 @@ UnsetType = msgspec.UnsetType
 CriteriaType = Literal["llm_evaluated", "contains", "not_contains", "regex"]
 Verdict = Literal["PASS", "FAIL"]
 RunStatus = Literal["pending", "running", "passed", "failed", "error"]
+TurnStatus = Literal["passed", "failed", "skipped"]
 TERMINAL_STATUSES = frozenset({"passed", "failed", "error"})
 OPEN_STATUSES = ("pending", "running")  # a run in these may still move; never back to them
 Tag = Annotated[str, text(1, 100)]
@@ -50,7 +51,7 @@ class ScenarioCreate(Input):
     turns: TurnList
     description: LongText | None = None
     tags: Annotated[list[Tag], msgspec.Meta(max_length=50)] = []
-    customer_context: dict[str, Any] = {}
+    customer_context: JsonObject = {}
 
 
 class ScenarioUpdate(Input):
@@ -59,7 +60,7 @@ class ScenarioUpdate(Input):
     name: Name255 | UnsetType | None = UNSET
     description: LongText | UnsetType | None = UNSET
     tags: Annotated[list[Tag], msgspec.Meta(max_length=50)] | UnsetType | None = UNSET
-    customer_context: dict[str, Any] | UnsetType = UNSET
+    customer_context: JsonObject | UnsetType = UNSET
     turns: (
         Annotated[list[ScenarioTurnCreate], msgspec.Meta(min_length=1, max_length=200)]
         | UnsetType
@@ -144,6 +145,10 @@ class ScenarioTurnResultRead(Output):
     passed: bool
     response_content: str
     criteria_results: list[CriterionResultRead]
+    # The message sent to the agent, rendered from the turn's template ("" when skipped).
+    user_message: str
+    # ``skipped``: not played, because an earlier required turn failed.
+    status: TurnStatus
 
 
 class ScenarioRunRead(Output):
@@ -158,6 +163,7 @@ class ScenarioRunRead(Output):
     session_id: str | None = None
     cost_summary: dict[str, Any] = {}
     error_message: str | None = None
+    batch_run_id: UUID | None = None  # the batch the run belongs to; null for a single run
     turn_results: list[ScenarioTurnResultRead] | UnsetType = UNSET
 
 

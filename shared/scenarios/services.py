@@ -38,12 +38,19 @@ from shared.errors import InvalidInput, NotFound
 from shared.identity.access import OrgAccess
 from shared.outbound.services import agent_in_org
 from shared.paging import Paging, paginate
-from shared.scenarios import schemas
+from shared.scenarios import schemas, templates
 from shared.scenarios.checks import PatternError, compile_pattern
 
 
-def _check_criteria(turns: list[schemas.ScenarioTurnCreate]) -> None:
+def _check_turns(turns: list[schemas.ScenarioTurnCreate], customer_context: dict[str, Any]) -> None:
+    """Refuse turns a run could never play: a user message template that cannot render
+    with ``customer_context``, a regular expression that does not compile."""
     for t, turn in enumerate(turns):
+        problem = templates.problem(turn.user_message, customer_context)
+        if problem is not None:
+            raise InvalidInput(
+                ("body", "turns", str(t), "user_message"), problem, input=turn.user_message
+            )
         for c, criterion in enumerate(turn.criteria):
             if criterion.criteria_type == "regex":
                 try:
@@ -105,7 +112,7 @@ async def get_scenario(session: AsyncSession, access: OrgAccess, scenario_id: UU
 async def create_scenario(
     session: AsyncSession, access: OrgAccess, body: schemas.ScenarioCreate
 ) -> Scenario:
-    _check_criteria(body.turns)
+    _check_turns(body.turns, body.customer_context)
     scenario_id = uuid.uuid4()
     scenario = Scenario(
         id=scenario_id,
@@ -135,10 +142,20 @@ async def update_scenario(
     if body.customer_context is not schemas.UNSET:
         scenario.customer_context = body.customer_context
     if body.turns not in (schemas.UNSET, None):
-        _check_criteria(body.turns)
+        _check_turns(body.turns, scenario.customer_context)
         scenario.turns.clear()
         await session.flush()  # old turns (and their criteria) go before new order_index rows
         scenario.turns.extend(_build_turns(scenario.id, body.turns))
+    elif body.customer_context is not schemas.UNSET:
+        # The turns kept must still render with the new context.
+        for turn in scenario.turns:
+            problem = templates.problem(turn.user_message, body.customer_context)
+            if problem is not None:
+                raise InvalidInput(
+                    ("body", "customer_context"),
+                    f"turn {turn.order_index}: {problem}",
+                    input=body.customer_context,
+                )
     scenario.updated_at = utcnow()
     await session.flush()
     return await get_scenario(session, access, scenario_id)
@@ -387,11 +404,16 @@ async def list_runs(
     *,
     scenario_id: UUID | None = None,
     agent_id: UUID | None = None,
+    batch_run_id: UUID | None = None,
     status: str | None = None,
 ) -> tuple[list[ScenarioRun], int]:
+    """The organization's runs, newest first, filtered by what is given (a batch of
+    another organization, like its scenarios and agents, matches nothing)."""
     query = select(ScenarioRun).where(ScenarioRun.organization_id == access.organization_id)
     if scenario_id:
         query = query.where(ScenarioRun.scenario_id == scenario_id)
+    if batch_run_id:
+        query = query.where(ScenarioRun.batch_run_id == batch_run_id)
     if agent_id:
         query = query.where(ScenarioRun.agent_id == agent_id)
     if status:
@@ -450,6 +472,8 @@ def run_read(run: ScenarioRun, *, with_results: bool) -> schemas.ScenarioRunRead
                 passed=turn.passed,
                 response_content=turn.response_content,
                 criteria_results=[_criterion_result_read(c) for c in turn.criteria_results],
+                user_message=turn.user_message,
+                status="skipped" if turn.skipped else "passed" if turn.passed else "failed",
             )
             for turn in run.turn_results
         ]
@@ -465,6 +489,7 @@ def run_read(run: ScenarioRun, *, with_results: bool) -> schemas.ScenarioRunRead
         session_id=run.session_id,
         cost_summary=dict(run.cost_summary),
         error_message=run.error_message,
+        batch_run_id=run.batch_run_id,
         turn_results=results,
     )
 

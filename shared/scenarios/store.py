@@ -6,7 +6,8 @@ statements, and each state change costs as little as the backend allows:
 * on PostgreSQL, every state change is **one statement that commits on its own**
   (data-modifying CTEs), executed straight on psycopg (:mod:`shared.db.direct`): a turn
   with its criterion results and the run's cost; a run's end with its batch's count and
-  its successor's hand-out.  Atomic by itself, with no BEGIN or COMMIT round trip, and
+  its successor's hand-out (and, when a failed required turn stopped it, the turns left
+  unplayed, recorded as skipped).  Atomic by itself, with no BEGIN or COMMIT round trip, and
   its row locks released the moment it ends — the batch row, which every run of a batch
   writes, is never held across a round trip to a busy worker;
 * elsewhere (SQLite, ``spar dev``) the same changes run as short SQLAlchemy transactions
@@ -21,9 +22,11 @@ UPDATE's SET clause.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import uuid
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 from uuid import UUID
 
@@ -37,8 +40,10 @@ from sqlalchemy import (
     Uuid,
     bindparam,
     column,
+    false,
     func,
     insert,
+    literal,
     literal_column,
     or_,
     select,
@@ -223,6 +228,7 @@ _TURN_COLUMNS = (
     "response_content",
     "passed",
     "stopped_early",
+    "skipped",
     "created_at",
 )
 _RESULT_COLUMNS = (
@@ -259,19 +265,47 @@ _results_given = (
     )
     .render_derived(with_types=True)
 )
+# The turns a stopped run leaves unplayed (ids and indexes), one JSON array too.
+_skipped_given = (
+    func.jsonb_to_recordset(bindparam("p_skipped", type_=JSONB()))
+    .table_valued(column("id", Uuid()), column("turn_index", Integer()))
+    .render_derived(with_types=True)
+)
+
+
+def _skipped_rows(run_id: UUID, turn_indexes: Sequence[int], now: datetime) -> list[dict[str, Any]]:
+    """The turn results of turns not played: no message sent, nothing answered or judged."""
+    return [
+        {
+            "id": uuid.uuid4(),
+            "run_id": run_id,
+            "turn_index": index,
+            "user_message": "",
+            "response_content": "",
+            "passed": False,
+            "stopped_early": False,
+            "skipped": True,
+            "created_at": now,
+        }
+        for index in turn_indexes
+    ]
 
 
 def _in_one(run_change: Update, *, turn: bool, end: bool) -> Statement:
     """PostgreSQL: ``run_change`` (an UPDATE of the run ``RETURNING id, batch_run_id``) with,
     in the same statement, the turn and its criterion results written after it (``turn``)
-    and the run's successor handed out and its batch's count (``end``)."""
+    and the run's successor handed out and its batch's count (``end``); with both, the
+    turns left unplayed (``:p_skipped``) are written too."""
     run = run_change.cte("run")
     counts = [select(func.count()).select_from(run).scalar_subquery().label("changed")]
     if turn:
         written = (
             insert(_turns)
-            .from_select(_TURN_COLUMNS, select(_turn_values[0], run.c.id, *_turn_values[1:], NOW))
-            .returning(_turns.c.id)
+            .from_select(
+                _TURN_COLUMNS,
+                select(_turn_values[0], run.c.id, *_turn_values[1:], false(), NOW),
+            )
+            .returning(_turns.c.id, _turns.c.run_id)
             .cte("turn")
         )
         results = (
@@ -288,6 +322,28 @@ def _in_one(run_change: Update, *, turn: bool, end: bool) -> Statement:
             .cte("results")
         )
         counts.append(select(func.count()).select_from(results).scalar_subquery().label("results"))
+    if turn and end:
+        empty = literal("")
+        skipped = (
+            insert(_turns)
+            .from_select(
+                _TURN_COLUMNS,
+                select(
+                    _skipped_given.c.id,
+                    written.c.run_id,
+                    _skipped_given.c.turn_index,
+                    empty,
+                    empty,
+                    false(),
+                    false(),
+                    true(),
+                    NOW,
+                ).select_from(written.join(_skipped_given, true())),
+            )
+            .returning(_turns.c.id)
+            .cte("skipped")
+        )
+        counts.append(select(func.count()).select_from(skipped).scalar_subquery().label("skipped"))
     if end:
         batch = select(run.c.batch_run_id).scalar_subquery()
         handed = hand_over(batch).cte("handed")
@@ -316,12 +372,14 @@ async def record_turn(
     cost: dict[str, Any],
     *,
     end: str | None = None,
+    skipped: Sequence[int] = (),
 ) -> list[UUID] | None:
     """Write one turn (``turn_index``, ``user_message``, ``response_content``, ``passed``,
     ``stopped_early``), its criterion results (``id``, ``criteria_id``, ``order_index``,
     ``verdict``, ``critique``, ``evidence``, ``input_tokens``, ``output_tokens``) and the
     run's cost so far, all or nothing — and, for the run's last turn, its end as ``end``
-    (see :func:`end`), in the same commit.
+    (see :func:`end`) with the turns it leaves unplayed (``skipped``, their indexes), in
+    the same commit.
 
     ``None`` when the run is no longer running or the turn is already written (another
     delivery got there first); otherwise the successors the end handed out (none without
@@ -340,9 +398,14 @@ async def record_turn(
     }
     if end is not None:
         params["p_status"] = end
+    elif skipped:
+        raise ValueError("turns are skipped only by the run's end")
     if _on_postgres(factory):
         statement = _RECORD_IN_ONE if end is None else _RECORD_AND_END_IN_ONE
-        extra = {} if end is None else end_counts(end)
+        extra: dict[str, Any] = {}
+        if end is not None:
+            rows = [{"id": uuid.uuid4(), "turn_index": index} for index in skipped]
+            extra = {**end_counts(end), "p_skipped": rows}
         try:
             async with _direct(factory) as conn:
                 (written,) = await statement.rows(conn, **params, **extra, p_results=results)
@@ -366,6 +429,8 @@ async def record_turn(
                 await conn.execute(
                     insert(_results), [{**r, "turn_result_id": turn_id} for r in results]
                 )
+            if skipped:
+                await conn.execute(insert(_turns), _skipped_rows(run_id, skipped, now))
             if end is None or changed.batch_run_id is None:
                 return []
             return await settle_run(session, changed.batch_run_id, end)

@@ -69,7 +69,15 @@ BATCH_FIELDS = {
     "updated_at",
     "error_message",
 }
-SUMMARY_FIELDS = {"id", "scenario_id", "scenario_name", "status", "passed_turns", "total_turns"}
+SUMMARY_FIELDS = {
+    "id",
+    "scenario_id",
+    "scenario_name",
+    "status",
+    "passed_turns",
+    "total_turns",
+    "completed_at",
+}
 TERMINAL = {"passed", "failed", "error"}
 
 
@@ -94,6 +102,10 @@ class World:
     @property
     def batches(self) -> str:
         return f"/v1/orgs/{self.t.id}/scenarios/batch-runs"
+
+    @property
+    def runs(self) -> str:
+        return f"/v1/orgs/{self.t.id}/scenarios/runs"
 
 
 async def make_world(
@@ -129,9 +141,10 @@ def failing_turn(n: int = 0) -> dict[str, Any]:
 
 
 def error_turn() -> dict[str, Any]:
-    # StrictUndefined: rendering fails, so the run ends as ``error`` without calling anyone.
+    # Saved (nothing wrong shows before rendering), but the sandbox refuses to build so large
+    # a value: the run ends as ``error`` without calling anyone.
     return {
-        "user_message": "hello {{ no_such_variable }}",
+        "user_message": "hello {{ 'x' * 1000000000 }}",
         "criteria": [{"question": "hello", "criteria_type": "contains"}],
     }
 
@@ -431,6 +444,63 @@ async def test_listing_filters_by_status_and_pages(
         assert response.json()["detail"][0]["loc"][0] == "query"
 
 
+async def test_runs_of_a_batch_are_listed_by_batch_run_id(
+    client: AsyncTestClient, app: Litestar, settings: Settings, agent: FakeAgent
+) -> None:
+    w = await make_world(client, agent)
+    other = await make_world(client, agent)
+    one = await make_scenario(client, w, "one", tags=["a"])
+    two = await make_scenario(client, w, "two", tags=["a"], turns=[failing_turn()])
+    first = await create_batch(client, w, tags=["a"])
+    second = await create_batch(client, w, scenario_ids=[one["id"]])
+    single = await client.post(
+        f"/v1/orgs/{w.t.id}/scenarios/{one['id']}/run",
+        json={"agent_id": w.agent_id},
+        headers=w.headers,
+    )
+    assert single.status_code == 201, single.text
+    await make_scenario(client, other, "theirs", tags=["a"])
+    theirs = await create_batch(client, other, tags=["a"])
+    await drain(app, settings, first["id"])
+
+    async def listed(world: World, query: str) -> dict[str, Any]:
+        response = await client.get(f"{world.runs}?{query}", headers=world.headers)
+        assert response.status_code == 200, response.text
+        return response.json()
+
+    detail = await get_batch(client, w, first["id"])
+    of_first = await listed(w, f"batch_run_id={first['id']}")
+    assert of_first["total"] == 2
+    assert sorted(r["id"] for r in of_first["runs"]) == sorted(r["id"] for r in detail["runs"])
+    assert all(r["batch_run_id"] == first["id"] for r in of_first["runs"])
+    assert all("turn_results" not in r for r in of_first["runs"])
+    of_second = await listed(w, f"batch_run_id={second['id']}")
+    assert [r["batch_run_id"] for r in of_second["runs"]] == [second["id"]]
+    # The filter combines with the others.
+    failed = await listed(w, f"batch_run_id={first['id']}&status=failed")
+    assert ([r["scenario_id"] for r in failed["runs"]], failed["total"]) == ([two["id"]], 1)
+    assert (await listed(w, f"batch_run_id={second['id']}&status=passed"))["total"] == 0
+    # Without the filter, the single run is there too, in no batch; a run read says which.
+    everything = await listed(w, "")
+    assert everything["total"] == 4
+    by_batch = sorted(str(r["batch_run_id"]) for r in everything["runs"])
+    assert by_batch == sorted([first["id"], first["id"], second["id"], "None"])
+    run = await client.get(f"{w.runs}/{detail['runs'][0]['id']}", headers=w.headers)
+    assert run.json()["batch_run_id"] == first["id"]
+    assert (await client.get(f"{w.runs}/{single.json()['id']}", headers=w.headers)).json()[
+        "batch_run_id"
+    ] is None
+
+    # Another organization's batch, or none at all, matches nothing (as a foreign scenario or
+    # agent does): its runs stay invisible either way.
+    for world, batch_id in ((w, theirs["id"]), (other, first["id"]), (w, str(uuid.uuid4()))):
+        assert await listed(world, f"batch_run_id={batch_id}") == {"runs": [], "total": 0}
+    assert (await listed(other, f"batch_run_id={theirs['id']}"))["total"] == 1
+    response = await client.get(f"{w.runs}?batch_run_id=nope", headers=w.headers)
+    assert response.status_code == 422, response.text
+    assert response.json()["detail"][0]["loc"] == ["query", "batch_run_id"]
+
+
 async def test_unknown_or_malformed_batch_ids(client: AsyncTestClient, agent: FakeAgent) -> None:
     w = await make_world(client, agent)
     missing = str(uuid.uuid4())
@@ -603,6 +673,7 @@ async def test_counters_are_exact_and_the_batch_completes(
         "pass-c": [passing_turn(0), passing_turn(1), passing_turn(2)],
         "fail-a": [passing_turn(0), failing_turn(1)],
         "fail-b": [failing_turn(0)],
+        "stop-a": [{**failing_turn(0), "required": True}, passing_turn(1), passing_turn(2)],
         "error-a": [error_turn()],
     }
     for name, turns in kinds.items():
@@ -616,10 +687,10 @@ async def test_counters_are_exact_and_the_batch_completes(
 
     done = await get_batch(client, w, batch["id"])
     assert done["status"] == "completed", done
-    assert done["total_scenarios"] == done["completed_scenarios"] == 6
+    assert done["total_scenarios"] == done["completed_scenarios"] == 7
     assert (done["passed_scenarios"], done["failed_scenarios"], done["error_scenarios"]) == (
         3,
-        2,
+        3,
         1,
     )
     assert_counts_add_up(done)
@@ -636,8 +707,18 @@ async def test_counters_are_exact_and_the_batch_completes(
         "pass-c": ("passed", 3, 3),
         "fail-a": ("failed", 1, 2),
         "fail-b": ("failed", 0, 1),
+        "stop-a": ("failed", 0, 3),  # its two skipped turns count in total_turns only
         "error-a": ("error", 0, 1),
     }
+    # The summaries agree with the runs' own turn results, skipped turns included.
+    for name, summary in summaries.items():
+        run = await client.get(f"{w.runs}/{summary['id']}", headers=w.headers)
+        results = run.json()["turn_results"]
+        assert summary["passed_turns"] == sum(r["status"] == "passed" for r in results), name
+        if summary["status"] != "error":
+            assert summary["total_turns"] == len(results), name
+    stopped = await client.get(f"{w.runs}/{summaries['stop-a']['id']}", headers=w.headers)
+    assert [r["status"] for r in stopped.json()["turn_results"]] == ["failed", "skipped", "skipped"]
     # The counters match the runs themselves.
     statuses = [r["status"] for r in done["runs"]]
     assert statuses.count("passed") == done["passed_scenarios"]
@@ -1063,8 +1144,17 @@ async def test_events_of_a_finished_batch_stream_every_run_then_end(
     assert sorted(r["id"] for r in runs) == sorted(r["id"] for r in final["runs"])
     by_id = {r["id"]: r for r in final["runs"]}
     for run in runs:
-        assert run["status"] == by_id[run["id"]]["status"]
-        assert run["scenario_id"] == by_id[run["id"]]["scenario_id"]
+        # Each event is the batch detail's summary of the run: name and turn counts too.
+        assert run == by_id[run["id"]]
+        assert set(run) == SUMMARY_FIELDS
+        assert run["completed_at"] is not None
+    assert sorted((r["scenario_name"], r["passed_turns"], r["total_turns"]) for r in runs) == [
+        ("bad", 0, 1),
+        ("s0", 1, 1),
+        ("s1", 1, 1),
+        ("s2", 1, 1),
+        ("s3", 1, 1),
+    ]
     end = events[-1][1]
     assert end["status"] == "completed"
     assert end["completed_scenarios"] == end["total_scenarios"] == 5

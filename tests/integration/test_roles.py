@@ -384,6 +384,96 @@ async def test_nobody_creates_a_role_with_permissions_they_lack(client: AsyncTes
     }
 
 
+async def role_manager(client: AsyncTestClient, org: Tenant, permissions: list[str]) -> Caller:
+    """A member whose custom role holds ``permissions``."""
+    role = await create_role(client, org.owner, org.id, f"Manager {len(permissions)}", permissions)
+    assert role.status_code == 201, role.text
+    return await add_member(client, org.owner, org.id, role.json()["id"])
+
+
+async def test_nobody_strips_or_deletes_a_role_holding_permissions_they_lack(
+    client: AsyncTestClient,
+) -> None:
+    org = await tenant(client)
+    manager = await role_manager(client, org, ["roles:write"])
+    target = (
+        await create_role(
+            client, org.owner, org.id, "Key holder", ["credentials:read", "credentials:write"]
+        )
+    ).json()
+    holder = await add_member(client, org.owner, org.id, target["id"])
+    path = roles_path(org.id, target["id"])
+
+    stripped = await client.patch(
+        path, json={"permissions": ["credentials:read"]}, headers=manager.headers
+    )
+    emptied = await client.patch(path, json={"permissions": []}, headers=manager.headers)
+    renamed = await client.patch(path, json={"name": "Nobody"}, headers=manager.headers)
+    deleted = await client.delete(path, headers=manager.headers)
+
+    for response in (stripped, emptied, renamed, deleted):
+        assert_detail(response, 403)
+    assert "credentials:write" in deleted.json()["detail"]
+    assert (await client.get(path, headers=org.owner.headers)).json() == target
+    access = await access_in(client, holder, org.id)
+    assert access["role"]["id"] == target["id"]
+    assert "credentials:write" in access["permissions"]
+
+
+async def test_nobody_adds_or_removes_a_permission_they_lack(client: AsyncTestClient) -> None:
+    org = await tenant(client)
+    manager = await role_manager(client, org, ["roles:read", "roles:write", "agents:write"])
+    role = (await create_role(client, manager, org.id, "Builder", ["agents:write"])).json()
+    path = roles_path(org.id, role["id"])
+
+    added = await client.patch(
+        path, json={"permissions": ["agents:write", "credentials:write"]}, headers=manager.headers
+    )
+    swapped = await client.patch(
+        path, json={"permissions": ["credentials:read"]}, headers=manager.headers
+    )
+
+    assert_detail(added, 403)
+    assert "credentials:write" in added.json()["detail"]
+    assert_detail(swapped, 403)
+    assert (await client.get(path, headers=org.owner.headers)).json() == role
+
+
+async def test_a_role_within_the_callers_permissions_can_be_changed_and_deleted(
+    client: AsyncTestClient,
+) -> None:
+    org = await tenant(client, with_roles=("ADMIN",))
+    manager = await role_manager(
+        client, org, ["roles:read", "roles:write", "agents:read", "agents:write"]
+    )
+    owned = (await create_role(client, org.owner, org.id, "Builder", ["agents:write"])).json()
+    path = roles_path(org.id, owned["id"])
+
+    widened = await client.patch(
+        path, json={"permissions": ["agents:read", "agents:write"]}, headers=manager.headers
+    )
+    narrowed = await client.patch(
+        path, json={"name": "Reader", "permissions": ["agents:read"]}, headers=manager.headers
+    )
+    deleted = await client.delete(path, headers=manager.headers)
+
+    assert widened.status_code == 200, widened.text
+    assert widened.json()["permissions"] == ["agents:read", "agents:write"]
+    assert narrowed.status_code == 200, narrowed.text
+    assert narrowed.json()["name"] == "Reader"
+    assert narrowed.json()["permissions"] == ["agents:read"]
+    assert deleted.status_code == 204, deleted.text
+    assert "Reader" not in await roles_names(client, org)
+    # ADMIN and OWNER hold every permission: any custom role is theirs to edit and delete.
+    for caller in (org.members["ADMIN"], org.owner):
+        role = (await create_role(client, org.owner, org.id, "Keys", ["credentials:write"])).json()
+        path = roles_path(org.id, role["id"])
+        stripped = await client.patch(path, json={"permissions": []}, headers=caller.headers)
+        assert stripped.status_code == 200, stripped.text
+        assert stripped.json()["permissions"] == []
+        assert (await client.delete(path, headers=caller.headers)).status_code == 204
+
+
 async def test_a_viewer_can_list_roles_but_not_create_them(client: AsyncTestClient) -> None:
     org = await tenant(client, with_roles=("VIEWER", "GUEST"))
     viewer = org.members["VIEWER"]

@@ -114,7 +114,17 @@ async def test_a_batch_plays_to_the_end_with_exact_counts_on_sqlite(
     run = await client.get(f"{base}/scenarios/runs/{by_name['pass 0']['id']}", headers=headers)
     turns = run.json()["turn_results"]
     assert [t["response_content"] for t in turns] == ["Echo: hello Ada", "Echo: bye"]
+    assert [t["user_message"] for t in turns] == ["hello Ada", "bye"]
+    assert run.json()["batch_run_id"] == batch_id
     stopped = await client.get(f"{base}/scenarios/runs/{by_name['stop 2']['id']}", headers=headers)
-    assert [t["stopped_early"] for t in stopped.json()["turn_results"]] == [True]
+    results = stopped.json()["turn_results"]
+    assert [(t["status"], t["stopped_early"], t["passed"]) for t in results] == [
+        ("failed", True, False),
+        ("skipped", False, False),
+    ]
+    assert (results[1]["user_message"], results[1]["response_content"]) == ("", "")
+    assert results[1]["criteria_results"] == []
+    listed = await client.get(f"{base}/scenarios/runs?batch_run_id={batch_id}", headers=headers)
+    assert listed.json()["total"] == 7
     # Every agent call belongs to a turn written once: 3 x 2 + 2 x 1 + 2 x 1.
     assert len(agent.requests) == 10

@@ -57,7 +57,18 @@ RUN_FIELDS = {
     "session_id",
     "cost_summary",
     "error_message",
+    "batch_run_id",
     "turn_results",
+}
+TURN_RESULT_FIELDS = {
+    "id",
+    "turn_index",
+    "stopped_early",
+    "passed",
+    "response_content",
+    "criteria_results",
+    "user_message",
+    "status",
 }
 JUDGE_TOKENS = (11, 7)  # FakeOpenAI's default usage per call
 AGENT_TOKENS = (17, 3)  # FakeAgent's default usage per call
@@ -120,6 +131,16 @@ async def list_runs(client: AsyncTestClient, t: Tenant, query: str = "") -> dict
     response = await client.get(f"{runs_path(t)}{query}", headers=t.owner.headers)
     assert response.status_code == 200, response.text
     return response.json()
+
+
+async def plant_template(db: AsyncSession, scenario_id: str, template: str) -> None:
+    """Put ``template`` in the scenario's first turn, as a scenario saved before templates
+    were checked at save may hold it (the API refuses such a template now)."""
+    await db.execute(
+        text("UPDATE scenario_turns SET user_message = :m WHERE scenario_id = :s"),
+        {"m": template, "s": UUID(scenario_id)},
+    )
+    await db.commit()
 
 
 async def setup(
@@ -185,12 +206,14 @@ async def test_start_answers_201_with_the_pending_run(
     assert isinstance(run["session_id"], str) and run["session_id"]
     assert run["turn_results"] == []
     assert run["error_message"] is None
+    assert run["batch_run_id"] is None, "a single run belongs to no batch"
 
     assert await get_run(client, t, run["id"]) == run
     listing = await list_runs(client, t)
     assert listing["total"] == 1
     assert [r["id"] for r in listing["runs"]] == [run["id"]]
     assert listing["runs"][0]["status"] == "pending"
+    assert listing["runs"][0]["batch_run_id"] is None
     # Nothing was executed: the agent and the judge were not called.
     assert agent.requests == [] and judge.requests == []
 
@@ -304,6 +327,8 @@ async def test_run_listing_filters(
     assert (ids(pending), pending["total"]) == ([r1["id"], r3["id"]], 2)
     assert await list_runs(client, t, "?status=error") == {"runs": [], "total": 0}
     assert await list_runs(client, t, f"?scenario_id={uuid4()}") == {"runs": [], "total": 0}
+    # Single runs belong to no batch: a batch filter finds none of them.
+    assert await list_runs(client, t, f"?batch_run_id={uuid4()}") == {"runs": [], "total": 0}
     page = await list_runs(client, t, "?limit=1&offset=1")
     assert (ids(page), page["total"]) == ([r2["id"]], 3)
 
@@ -358,6 +383,9 @@ async def test_all_criteria_pass(
         "Welcome to PARIS, Where am I? Ticket 123.",
     ]
     assert all(r["passed"] and not r["stopped_early"] for r in results)
+    assert all(set(r) == TURN_RESULT_FIELDS for r in results)
+    assert [r["status"] for r in results] == ["passed", "passed"]
+    assert [r["user_message"] for r in results] == ["Hello there.", "Where am I?"]
     first, second = results
     expected_ids = [c["id"] for c in scenario["turns"][0]["criteria"]]
     assert [c["criteria_id"] for c in first["criteria_results"]] == expected_ids
@@ -454,6 +482,7 @@ async def test_a_failing_optional_turn_lets_the_run_go_on(
     assert [r["stopped_early"] for r in results] == [False, False, False]
     assert [c["verdict"] for c in results[1]["criteria_results"]] == ["FAIL", "PASS"]
     assert [r.json["message"] for r in agent.requests] == ["one", "two", "three"]
+    assert [r["status"] for r in results] == ["passed", "failed", "passed"]
 
 
 async def test_a_failing_required_turn_stops_the_run(
@@ -479,12 +508,23 @@ async def test_a_failing_required_turn_stops_the_run(
     assert done["completed_at"] is not None
     assert done["error_message"] is None
     results = done["turn_results"]
-    assert [r["turn_index"] for r in results] == [0, 1]
-    assert [r["passed"] for r in results] == [True, False]
-    assert [r["stopped_early"] for r in results] == [False, True]
+    # Every turn of the scenario is listed: the two after the failed required one skipped.
+    assert [r["turn_index"] for r in results] == [0, 1, 2, 3]
+    assert [r["status"] for r in results] == ["passed", "failed", "skipped", "skipped"]
+    assert [r["passed"] for r in results] == [True, False, False, False]
+    assert [r["stopped_early"] for r in results] == [False, True, False, False]
     assert [c["verdict"] for c in results[1]["criteria_results"]] == ["PASS", "FAIL"]
+    for skipped in results[2:]:
+        assert (skipped["user_message"], skipped["response_content"]) == ("", "")
+        assert skipped["criteria_results"] == []
+    assert len({r["id"] for r in results}) == 4
     assert [r.json["message"] for r in agent.requests] == ["one", "two"], "turns 3-4 not sent"
     assert len(judge.requests) == 1
+
+    # A redelivery writes nothing more, skipped turns included.
+    await execute(app, settings, done["id"])
+    assert await get_run(client, t, done["id"]) == done
+    assert len(agent.requests) == 2
 
 
 # --- the engine: what the agent receives -----------------------------------------------------
@@ -538,6 +578,14 @@ async def test_templates_history_and_the_agent_request(
         "Echo: Make it 3 seats, ADA.",
         "Echo: Plain {text} and }} braces",
     ]
+    # Each result keeps the message as sent, not the template it was rendered from.
+    assert [r["user_message"] for r in done["turn_results"]] == [
+        "Hi Ada, booking BK-42",
+        "Make it 3 seats, ADA.",
+        "Plain {text} and }} braces",
+    ]
+    stored = await get_run(client, t, run["id"])
+    assert stored["turn_results"] == done["turn_results"]
 
 
 @pytest.mark.parametrize(
@@ -555,16 +603,20 @@ async def test_a_bad_template_ends_the_run_in_error_before_the_agent(
     client: AsyncTestClient,
     app: Litestar,
     settings: Settings,
+    db: AsyncSession,
     agent: FakeAgent,
     template: str,
 ) -> None:
+    """What the check at save lets through (or a scenario saved before it) still cannot
+    reach the agent."""
     t, out = await setup(client, agent, None)
     scenario = await create_scenario(
         client,
         t,
         customer_context={"name": "Ada", "booking": {"id": "BK-1"}},
-        turns=[turn(template, criterion("x", "contains"))],
+        turns=[turn("placeholder", criterion("x", "contains"))],
     )
+    await plant_template(db, scenario["id"], template)
     done = await run_to_end(client, app, settings, t, scenario["id"], out.agent_id)
     assert done["status"] == "error", done
     assert "template" in (done["error_message"] or ""), done["error_message"]
@@ -600,16 +652,23 @@ async def test_a_template_using_the_reserved_name_self_ends_in_error_not_stuck(
     client: AsyncTestClient,
     app: Litestar,
     settings: Settings,
+    db: AsyncSession,
     agent: FakeAgent,
 ) -> None:
-    """Jinja binds ``self`` to the template: the run ends as error and says so."""
+    """Jinja binds ``self`` to the template: refused at save, and a scenario saved before
+    that check ends its run as error and says so."""
     t, out = await setup(client, agent, None)
-    scenario = await create_scenario(
-        client,
-        t,
-        customer_context={"self": "me", "name": "Ada"},
-        turns=[turn("Hi {{ name }}, this is {{ self }}")],
+    context = {"self": "me", "name": "Ada"}
+    template = "Hi {{ name }}, this is {{ self }}"
+    response = await client.post(
+        f"/v1/orgs/{t.id}/scenarios",
+        json={"name": "self", "customer_context": context, "turns": [turn(template)]},
+        headers=t.owner.headers,
     )
+    assert response.status_code == 422, response.text
+    assert "'self' is reserved" in response.json()["detail"][0]["msg"]
+    scenario = await create_scenario(client, t, customer_context=context, turns=[turn("x")])
+    await plant_template(db, scenario["id"], template)
     run = await start_run(client, t, scenario["id"], out.agent_id)
     await execute(app, settings, run["id"])
     done = await get_run(client, t, run["id"])

@@ -278,17 +278,18 @@ async def test_put_other_fields_and_nulls(client: AsyncTestClient) -> None:
     t = await tenant(client)
     created = await create_scenario(client, t, **full_body())
     path = scenarios_path(t, created["id"])
+    grace = {"name": "Grace", "booking": {"id": "BK-7"}}  # the turns' variables, still there
 
     response = await client.put(
         path,
-        json={"name": None, "tags": ["vip"], "customer_context": {"name": "Grace"}},
+        json={"name": None, "tags": ["vip"], "customer_context": grace},
         headers=t.owner.headers,
     )
     assert response.status_code == 200, response.text
     data = response.json()
     assert data["name"] == created["name"], "a null name is ignored"
     assert data["tags"] == ["vip"]
-    assert data["customer_context"] == {"name": "Grace"}
+    assert data["customer_context"] == grace
     assert data["turns"] == created["turns"]
 
     response = await client.put(path, json={"description": None}, headers=t.owner.headers)
@@ -332,6 +333,123 @@ async def test_bad_update_bodies_answer_422_and_change_nothing(client: AsyncTest
             problems.append(f"{body}: entry {entry}")
     assert not problems, problems
     assert await get_scenario(client, t, created["id"]) == created
+
+
+# --- user message templates ------------------------------------------------------------------
+
+CONTEXT = {"name": "Ada", "booking": {"id": "BK-42", "seats": 2}, "items": [{"sku": "A1"}]}
+BAD_TEMPLATES = [
+    ("Hello {{ nobody }}", "'nobody'"),
+    ("Hi {{ name }}, {{ email }} and {{ phone }}", "'email', 'phone'"),
+    ("Hello {{ name", "Invalid template"),
+    ("{% if name %}unclosed", "Invalid template"),
+    ("About {{ booking.ref }}", "booking.ref"),
+    ("About {{ booking['id'].x.y }}", None),  # a string has no .x: only rendering can tell
+    ("About {{ booking.id }} {{ items[3].sku }}", "items[3]"),
+    ("About {{ booking.missing.deeper }}", "booking.missing"),
+    ("It is {{ self }}", "'self' is reserved"),
+]
+GOOD_TEMPLATES = [
+    "Hi {{ name }}, about {{ booking.id }} for {{ booking.seats + 1 }} seats",
+    "{{ name | upper }} {{ items[0].sku }} {{ items[-1]['sku'] }}",
+    "{% for item in items %}{{ item.sku }} {{ item.anything }}{% endfor %}",
+    "{% set booking = {'ref': 'x'} %}{{ booking.ref }}",
+    "{{ booking.items() | list | length }} {{ range(3) | list }} {{ booking.get('ref') }}",
+    "{# {{ nobody }} is only in a comment #}Plain {text}",
+]
+
+
+async def test_a_template_that_cannot_render_is_refused_at_create(
+    client: AsyncTestClient,
+) -> None:
+    """DESIGN §5.2: a template's variables are the customer context's top-level keys; a
+    template that cannot render with them would fail every run, so it is not saved."""
+    t = await tenant(client)
+    problems = []
+    for template, mentions in BAD_TEMPLATES:
+        body = scenario_body(customer_context=CONTEXT, turns=[turn("Hi"), turn(template)])
+        response = await client.post(scenarios_path(t), json=body, headers=t.owner.headers)
+        if mentions is None:
+            if response.status_code != 201:
+                problems.append(f"{template}: {response.status_code} {response.text[:200]}")
+            continue
+        if response.status_code != 422:
+            problems.append(f"{template}: {response.status_code} {response.text[:200]}")
+            continue
+        entry = response.json()["detail"][0]
+        if entry["loc"] != ["body", "turns", "1", "user_message"]:
+            problems.append(f"{template}: loc {entry['loc']}")
+        if mentions not in entry["msg"] or entry["input"] != template:
+            problems.append(f"{template}: {entry}")
+    assert not problems, "\n".join(problems)
+    assert (await list_scenarios(client, t))["total"] == 1, "only the undecidable one"
+
+    for template in GOOD_TEMPLATES:
+        body = scenario_body(customer_context=CONTEXT, turns=[turn(template)])
+        response = await client.post(scenarios_path(t), json=body, headers=t.owner.headers)
+        assert response.status_code == 201, f"{template}: {response.text}"
+
+    # The same nested template, with and without the key it reaches.
+    nested = [turn("Move {{ booking.id }}")]
+    for context, status in (
+        ({"booking": {"id": 7}}, 201),
+        ({"booking": {"ref": 7}}, 422),
+        ({"name": "Ada"}, 422),
+        ({}, 422),
+    ):
+        body = scenario_body(customer_context=context, turns=nested)
+        response = await client.post(scenarios_path(t), json=body, headers=t.owner.headers)
+        assert response.status_code == status, (context, response.text)
+        if status == 422:
+            assert response.json()["detail"][0]["loc"] == ["body", "turns", "0", "user_message"]
+
+
+async def test_a_template_that_cannot_render_is_refused_at_update(
+    client: AsyncTestClient,
+) -> None:
+    t = await tenant(client)
+    created = await create_scenario(client, t, **full_body())  # uses name and booking.id
+    path = scenarios_path(t, created["id"])
+    cases = [
+        # New turns are checked against the context kept...
+        ({"turns": [turn("Hi {{ name }}"), turn("{{ nobody }}")]}, ["body", "turns", "1"]),
+        ({"turns": [turn("Hi {{ name")]}, ["body", "turns", "0"]),
+        ({"turns": [turn("{{ booking.ref }}")]}, ["body", "turns", "0"]),
+        # ...or the context given with them...
+        (
+            {"customer_context": {"name": "Eve"}, "turns": [turn("{{ booking.id }}")]},
+            ["body", "turns", "0"],
+        ),
+        # ...and a new context alone must still serve the turns kept.
+        ({"customer_context": {"name": "Eve"}}, ["body", "customer_context"]),
+        ({"customer_context": {"name": "Eve", "booking": {}}}, ["body", "customer_context"]),
+    ]
+    problems = []
+    for body, loc in cases:
+        response = await client.put(path, json=body, headers=t.owner.headers)
+        if response.status_code != 422:
+            problems.append(f"{body}: {response.status_code} {response.text[:200]}")
+            continue
+        entry = response.json()["detail"][0]
+        if entry["loc"][: len(loc)] != loc or (loc[1] == "turns" and len(entry["loc"]) != 4):
+            problems.append(f"{body}: loc {entry['loc']}")
+        if loc == ["body", "customer_context"] and not entry["msg"].startswith("turn 1:"):
+            problems.append(f"{body}: msg {entry['msg']}")
+    assert not problems, "\n".join(problems)
+    assert await get_scenario(client, t, created["id"]) == created
+
+    # Context and turns that agree are saved.
+    response = await client.put(
+        path,
+        json={"customer_context": {"who": "Eve"}, "turns": [turn("I am {{ who }}")]},
+        headers=t.owner.headers,
+    )
+    assert response.status_code == 200, response.text
+    response = await client.put(
+        path, json={"customer_context": {"who": "Bob", "extra": 1}}, headers=t.owner.headers
+    )
+    assert response.status_code == 200, response.text
+    assert response.json()["customer_context"] == {"who": "Bob", "extra": 1}
 
 
 # --- delete ------------------------------------------------------------------------------------

@@ -21,7 +21,9 @@ Protocol fakes:
 * :class:`FakeAnthropic` — ``POST …/v1/messages`` → an Anthropic message;
 * :class:`FakeAgent` — Spar's agent protocol ``spar``: ``POST <endpoint>`` →
   ``{"content", "usage": {"input_tokens", "output_tokens"}}``;
-* :class:`FakeServer` — anything else (status codes, redirects, ``Retry-After``).
+* :class:`FakeServer` — anything else (status codes, redirects, ``Retry-After``);
+* :class:`FakeEchoAgent`, :class:`FakeEchoJudge` — an agent and a judge that tell back the
+  headers and query string they received (secret-redaction tests).
 
 The protocol fakes take ``reply``: a string, or a function of the parsed JSON request
 body returning the reply text, so a scenario can answer according to what it was sent.
@@ -46,6 +48,7 @@ connection) to talk to anything but a loopback address: pass it as the egress cl
 from __future__ import annotations
 
 import asyncio
+import base64
 import ipaddress
 import itertools
 import json
@@ -66,12 +69,15 @@ from shared.outbound.egress import new_http_session
 __all__ = [
     "FakeAgent",
     "FakeAnthropic",
+    "FakeEchoAgent",
+    "FakeEchoJudge",
     "FakeOpenAI",
     "FakeServer",
     "NonLoopbackTraffic",
     "RecordedRequest",
     "Reply",
     "anthropic_message",
+    "echo_of_request",
     "loopback_only_http",
     "openai_completion",
     "unused_loopback_url",
@@ -460,6 +466,67 @@ class FakeAgent(FakeServer):
         if self.usage is not None:
             answer["usage"] = {"input_tokens": self.usage[0], "output_tokens": self.usage[1]}
         return Reply(json=answer)
+
+
+def echo_of_request(request: RecordedRequest, known: tuple[str, ...] = ()) -> str:
+    """What a careless service that tells back everything it was sent would say: its
+    headers as received (plain and as JSON), its query string raw and decoded, each header
+    value base64-encoded, and ``known`` strings it learnt some other way."""
+    lines = [f"{name}: {value}" for name, value in request.headers.items()]
+    lines.append(f"query: {request.raw_query}")
+    lines.append(
+        json.dumps(
+            {
+                "headers": request.headers,
+                "query": request.query,
+                "base64": {
+                    name: base64.b64encode(value.encode()).decode()
+                    for name, value in request.headers.items()
+                },
+                "known": list(known),
+            }
+        )
+    )
+    lines.extend(known)
+    return "\n".join(lines)
+
+
+class FakeEchoAgent(FakeServer):
+    """An agent that puts what it received (:func:`echo_of_request`) in its reply: protocol
+    ``openai_chat`` on paths ending in ``/chat/completions``, protocol ``spar`` elsewhere.
+
+    ``known`` are strings the agent also repeats; with ``fail_with`` set to a status it
+    answers that status with the echo as the body, as an error page quoting the request.
+    """
+
+    def __init__(self, *, known: tuple[str, ...] = (), fail_with: int | None = None) -> None:
+        super().__init__()
+        self.known = known
+        self.fail_with = fail_with
+
+    def handle(self, request: RecordedRequest) -> Reply:
+        if request.method != "POST":
+            return _not_found(request)
+        echo = echo_of_request(request, self.known)
+        if self.fail_with is not None:
+            return Reply(status=self.fail_with, body=echo)
+        if request.path.endswith("/chat/completions"):
+            return Reply(json=openai_completion(echo))
+        return Reply(json={"content": echo, "usage": {"input_tokens": 17, "output_tokens": 3}})
+
+
+class FakeEchoJudge(FakeOpenAI):
+    """An OpenAI-compatible judge that passes everything, quoting what it was sent: the
+    critique holds its prompt and :func:`echo_of_request`, the evidence the echo again."""
+
+    def handle(self, request: RecordedRequest) -> Reply:
+        body = request.json
+        if not request.path.endswith("/chat/completions") or not isinstance(body, dict):
+            return _not_found(request)
+        prompt = "\n".join(str(m.get("content", "")) for m in body.get("messages") or [])
+        echo = echo_of_request(request)
+        verdict = {"verdict": "PASS", "critique": f"{prompt}\n{echo}", "evidence": echo}
+        return Reply(json=openai_completion(json.dumps(verdict)))
 
 
 # --- helpers -------------------------------------------------------------------------------------

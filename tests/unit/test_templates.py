@@ -46,3 +46,41 @@ def test_a_plain_message_over_the_limit_is_refused_too() -> None:
     assert len(render_message("x" * MAX_RENDERED_CHARS, {})) == MAX_RENDERED_CHARS
     with pytest.raises(RunAborted, match="too long"):
         render_message("x" * (MAX_RENDERED_CHARS + 1), {})
+
+
+# --- the check at save ----------------------------------------------------------------------------
+
+
+def test_runs_and_the_check_at_save_share_one_environment() -> None:
+    from shared.scenarios.templates import environment
+
+    assert _templates is environment
+
+
+@pytest.mark.parametrize(
+    ("template", "context", "mentions"),
+    [
+        ("Hi {{ name }}", {"name": "Ada"}, None),
+        ("Hi {{ name }}", {}, "'name'"),
+        ("{{ booking.id }}", {"booking": {"id": 1}}, None),
+        ("{{ booking.id }}", {"booking": {"ref": 1}}, "booking.id"),
+        ("{{ booking['id'] }}", {"booking": {}}, "booking.id"),
+        ("{{ booking.id.deeper }}", {"booking": {"id": 1}}, None),  # only rendering can tell
+        ("{{ booking[key] }}", {"booking": {}, "key": "k"}, None),  # not a constant path
+        ("{{ rows[1] }}", {"rows": [1]}, "rows[1]"),
+        ("{{ rows[-1] }}", {"rows": [1]}, None),
+        ("{% for row in rows %}{{ row.x }}{% endfor %}", {"rows": [{}]}, None),
+        ("{{ name", {"name": "Ada"}, "Invalid template"),
+        ("{{ self }}", {"self": 1}, "'self' is reserved"),
+    ],
+)
+def test_what_the_check_at_save_refuses(
+    template: str, context: dict[str, object], mentions: str | None
+) -> None:
+    from shared.scenarios.templates import problem
+
+    found = problem(template, context)
+    if mentions is None:
+        assert found is None
+    else:
+        assert found is not None and mentions in found, found

@@ -6,7 +6,17 @@ import uuid
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Boolean, ForeignKey, Index, Integer, String, Text, UniqueConstraint, text
+from sqlalchemy import (
+    Boolean,
+    ForeignKey,
+    Index,
+    Integer,
+    String,
+    Text,
+    UniqueConstraint,
+    false,
+    text,
+)
 from sqlalchemy.orm import Mapped, mapped_column, relationship
 
 from shared.db.base import Base, IdMixin, JSONType, TimestampMixin, utcnow
@@ -122,6 +132,8 @@ class TurnResult(IdMixin, Base):
     response_content: Mapped[str] = mapped_column(Text, default="")
     passed: Mapped[bool] = mapped_column(Boolean)
     stopped_early: Mapped[bool] = mapped_column(Boolean, default=False)
+    # Not played: an earlier required turn failed (no message sent, no criterion results).
+    skipped: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
     criteria_results: Mapped[list[CriterionResult]] = relationship(

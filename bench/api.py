@@ -1,0 +1,517 @@
+"""API throughput: Spar's authenticated reads against a bare app serving the same bodies.
+
+Two servers on this machine, each one uvicorn process with the same settings:
+
+* ``spar serve`` on a throwaway PostgreSQL database (created, migrated, dropped at the
+  end), seeded over REST: a user, an organization, a few allowed domains and scenarios,
+  and a platform token;
+* a bare Litestar app (this file, ``--serve-bare``) with the same routes answering the
+  very JSON bodies Spar gave, from memory: no token, no database.
+
+Each request is driven against both in the same run, at concurrency C for a fixed
+duration, by a load generator in a process of its own (``wrk`` if installed, else an
+asyncio client on aiohttp).  It prints req/s, p50 and p99 for both, the CPU per request
+of each server and of the PostgreSQL backends (steadier than throughput on a shared
+machine), and the ratios Spar / bare; the targets are Spar >= 50 % of the bare
+throughput and p99 <= 2 x the bare p99.  Figures are printed, not asserted.  Run from
+the repository root::
+
+    python bench/api.py --duration 10 --concurrency 50
+
+Environment: ``SPAR_BENCH_DATABASE_URL`` (default: the local PostgreSQL, database
+``spar_bench_api_<pid>``, dropped afterwards).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import dataclasses
+import json
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import httpx  # noqa: E402
+import psycopg  # noqa: E402
+from sqlalchemy import make_url  # noqa: E402
+
+from bench.batch import throwaway_database  # noqa: E402
+from tests.support.processes import free_port, spar_process  # noqa: E402
+
+DEFAULT_DATABASE_URL = f"postgresql+psycopg://postgres@127.0.0.1:5432/spar_bench_api_{os.getpid()}"
+# uvicorn's settings of ``spar serve`` (api/cli.py ``_serve``), given to the bare app too.
+UVICORN_LOG_LEVEL = "warning"
+SEED_DOMAINS = 5
+SEED_SCENARIOS = 5
+WRK_SCRIPT = """
+done = function(summary, latency, requests)
+  local errors = summary.errors
+  io.write(string.format(
+    '{"requests": %d, "duration_us": %d, "p50_us": %d, "p99_us": %d, "non_2xx": %d, '
+    .. '"socket_errors": %d}\\n',
+    summary.requests, summary.duration, latency:percentile(50), latency:percentile(99),
+    errors.status, errors.connect + errors.read + errors.write + errors.timeout))
+end
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """One request driven against both servers: ``route`` is the Litestar route template
+    the bare app registers, ``path`` the concrete path requested."""
+
+    name: str
+    route: str
+    path: str
+    token: str
+
+
+@dataclass(frozen=True, slots=True)
+class Result:
+    requests: int
+    seconds: float
+    p50_ms: float
+    p99_ms: float
+    failed: int
+    server_cpu_ms: float = 0.0  # CPU per request: the server process
+    db_cpu_ms: float = 0.0  # ... and the PostgreSQL backends serving its database
+
+    @property
+    def rps(self) -> float:
+        return self.requests / self.seconds
+
+
+@dataclass(frozen=True, slots=True)
+class Server:
+    name: str
+    url: str
+    pid: int
+    database_url: str | None = None
+
+
+# --- CPU accounting ------------------------------------------------------------------------------
+# Throughput on a shared machine moves with everyone else's load; the CPU a request costs
+# moves much less, and says where the time goes (the server, or PostgreSQL).
+
+
+def _cpu_s(pid: int) -> float:
+    """User + system CPU seconds of one process (0 if it is gone)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _backends(database_url: str | None) -> dict[int, float]:
+    """CPU seconds so far of each PostgreSQL backend connected to the database."""
+    if database_url is None:
+        return {}
+    url = make_url(database_url).set(drivername="postgresql")
+    with psycopg.connect(url.render_as_string(hide_password=False), autocommit=True) as conn:
+        pids = conn.execute(
+            "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
+            "AND pid <> pg_backend_pid()"
+        ).fetchall()
+    return {pid: _cpu_s(pid) for (pid,) in pids}
+
+
+def cpu_snapshot(server: Server) -> tuple[float, dict[int, float]]:
+    return _cpu_s(server.pid), _backends(server.database_url)
+
+
+def with_cpu(result: Result, server: Server, before: tuple[float, dict[int, float]]) -> Result:
+    own_before, backends_before = before
+    own_after, backends_after = cpu_snapshot(server)
+    # A backend that appeared during the pass spent all its CPU in it.
+    db = sum(cpu - backends_before.get(pid, 0.0) for pid, cpu in backends_after.items())
+    n = max(result.requests, 1)
+    return dataclasses.replace(
+        result, server_cpu_ms=(own_after - own_before) * 1000 / n, db_cpu_ms=db * 1000 / n
+    )
+
+
+# --- the bare app --------------------------------------------------------------------------------
+
+
+def bare_app(bodies: dict[str, Any]) -> Any:
+    """The same routes as Spar, each answering Spar's recorded body (decoded, so that the
+    app encodes it as Spar does) without a token check or a database."""
+    from litestar import Litestar, get
+
+    def answering(route: str, body: Any) -> Any:
+        if "{org_id" in route:  # parsed as a UUID, like Spar's ``PathId``
+
+            async def in_org(org_id: uuid.UUID) -> Any:
+                return body
+
+            return get(route, name=route)(in_org)
+
+        async def plain() -> Any:
+            return body
+
+        return get(route, name=route)(plain)
+
+    async def live() -> dict[str, str]:
+        return {"status": "ok"}
+
+    handlers = [
+        get("/health/live")(live),
+        *(answering(route, body) for route, body in bodies.items()),
+    ]
+    return Litestar(route_handlers=handlers, debug=False)
+
+
+def serve_bare(port: int, bodies_file: str) -> None:
+    import uvicorn
+
+    bodies = json.loads(Path(bodies_file).read_text())
+    uvicorn.run(
+        bare_app(bodies),
+        host="127.0.0.1",
+        port=port,
+        workers=1,
+        proxy_headers=True,
+        log_level=UVICORN_LOG_LEVEL,
+    )
+
+
+@contextlib.contextmanager
+def bare_process(bodies: dict[str, Any], logs: Path) -> Iterator[Server]:
+    port = free_port()
+    bodies_file = logs / "bodies.json"
+    bodies_file.write_text(json.dumps(bodies))
+    with (logs / "bare.log").open("wb") as log:
+        process = subprocess.Popen(
+            [sys.executable, __file__, "--serve-bare", str(port), str(bodies_file)],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(f"{url}/health/live", timeout=1).status_code == 200:
+                    break
+            if process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"the bare app did not start:\n{(logs / 'bare.log').read_text()}"
+                )
+            time.sleep(0.1)
+        yield Server("bare", url, process.pid)
+    finally:
+        os.killpg(process.pid, signal.SIGTERM)
+        process.wait(timeout=10)
+
+
+# --- load generators -----------------------------------------------------------------------------
+
+
+def run_wrk(url: str, token: str, concurrency: int, seconds: float, logs: Path) -> Result:
+    script = logs / "report.lua"
+    script.write_text(WRK_SCRIPT)
+    out = subprocess.run(
+        [
+            shutil.which("wrk") or "wrk",
+            "--threads",
+            "1",  # one thread does far more than a Python server: it leaves the CPU to it
+            "--connections",
+            str(concurrency),
+            "--duration",
+            f"{seconds:g}s",
+            "--timeout",
+            "30s",
+            "--script",
+            str(script),
+            "--header",
+            f"Authorization: Bearer {token}",
+            url,
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    line = next(x for x in out.splitlines() if x.startswith("{"))
+    report = json.loads(line)
+    return Result(
+        requests=report["requests"],
+        seconds=report["duration_us"] / 1e6,
+        p50_ms=report["p50_us"] / 1000,
+        p99_ms=report["p99_us"] / 1000,
+        failed=report["non_2xx"] + report["socket_errors"],
+    )
+
+
+async def _drive(url: str, token: str, concurrency: int, seconds: float) -> dict[str, Any]:
+    import aiohttp
+
+    latencies: list[float] = []
+    failed = 0
+    headers = {"Authorization": f"Bearer {token}"}
+    connector = aiohttp.TCPConnector(limit=concurrency)
+    async with aiohttp.ClientSession(connector=connector, headers=headers) as client:
+        started = time.perf_counter()
+        deadline = started + seconds
+
+        async def user() -> None:
+            nonlocal failed
+            while time.perf_counter() < deadline:
+                sent = time.perf_counter()
+                async with client.get(url) as response:
+                    await response.read()
+                    if response.status >= 300:
+                        failed += 1
+                latencies.append(time.perf_counter() - sent)
+
+        await asyncio.gather(*(user() for _ in range(concurrency)))
+        elapsed = time.perf_counter() - started
+    latencies.sort()
+    return {
+        "requests": len(latencies),
+        "seconds": elapsed,
+        "p50_ms": latencies[len(latencies) // 2] * 1000,
+        "p99_ms": latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))] * 1000,
+        "failed": failed,
+    }
+
+
+def run_aiohttp(url: str, token: str, concurrency: int, seconds: float) -> Result:
+    out = subprocess.run(
+        [sys.executable, __file__, "--drive", url, token, str(concurrency), str(seconds)],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    return Result(**json.loads(out.splitlines()[-1]))
+
+
+def drive(args: argparse.Namespace, url: str, token: str, seconds: float, logs: Path) -> Result:
+    if args.client == "wrk":
+        return run_wrk(url, token, args.concurrency, seconds, logs)
+    return run_aiohttp(url, token, args.concurrency, seconds)
+
+
+# --- seeding -------------------------------------------------------------------------------------
+
+
+def _ok(response: httpx.Response, status: int = 201) -> Any:
+    if response.status_code != status:
+        raise RuntimeError(f"{response.request.method} {response.request.url}: {response.text}")
+    return response.json()
+
+
+def seed(api: httpx.Client) -> list[Target]:
+    """A user and an organization with a few rows, all over REST; the requests to drive."""
+    registered = _ok(
+        api.post(
+            "/v1/auth/register",
+            json={
+                "email": f"bench-{uuid.uuid4().hex[:8]}@example.com",
+                "password": "bench-password-123",
+                "first_name": "Bench",
+                "last_name": "Mark",
+            },
+        )
+    )
+    user_token = registered["access_token"]
+    auth = {"Authorization": f"Bearer {user_token}"}
+    org = _ok(api.post("/v1/organizations", json={"name": "bench"}, headers=auth))["id"]
+    for n in range(SEED_DOMAINS):
+        domain = {"domain": f"agent{n}.example.com"}
+        _ok(api.post(f"/v1/orgs/{org}/allowed-domains/", json=domain, headers=auth))
+    for n in range(SEED_SCENARIOS):
+        scenario = {
+            "name": f"bench scenario {n}",
+            "tags": ["bench"],
+            "turns": [
+                {"user_message": "Hello?", "criteria": [{"question": "Is it polite?"}]},
+                {"user_message": "Where is my order?"},
+            ],
+        }
+        _ok(api.post(f"/v1/orgs/{org}/scenarios/", json=scenario, headers=auth))
+    pat = _ok(
+        api.post(
+            f"/v1/orgs/{org}/platform-tokens/",
+            json={"name": "bench", "permissions": ["domains:read", "scenarios:read"]},
+            headers=auth,
+        )
+    )["token"]
+    domains = "/v1/orgs/{org_id:str}/allowed-domains/"
+    scenarios = "/v1/orgs/{org_id:str}/scenarios/"
+    return [
+        Target("GET /v1/auth/me (user token)", "/v1/auth/me", "/v1/auth/me", user_token),
+        Target(
+            "GET allowed-domains/ (user token)",
+            domains,
+            f"/v1/orgs/{org}/allowed-domains/",
+            user_token,
+        ),
+        Target("GET scenarios/ (user token)", scenarios, f"/v1/orgs/{org}/scenarios/", user_token),
+        Target("GET scenarios/ (platform token)", scenarios, f"/v1/orgs/{org}/scenarios/", pat),
+    ]
+
+
+def record_bodies(api: httpx.Client, targets: list[Target]) -> dict[str, Any]:
+    """Spar's answer to each target, by route (a route's targets must answer the same)."""
+    bodies: dict[str, Any] = {}
+    for target in targets:
+        body = _ok(api.get(target.path, headers={"Authorization": f"Bearer {target.token}"}), 200)
+        if bodies.setdefault(target.route, body) != body:
+            raise RuntimeError(f"{target.route}: two tokens, two bodies")
+    return bodies
+
+
+# --- main ----------------------------------------------------------------------------------------
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--duration", "-d", type=float, default=10.0, help="seconds per pass")
+    parser.add_argument("--warmup", type=float, default=2.0, help="unmeasured seconds first")
+    parser.add_argument("--concurrency", "-c", type=int, default=50, help="open connections")
+    parser.add_argument("--repeat", type=int, default=1, help="passes per target; the median")
+    parser.add_argument(
+        "--client",
+        choices=["wrk", "aiohttp"],
+        default="wrk" if shutil.which("wrk") else "aiohttp",
+        help="load generator (default: wrk if installed)",
+    )
+    parser.add_argument("--only", default="", help="run only targets whose name contains this")
+    parser.add_argument("--keep", action="store_true", help="wait for Enter before stopping")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    # Internal roles of this file in its child processes.
+    if argv[:1] == ["--serve-bare"]:
+        serve_bare(int(argv[1]), argv[2])
+        return
+    if argv[:1] == ["--drive"]:
+        import uvloop
+
+        url, token, concurrency, seconds = argv[1], argv[2], int(argv[3]), float(argv[4])
+        print(json.dumps(uvloop.run(_drive(url, token, concurrency, seconds))))
+        return
+    args = parse_args(argv)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
+    bench(args, os.environ.get("SPAR_BENCH_DATABASE_URL") or DEFAULT_DATABASE_URL)
+
+
+def bench(args: argparse.Namespace, database_url: str) -> None:
+    port = free_port()
+    env = {
+        "SPAR_DATABASE_URL": database_url,
+        "SPAR_SECRET_KEY": "bench-secret-key-not-for-production",
+        "SPAR_LOG_LEVEL": UVICORN_LOG_LEVEL.upper(),
+    }
+    print(
+        f"API benchmark: concurrency {args.concurrency}, {args.duration:g} s per pass "
+        f"(after {args.warmup:g} s of warm-up), {args.repeat} pass(es), client {args.client}; "
+        f"{os.cpu_count()} CPUs; one uvicorn process per server",
+        flush=True,
+    )
+    with contextlib.ExitStack() as stack:
+        logs = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="spar-bench-api-")))
+        stack.enter_context(throwaway_database(database_url))
+        process = stack.enter_context(
+            spar_process(
+                ["serve", "--host", "127.0.0.1", "--port", str(port)],
+                env,
+                cwd=logs,
+                health_url=f"http://127.0.0.1:{port}/health/live",
+            )
+        )
+        spar = Server("spar", f"http://127.0.0.1:{port}", process.pid, database_url)
+        api = stack.enter_context(httpx.Client(base_url=spar.url, timeout=60))
+        targets = [t for t in seed(api) if args.only in t.name]
+        bare = stack.enter_context(bare_process(record_bodies(api, targets), logs))
+        if args.keep:
+            for target in targets:
+                print(f"{target.name}: {target.path} with {target.token}")
+            print(f"spar at {spar.url}, bare app at {bare.url}; Enter stops them")
+            input()
+        rows = []
+        try:
+            for target in targets:
+                rows.append((target, *measure(args, target, (spar, bare), logs)))
+        except BaseException:
+            for log in sorted(logs.glob("*.log")):
+                print(f"--- {log.name}\n{log.read_text(errors='replace')[-4000:]}", file=sys.stderr)
+            raise
+    report(rows)
+
+
+def measure(
+    args: argparse.Namespace, target: Target, servers: tuple[Server, Server], logs: Path
+) -> tuple[Result, Result]:
+    """Alternate the servers pass by pass, so that a slow moment of a shared machine does
+    not fall on one of them only; the pass with the median throughput of each."""
+    passes: dict[str, list[Result]] = {server.name: [] for server in servers}
+    for _ in range(args.repeat):
+        for server in servers:
+            url = server.url + target.path
+            if args.warmup:
+                drive(args, url, target.token, args.warmup, logs)
+            before = cpu_snapshot(server)
+            result = drive(args, url, target.token, args.duration, logs)
+            passes[server.name].append(with_cpu(result, server, before))
+    spar, bare = (_median(passes[server.name]) for server in servers)
+    return spar, bare
+
+
+def _median(results: list[Result]) -> Result:
+    by_rps = sorted(results, key=lambda r: r.rps)
+    return by_rps[len(by_rps) // 2]
+
+
+def report(rows: list[tuple[Target, Result, Result]]) -> None:
+    print()
+    header = (
+        f"{'request':36} {'server':6} {'req/s':>8} {'p50 ms':>8} {'p99 ms':>8} {'failed':>6} "
+        f"{'CPU ms/req: server':>18} {'PostgreSQL':>10}"
+    )
+    print(header)
+    print("-" * len(header))
+    for target, spar, bare in rows:
+        for name, r in (("spar", spar), ("bare", bare)):
+            label = target.name if name == "spar" else ""
+            print(
+                f"{label:36} {name:6} {r.rps:8.0f} {r.p50_ms:8.1f} {r.p99_ms:8.1f} "
+                f"{r.failed:6d} {r.server_cpu_ms:18.2f} {r.db_cpu_ms:10.2f}"
+            )
+        throughput = spar.rps / bare.rps
+        tail = spar.p99_ms / bare.p99_ms
+        verdict = "ok" if throughput >= 0.5 and tail <= 2.0 else "below target"
+        print(
+            f"{'':36} {'ratio':6} {throughput:8.2f} {spar.p50_ms / bare.p50_ms:8.2f} "
+            f"{tail:8.2f}        {spar.server_cpu_ms / bare.server_cpu_ms:18.2f}   "
+            f"{verdict} (targets: req/s >= 0.50, p99 <= 2.00)"
+        )
+    print()
+    print(
+        "median over requests: throughput ratio "
+        f"{statistics.median(s.rps / b.rps for _, s, b in rows):.2f}, p99 ratio "
+        f"{statistics.median(s.p99_ms / b.p99_ms for _, s, b in rows):.2f}"
+    )
+
+
+if __name__ == "__main__":
+    main()
