@@ -61,14 +61,15 @@ def expected_status(n: int) -> str:
 def scenario_body(n: int) -> dict[str, Any]:
     """Two turns, each with a deterministic check and an LLM-judged criterion.
 
-    Turn 2 fails its check for ``failed`` scenarios and cannot render (an undefined
-    template variable) for ``error`` ones, so turn 1 is always committed first.
+    Turn 2 fails its check for ``failed`` scenarios and cannot render for ``error`` ones
+    (saved, but the sandbox refuses to build so large a value), so turn 1 is always
+    committed first.
     """
     status = expected_status(n)
     second = {
         "passed": f"second {n}",
         "failed": f"second {n}",
-        "error": f"second {n} {{{{ no_such_variable }}}}",
+        "error": f"second {n} {{{{ 'x' * 1000000000 }}}}",
     }[status]
     check = "never-said" if status == "failed" else "second"
     return {
