@@ -1,7 +1,8 @@
 """The ``spar`` command: one entry point for every Spar process.
 
-* ``spar dev``: the API, the workers and the sweeper in one process, on a local SQLite
-  file and an in-memory broker (no PostgreSQL or Redis needed);
+* ``spar dev``: the API, the workers and the sweeper in one process, on an embedded
+  PostgreSQL (from a pip wheel, data in ``.spar-dev/``) and an in-memory broker (nothing
+  else to install);
 * ``spar migrate``: apply the database migrations (``SPAR_DATABASE_URL``);
 * ``spar serve``: the HTTP API (stateless; run as many as needed);
 * ``spar worker``: Dramatiq workers taking runs, batches and the rest from Redis;
@@ -17,20 +18,22 @@ import logging
 import os
 import secrets
 import shutil
+import signal
 import sys
+from contextlib import ExitStack
 from pathlib import Path
 
 from shared.logs import configure_logging, uvicorn_log_config
 from shared.metrics_dir import ENV as METRICS_DIR_ENV
 from shared.metrics_dir import prepare_multiprocess_dir
 from shared.queue import QUEUES
-from shared.settings import DEFAULT_DATABASE_URL, SettingsError, get_settings
+from shared.settings import SettingsError, get_settings
 
 
 def _migrate() -> None:
     from shared.db.migrate import upgrade
 
-    upgrade(get_settings().database_url)
+    upgrade(get_settings().require_database_url())
 
 
 def _serve(host: str, port: int, workers: int) -> None:
@@ -57,46 +60,67 @@ def _serve(host: str, port: int, workers: int) -> None:
             shutil.rmtree(metrics_dir, ignore_errors=True)
 
 
-DEV_SECRET_FILE = Path(".spar-dev-secret")
+DEV_DATA_DIR = Path(".spar-dev")
+DEV_SECRET = "secret"  # noqa: S105 - the file that holds it, in the data directory
 
 
-def _dev_secret_key() -> str:
-    """A local secret for ``spar dev``, made once and kept beside the SQLite file."""
-    if DEV_SECRET_FILE.exists():
-        return DEV_SECRET_FILE.read_text().strip()
+def _dev_secret_key(data_dir: Path) -> str:
+    """A local secret for ``spar dev``, made once and kept beside the database's data."""
+    path = data_dir / DEV_SECRET
+    if path.exists():
+        return path.read_text().strip()
+    data_dir.mkdir(parents=True, exist_ok=True)
     key = secrets.token_urlsafe(32)
-    DEV_SECRET_FILE.touch(mode=0o600)
-    DEV_SECRET_FILE.write_text(key)
+    path.touch(mode=0o600)
+    path.write_text(key)
     return key
 
 
+def _exit_on_sigterm(signum: int, _frame: object) -> None:
+    # SIGTERM's default ends the process without unwinding: the embedded server would be
+    # left running.  As an exception it unwinds through cmd_dev's ``finally`` instead.
+    raise SystemExit(128 + signum)
+
+
 def cmd_dev(args: argparse.Namespace) -> None:
-    """Everything in one process on the embedded default: SQLite file, in-memory broker."""
+    """Everything in one process on the embedded default: embedded PostgreSQL (unless
+    SPAR_DATABASE_URL points elsewhere), in-memory broker."""
+    data_dir = Path(args.data_dir)
     for variable, default in (
-        ("SPAR_DATABASE_URL", DEFAULT_DATABASE_URL),
         ("SPAR_EGRESS_ALLOW_PRIVATE", "true"),
         ("SPAR_LOG_FORMAT", "text"),
     ):
         if not os.environ.get(variable):
             os.environ[variable] = default
     if not os.environ.get("SPAR_SECRET_KEY"):
-        os.environ["SPAR_SECRET_KEY"] = _dev_secret_key()
+        os.environ["SPAR_SECRET_KEY"] = _dev_secret_key(data_dir)
     get_settings.cache_clear()
-    settings = get_settings()
-    configure_logging(settings.log_level, settings.log_format)
-    logging.getLogger("spar").info("spar dev: database %s", settings.database_url)
-    _migrate()
-    import uvicorn
+    configure_logging(get_settings().log_level, get_settings().log_format)
+    # uvicorn restores this handler after its own and re-raises the SIGTERM it caught.
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    with ExitStack() as stack:
+        if not os.environ.get("SPAR_DATABASE_URL"):
+            from shared.db.embedded import embedded_postgres
 
-    uvicorn.run(
-        "api.app:create_dev_app",
-        factory=True,
-        host=args.host,
-        port=args.port,
-        log_level=settings.log_level.lower(),
-        log_config=uvicorn_log_config(settings.log_level, settings.log_format),
-        access_log=False,
-    )
+            os.environ["SPAR_DATABASE_URL"] = stack.enter_context(embedded_postgres(data_dir))
+            embedded = f"embedded PostgreSQL in {data_dir}"
+        else:
+            embedded = "SPAR_DATABASE_URL"
+        get_settings.cache_clear()
+        settings = get_settings()
+        logging.getLogger("spar").info("spar dev: database %s", embedded)
+        _migrate()
+        import uvicorn
+
+        uvicorn.run(
+            "api.app:create_dev_app",
+            factory=True,
+            host=args.host,
+            port=args.port,
+            log_level=settings.log_level.lower(),
+            log_config=uvicorn_log_config(settings.log_level, settings.log_format),
+            access_log=False,
+        )
 
 
 def cmd_migrate(_: argparse.Namespace) -> None:
@@ -107,6 +131,7 @@ def cmd_migrate(_: argparse.Namespace) -> None:
 def cmd_worker(args: argparse.Namespace) -> None:
     """Dramatiq worker processes for the given queues (all of them by default)."""
     settings = get_settings()
+    settings.require_database_url()
     if not settings.redis_url:
         raise SettingsError("SPAR_REDIS_URL must be set: workers take their work from Redis")
     if not settings.secret_key:
@@ -137,6 +162,7 @@ def cmd_scheduler(_: argparse.Namespace) -> None:
     from scheduler.main import main as scheduler_main
 
     settings = get_settings()
+    settings.require_database_url()
     if not settings.redis_url:
         raise SettingsError("SPAR_REDIS_URL must be set: the scheduler sends work to Redis")
     scheduler_main()
@@ -144,7 +170,9 @@ def cmd_scheduler(_: argparse.Namespace) -> None:
 
 def cmd_serve(args: argparse.Namespace) -> None:
     """The HTTP API under uvicorn."""
-    if not get_settings().secret_key:
+    settings = get_settings()
+    settings.require_database_url()
+    if not settings.secret_key:
         raise SettingsError("SPAR_SECRET_KEY must be set (it encrypts secrets at rest)")
     _serve(args.host, args.port, args.workers)
 
@@ -166,13 +194,19 @@ def build_parser() -> argparse.ArgumentParser:
 
     dev = commands.add_parser(
         "dev",
-        help="run the API, workers and sweeper in one process on SQLite (local use)",
+        help="run the API, workers and sweeper in one process on an embedded PostgreSQL",
         description=(
-            "Migrate and serve a local SQLite database (SPAR_DATABASE_URL, default "
-            f"{DEFAULT_DATABASE_URL}) with the workers and the sweeper in the same process "
-            "on an in-memory broker.  Outbound calls may reach private addresses, and a "
-            f"secret key is kept in {DEV_SECRET_FILE} unless SPAR_SECRET_KEY is set."
+            "Start an embedded PostgreSQL in --data-dir (unless SPAR_DATABASE_URL is set), "
+            "migrate it and serve it with the workers and the sweeper in the same process "
+            "on an in-memory broker; the server stops on exit.  Outbound calls may reach "
+            "private addresses, and a secret key is kept in <data-dir>/secret unless "
+            "SPAR_SECRET_KEY is set."
         ),
+    )
+    dev.add_argument(
+        "--data-dir",
+        default=str(DEV_DATA_DIR),
+        help="where the embedded database and the dev secret live (default: %(default)s)",
     )
     dev.add_argument(
         "--host", default="127.0.0.1", help="address to listen on (default: %(default)s)"

@@ -13,6 +13,8 @@
 3. A body Struct declared with ``forbid_unknown_fields=True`` is documented with
    ``additionalProperties: false``: the Struct's own config decides, for every Struct a
    handler takes as ``data`` and every Struct nested in one.
+4. A body's ``dict[str, str]`` with bounded keys or values (``HeaderMap``) documents the
+   bounds (``propertyNames``, ``additionalProperties``), which Litestar leaves out.
 """
 
 from __future__ import annotations
@@ -236,7 +238,56 @@ def forbid_unknown_fields(app: Litestar) -> None:
                 schema.additional_properties = False
 
 
+def _string_schema(kind: mi.Type) -> Schema | None:
+    """The length bounds of a constrained ``str``, or None for anything else."""
+    if not isinstance(kind, mi.StrType) or (kind.min_length is None and kind.max_length is None):
+        return None
+    return Schema(type=OpenAPIType.STRING, min_length=kind.min_length, max_length=kind.max_length)
+
+
+def _dict_type(kind: mi.Type) -> mi.DictType | None:
+    if isinstance(kind, mi.DictType):
+        return kind
+    if isinstance(kind, mi.UnionType):
+        return next((item for item in kind.types if isinstance(item, mi.DictType)), None)
+    return None
+
+
+def _object_schemas(schema: Schema | Reference | None) -> Iterator[Schema]:
+    if not isinstance(schema, Schema):
+        return
+    if schema.type == OpenAPIType.OBJECT:
+        yield schema
+    for member in (*(schema.one_of or ()), *(schema.any_of or ())):
+        yield from _object_schemas(member)
+
+
+def document_map_bounds(app: Litestar) -> None:
+    """The key and value bounds of a body's ``dict[str, str]`` fields (``HeaderMap``), which
+    Litestar leaves out: ``propertyNames`` and ``additionalProperties`` carry them."""
+    components = app.openapi_schema.components.schemas
+    for cls in _body_structs(app):
+        fields = mi.type_info(cls).fields  # type: ignore[attr-defined]
+        for field in fields:
+            kind = _dict_type(field.type)
+            if kind is None:
+                continue
+            keys, values = _string_schema(kind.key_type), _string_schema(kind.value_type)
+            if keys is None and values is None:
+                continue
+            for name in _component_names(cls):
+                schema = components.get(name)
+                if not isinstance(schema, Schema) or not schema.properties:
+                    continue
+                for target in _object_schemas(schema.properties.get(field.encode_name)):
+                    if keys is not None:
+                        target.property_names = keys
+                    if values is not None:
+                        target.additional_properties = values
+
+
 def finish_openapi(app: Litestar) -> None:
     document_errors(app)
     document_operations(app)
     forbid_unknown_fields(app)
+    document_map_bounds(app)

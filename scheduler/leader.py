@@ -2,7 +2,7 @@
 
 The leader holds a PostgreSQL session-level advisory lock on a dedicated, long-lived
 connection; if its process dies, the connection closes and a standby takes the lock on
-its next try.  SQLite (``spar dev``) has one process and needs no election.
+its next try.
 """
 
 from __future__ import annotations
@@ -23,8 +23,6 @@ class Leadership:
         return self._connection is not None
 
     async def try_acquire(self) -> bool:
-        if self._engine.dialect.name != "postgresql":
-            return True
         if self._connection is not None:
             try:  # still holding it? (the connection may have dropped)
                 await self._connection.execute(text("SELECT 1"))

@@ -14,18 +14,13 @@ Runs of a batch that were never dispatched are the window's to hand out, not the
 from __future__ import annotations
 
 import logging
-from datetime import timedelta
 
 import dramatiq
-from sqlalchemy import or_, select, update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from shared.batches.services import ACTIVE, dispatch_committed
-from shared.db.base import utcnow
-from shared.db.engine import session_scope
-from shared.db.models import BatchRun, ScenarioRun
+from shared.batches import window
 from shared.queue import RUN_SCENARIO, send
-from shared.scenarios.schemas import OPEN_STATUSES
+from shared.scenarios import store
 
 log = logging.getLogger("spar.sweeper")
 MAX_PER_PASS = 1000
@@ -35,39 +30,12 @@ async def sweep(
     factory: async_sessionmaker[AsyncSession], broker: dramatiq.Broker, stall_s: float
 ) -> tuple[int, int]:
     """One pass; returns (runs re-sent, runs dispatched for batches)."""
-    now = utcnow()
-    async with session_scope(factory) as session:
-        stalled = list(
-            await session.scalars(
-                select(ScenarioRun.id)
-                .where(
-                    ScenarioRun.status.in_(OPEN_STATUSES),
-                    ScenarioRun.updated_at < now - timedelta(seconds=stall_s),
-                    or_(ScenarioRun.batch_run_id.is_(None), ScenarioRun.dispatched_at.is_not(None)),
-                )
-                .order_by(ScenarioRun.updated_at)
-                .limit(MAX_PER_PASS)
-                .with_for_update(skip_locked=True)
-            )
-        )
-        if stalled:
-            # Touch them, so the next pass waits a full stall period before sending again.
-            await session.execute(
-                update(ScenarioRun)
-                .where(ScenarioRun.id.in_(stalled))
-                .values(updated_at=now)
-                .execution_options(synchronize_session=False)
-            )
-        batches = list(
-            await session.scalars(select(BatchRun.id).where(BatchRun.status.in_(ACTIVE)))
-        )
+    stalled = await store.take_stalled(factory, stall_s=stall_s, limit=MAX_PER_PASS)
     for run_id in stalled:
         send(broker, RUN_SCENARIO, str(run_id))
-    dispatched = 0
-    for batch_id in batches:
-        for run_id in await dispatch_committed(factory, batch_id):
-            send(broker, RUN_SCENARIO, str(run_id))
-            dispatched += 1
+    dispatched = await window.reoffer(factory)
+    for run_id in dispatched:
+        send(broker, RUN_SCENARIO, str(run_id))
     if stalled or dispatched:
-        log.info("sweeper re-sent %d stalled runs, dispatched %d", len(stalled), dispatched)
-    return len(stalled), dispatched
+        log.info("sweeper re-sent %d stalled runs, dispatched %d", len(stalled), len(dispatched))
+    return len(stalled), len(dispatched)

@@ -3,7 +3,9 @@
 Redis when ``SPAR_REDIS_URL`` is set, otherwise Dramatiq's in-memory stub broker (the
 embedded ``spar dev``).  Messages are sent by actor name, so senders (the API, the
 scheduler) never import the actors.  Send only after the transaction that created the
-row has committed: the message is just a pointer to it.
+row has committed: the message is just a pointer to it.  Code holding a session does not
+commit to send: it calls :func:`send_after_commit`, and whoever owns the transaction
+commits (the request's ``db_session`` dependency, or ``provide_session`` elsewhere).
 
 Every message carries the request id of the context that sent it (a new one outside
 any request), and the worker restores it around the actor (:mod:`shared.logs`).
@@ -22,6 +24,9 @@ from dramatiq.brokers.redis import RedisBroker
 from dramatiq.brokers.stub import StubBroker
 from dramatiq.common import q_name
 from dramatiq.middleware import AsyncIO
+from sqlalchemy import event
+from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.orm import Session
 
 from shared.logs import MESSAGE_OPTION, MessageContext, current_request_id, new_request_id
 from shared.settings import get_settings
@@ -108,3 +113,26 @@ def send(broker: dramatiq.Broker, target: tuple[str, str], *args: Any) -> None:
             queue_name=queue_name, actor_name=actor_name, args=args, kwargs={}, options=options
         )
     )
+
+
+_AFTER_COMMIT = "spar_send_after_commit"
+
+
+def send_after_commit(
+    session: AsyncSession, broker: dramatiq.Broker, target: tuple[str, str], *args: Any
+) -> None:
+    """:func:`send` once ``session``'s transaction has committed; never if it rolls back.
+    A worker told about a row must always find it, and the caller need not own the
+    transaction to say so."""
+    session.info.setdefault(_AFTER_COMMIT, []).append((broker, target, args))
+
+
+@event.listens_for(Session, "after_commit")
+def _send_pending(session: Session) -> None:
+    for broker, target, args in session.info.pop(_AFTER_COMMIT, ()):
+        send(broker, target, *args)
+
+
+@event.listens_for(Session, "after_rollback")
+def _drop_pending(session: Session) -> None:
+    session.info.pop(_AFTER_COMMIT, None)

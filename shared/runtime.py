@@ -37,8 +37,7 @@ class Runtime:
     async def warm_up(self) -> None:
         """Open now what the first messages would otherwise wait for: the connections of the
         run engine's database pool (a batch's first window arrives all at once)."""
-        if self.engine.dialect.name == "postgresql":
-            await (await direct_pool(self.engine)).wait()
+        await (await direct_pool(self.engine)).wait()
 
     async def close(self) -> None:
         if self._http is not None:
@@ -61,7 +60,12 @@ def get_runtime() -> Runtime:
 
 
 @asynccontextmanager
-async def provide_session() -> AsyncIterator[AsyncSession]:
-    """The one way to get a database session outside a request."""
-    async with session_scope(get_runtime().session_factory) as session:
+async def provide_session(
+    factory: async_sessionmaker[AsyncSession] | None = None,
+) -> AsyncIterator[AsyncSession]:
+    """The one way to get a database session outside a request (actors, the scheduler, the
+    CLI): one transaction, committed when the block ends, rolled back if it raises.  The
+    block owns the transaction; the services it calls never commit.  ``factory`` defaults
+    to the process's; code handed one (the run engine, tests) passes it."""
+    async with session_scope(factory or get_runtime().session_factory) as session:
         yield session

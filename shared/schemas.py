@@ -12,7 +12,7 @@ import functools
 import re
 import types
 from collections.abc import Iterator
-from typing import Annotated, Any, Union, get_args, get_origin
+from typing import Annotated, Any, Self, Union, get_args, get_origin
 
 import msgspec
 
@@ -156,3 +156,10 @@ class Input(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
 
 class Output(msgspec.Struct, kw_only=True):
     """Base of response bodies."""
+
+    @classmethod
+    def from_row(cls, row: object) -> Self:
+        """The body read off ``row`` (an ORM object): each field from the attribute of its
+        name, nested bodies from loaded relationships or JSON values.  A body with computed
+        fields has a small function beside its service that builds on this one."""
+        return msgspec.convert(row, cls, from_attributes=True)

@@ -8,15 +8,14 @@ from functools import lru_cache
 
 import msgspec
 
-DEFAULT_DATABASE_URL = "sqlite+aiosqlite:///./spar-dev.db"
-
 
 class SettingsError(ValueError):
     """A ``SPAR_*`` variable holds a value Spar cannot use."""
 
 
 class Settings(msgspec.Struct, frozen=True, kw_only=True):
-    database_url: str = DEFAULT_DATABASE_URL
+    # PostgreSQL, ``postgresql+psycopg://…``; ``spar dev`` sets it to its embedded server.
+    database_url: str | None = None
     redis_url: str | None = None
     secret_key: str | None = None
     public_base_url: str = "http://localhost:8000"
@@ -45,9 +44,14 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     login_known_address_s: float = 30 * 24 * 3600.0
     login_key_prefix: str = "spar:login:"
 
-    @property
-    def is_sqlite(self) -> bool:
-        return self.database_url.startswith("sqlite")
+    def require_database_url(self) -> str:
+        """The database URL, or a configuration error naming the variable to set."""
+        if not self.database_url:
+            raise SettingsError(
+                "SPAR_DATABASE_URL must be set (postgresql+psycopg://user:pass@host:5432/db); "
+                "`spar dev` starts an embedded PostgreSQL without it"
+            )
+        return self.database_url
 
 
 # Environment variable -> (field, parser).  The table is the single place that names them;

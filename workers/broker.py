@@ -5,10 +5,13 @@ actors."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
+from contextlib import AsyncExitStack
 
 import dramatiq
 from dramatiq.asyncio import get_event_loop_thread
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from shared.logs import configure_logging
 from shared.queue import get_broker
@@ -16,6 +19,13 @@ from shared.runtime import get_runtime
 from shared.settings import get_settings
 
 log = logging.getLogger("spar.worker")
+
+
+async def _open_engine_pool(engine: AsyncEngine, size: int) -> None:
+    """Fill ``engine``'s pool: a new batch's dispatch and its first runs' configuration load
+    (SQLAlchemy sessions) then find connections open instead of each opening one."""
+    async with AsyncExitStack() as stack:
+        await asyncio.gather(*(stack.enter_async_context(engine.connect()) for _ in range(size)))
 
 
 class WarmUp(dramatiq.Middleware):
@@ -26,7 +36,11 @@ class WarmUp(dramatiq.Middleware):
         if loop_thread is None:
             return
         try:
-            loop_thread.run_coroutine(get_runtime().warm_up())
+            runtime = get_runtime()
+            loop_thread.run_coroutine(runtime.warm_up())
+            loop_thread.run_coroutine(
+                _open_engine_pool(runtime.engine, runtime.settings.db_pool_size)
+            )
         except Exception:  # the first messages will open them, or fail and be retried
             log.warning("could not open the database connections at boot", exc_info=True)
 

@@ -1,6 +1,6 @@
 """Actors for scenario runs (queue ``runs``) and batch dispatch (queue ``batches``).
 
-Thin: the rules live in shared.scenarios.runner and shared.batches.services.
+Thin: the rules live in shared.scenarios.runner and shared.batches.window.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from uuid import UUID
 
 import dramatiq
 
-from shared.batches.services import dispatch_committed
+from shared.batches.window import dispatch_committed
 from shared.queue import DISPATCH_BATCH, RUN_SCENARIO, send
 from shared.runtime import get_runtime
 from shared.scenarios.runner import execute_run

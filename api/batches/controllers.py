@@ -18,9 +18,8 @@ from litestar.status_codes import HTTP_200_OK
 
 from api.deps import Access, DbSession, Page, PathId
 from shared.batches import schemas, services
-from shared.db.engine import session_scope
 from shared.identity.access import OrgAccess, requires
-from shared.queue import DISPATCH_BATCH, send
+from shared.queue import DISPATCH_BATCH, send_after_commit
 
 EVENT_POLL_S = 0.5
 RECENT = timedelta(seconds=30)
@@ -41,8 +40,7 @@ class BatchRunController(Controller):
     ) -> schemas.BatchRunRead:
         """Run many scenarios (by id and/or tag) against one agent: 201, status `queued`."""
         batch = await services.create_batch(db_session, access, data)
-        await db_session.commit()  # the runs exist before anyone is told about them
-        send(state.broker, DISPATCH_BATCH, str(batch.id))
+        send_after_commit(db_session, state.broker, DISPATCH_BATCH, str(batch.id))
         return services.batch_read(batch)
 
     @get("/", operation_id="listBatchRuns", access=requires("scenarios:read"))
@@ -112,28 +110,25 @@ async def _progress(
     since: datetime | None = None  # runs ended before this were all reported
     last: bytes | None = None
     while True:
-        async with session_scope(state.session_factory) as session:
-            batch = await services.get_batch(session, access, batch_id)
-            over = batch.status in ("completed", "error") and (
-                batch.completed_scenarios >= batch.total_scenarios
-            )
-            # Only what ended lately (a run commits within moments of its completed_at); the
-            # last poll reads them all, so nothing is ever missed.
-            recent = since - RECENT if since is not None and not over else None
-            ended = await services.run_summaries(session, batch_id, ended=True, ended_since=recent)
-        for run in ended:
+        # Only what ended lately (a run commits within moments of its completed_at).
+        now = await services.progress(
+            state.session_factory,
+            access,
+            batch_id,
+            ended_since=since - RECENT if since is not None else None,
+        )
+        for run in now.ended:
             if run.id not in seen:
                 seen.add(run.id)
                 if run.completed_at is not None:
                     since = max(since, run.completed_at) if since else run.completed_at
                 # The batch detail's run summary: scenario name, passed and total turns.
                 yield ServerSentEventMessage(event="run", data=msgspec.json.encode(run).decode())
-        progress = msgspec.json.encode(services.batch_read(batch))
+        progress = msgspec.json.encode(services.batch_read(now.batch))
         if progress != last:
             last = progress
             yield ServerSentEventMessage(event="progress", data=progress.decode())
-        # A cancelled batch still counts the runs that were in flight: end after the last.
-        if over:
+        if now.over:
             yield ServerSentEventMessage(event="end", data=progress.decode())
             return
         await asyncio.sleep(EVENT_POLL_S)

@@ -25,9 +25,9 @@ class AuthController(Controller):
         self, db_session: DbSession, settings: Config, data: JSONBody[schemas.RegisterBody]
     ) -> schemas.Registered:
         """Create an account (or activate an invited one) and return a first user token."""
-        user, token, expires_at = await services.register(db_session, settings, data)
+        user, token, expires_at = await services.register(db_session, settings=settings, body=data)
         return schemas.Registered(
-            user=services.user_read(user), access_token=token, expires_at=expires_at
+            user=schemas.UserRead.from_row(user), access_token=token, expires_at=expires_at
         )
 
     @post(
@@ -53,8 +53,8 @@ class AuthController(Controller):
         """Exchange email and password for a user token (`ust_…`); failed logins are throttled."""
         token, expires_at = await services.login(
             db_session,
-            settings,
-            data,
+            settings=settings,
+            body=data,
             throttle=request.app.state.login_throttle,
             # uvicorn has already applied the proxy headers it trusts to the ASGI scope.
             address=request.client.host if request.client else "unknown",
@@ -64,12 +64,12 @@ class AuthController(Controller):
     @post("/logout", operation_id="logout", access=USER_ONLY, status_code=HTTP_204_NO_CONTENT)
     async def logout(self, db_session: DbSession, principal: Caller) -> None:
         """Revoke the user token this request presents."""
-        await services.logout(db_session, principal)
+        await services.logout(db_session, principal=principal)
 
     @get("/me", operation_id="getCurrentUser", access=USER_ONLY)
     async def me(self, db_session: DbSession, principal: Caller) -> schemas.Me:
         """The current user with each organization, its role and effective permissions."""
-        return await services.me(db_session, principal)
+        return await services.me(db_session, principal=principal)
 
 
 class OrganizationController(Controller):
@@ -81,9 +81,11 @@ class OrganizationController(Controller):
         self, db_session: DbSession, principal: Caller, paging: Page
     ) -> schemas.OrganizationList:
         """The organizations the caller can see, paged."""
-        orgs, total = await services.list_organizations(db_session, principal, paging)
+        orgs, total = await services.list_organizations(
+            db_session, principal=principal, paging=paging
+        )
         return schemas.OrganizationList(
-            organizations=[services.org_read(o) for o in orgs], total=total
+            organizations=[schemas.OrganizationRead.from_row(o) for o in orgs], total=total
         )
 
     @post("/", operation_id="createOrganization", access=USER_ONLY)
@@ -91,15 +93,17 @@ class OrganizationController(Controller):
         self, db_session: DbSession, principal: Caller, data: JSONBody[schemas.OrganizationCreate]
     ) -> schemas.OrganizationRead:
         """Create an organization; the caller becomes its OWNER."""
-        org = await services.create_organization(db_session, principal, data)
-        return services.org_read(org)
+        org = await services.create_organization(db_session, principal=principal, body=data)
+        return schemas.OrganizationRead.from_row(org)
 
     @get("/{org_id:str}", operation_id="getOrganization", access=requires("org:read"))
     async def get_organization(
         self, db_session: DbSession, access: Access, org_id: PathId
     ) -> schemas.OrganizationRead:
         """One organization the caller belongs to."""
-        return services.org_read(await services.get_organization(db_session, access))
+        return schemas.OrganizationRead.from_row(
+            await services.get_organization(db_session, access=access)
+        )
 
     @patch("/{org_id:str}", operation_id="updateOrganization", access=requires("org:write"))
     async def update_organization(
@@ -110,14 +114,16 @@ class OrganizationController(Controller):
         data: JSONBody[schemas.OrganizationUpdate],
     ) -> schemas.OrganizationRead:
         """Change the name, business information or time zone; omitted fields stay."""
-        return services.org_read(await services.update_organization(db_session, access, data))
+        return schemas.OrganizationRead.from_row(
+            await services.update_organization(db_session, access=access, body=data)
+        )
 
     @delete("/{org_id:str}", operation_id="deleteOrganization", access=requires_role(OWNER))
     async def delete_organization(
         self, db_session: DbSession, access: Access, org_id: PathId
     ) -> None:
         """Delete the organization and everything it owns (OWNER only)."""
-        await services.delete_organization(db_session, access)
+        await services.delete_organization(db_session, access=access)
 
 
 class MemberController(Controller):
@@ -129,7 +135,7 @@ class MemberController(Controller):
         self, db_session: DbSession, access: Access, org_id: PathId, paging: Page
     ) -> schemas.MemberList:
         """The organization's members with their roles and status, paged."""
-        members, total = await services.list_members(db_session, access, paging)
+        members, total = await services.list_members(db_session, access=access, paging=paging)
         return schemas.MemberList(members=members, total=total)
 
     @post("/", operation_id="inviteMember", access=requires("members:write"))
@@ -141,14 +147,14 @@ class MemberController(Controller):
         data: JSONBody[schemas.MemberInvite],
     ) -> schemas.MemberRead:
         """Add a member by email; an unknown email becomes an invited user."""
-        return await services.invite_member(db_session, access, data)
+        return await services.invite_member(db_session, access=access, body=data)
 
     @get("/{user_id:str}", operation_id="getMember", access=requires("members:read"))
     async def get_member(
         self, db_session: DbSession, access: Access, org_id: PathId, user_id: PathId
     ) -> schemas.MemberRead:
         """One member of the organization, with their role."""
-        return await services.get_member(db_session, access, user_id)
+        return await services.get_member(db_session, access=access, user_id=user_id)
 
     @patch("/{user_id:str}", operation_id="updateMemberRole", access=requires("members:write"))
     async def update_member_role(
@@ -160,14 +166,16 @@ class MemberController(Controller):
         data: JSONBody[schemas.MemberRoleUpdate],
     ) -> schemas.MemberRead:
         """Give the member another role; the membership keeps its id."""
-        return await services.change_member_role(db_session, access, user_id, data)
+        return await services.change_member_role(
+            db_session, access=access, user_id=user_id, body=data
+        )
 
     @delete("/{user_id:str}", operation_id="removeMember", access=requires("members:write"))
     async def remove_member(
         self, db_session: DbSession, access: Access, org_id: PathId, user_id: PathId
     ) -> None:
         """Remove a member from the organization (the owner cannot be removed)."""
-        await services.remove_member(db_session, access, user_id)
+        await services.remove_member(db_session, access=access, user_id=user_id)
 
 
 class RoleController(Controller):
@@ -179,7 +187,7 @@ class RoleController(Controller):
         self, db_session: DbSession, access: Access, org_id: PathId, paging: Page
     ) -> schemas.RoleList:
         """The organization's system and custom roles with their permissions, paged."""
-        roles, total = await services.list_roles(db_session, access, paging)
+        roles, total = await services.list_roles(db_session, access=access, paging=paging)
         return schemas.RoleList(roles=[services.role_read(r) for r in roles], total=total)
 
     @post("/", operation_id="createRole", access=requires("roles:write"))
@@ -191,14 +199,16 @@ class RoleController(Controller):
         data: JSONBody[schemas.RoleCreate],
     ) -> schemas.RoleRead:
         """Create a custom role: a name and a list of known permissions."""
-        return services.role_read(await services.create_role(db_session, access, data))
+        return services.role_read(await services.create_role(db_session, access=access, body=data))
 
     @get("/{role_id:str}", operation_id="getRole", access=requires("roles:read"))
     async def get_role(
         self, db_session: DbSession, access: Access, org_id: PathId, role_id: PathId
     ) -> schemas.RoleRead:
         """One role with its permissions."""
-        return services.role_read(await services.get_role(db_session, access, role_id))
+        return services.role_read(
+            await services.get_role(db_session, access=access, role_id=role_id)
+        )
 
     @patch("/{role_id:str}", operation_id="updateRole", access=requires("roles:write"))
     async def update_role(
@@ -210,14 +220,16 @@ class RoleController(Controller):
         data: JSONBody[schemas.RoleUpdate],
     ) -> schemas.RoleRead:
         """Change a role's name or permissions; omitted fields stay."""
-        return services.role_read(await services.update_role(db_session, access, role_id, data))
+        return services.role_read(
+            await services.update_role(db_session, access=access, role_id=role_id, body=data)
+        )
 
     @delete("/{role_id:str}", operation_id="deleteRole", access=requires("roles:write"))
     async def delete_role(
         self, db_session: DbSession, access: Access, org_id: PathId, role_id: PathId
     ) -> None:
         """Delete a custom role (system roles: 409); its members move to GUEST."""
-        await services.delete_role(db_session, access, role_id)
+        await services.delete_role(db_session, access=access, role_id=role_id)
 
 
 class PlatformTokenController(Controller):
@@ -229,7 +241,9 @@ class PlatformTokenController(Controller):
         self, db_session: DbSession, access: Access, org_id: PathId, paging: Page
     ) -> schemas.PlatformTokenList:
         """The organization's platform tokens, never their values, paged (ADMIN/OWNER)."""
-        tokens, total = await services.list_platform_tokens(db_session, access, paging)
+        tokens, total = await services.list_platform_tokens(
+            db_session, access=access, paging=paging
+        )
         return schemas.PlatformTokenList(
             tokens=[services.platform_token_read(t) for t in tokens], total=total
         )
@@ -243,7 +257,7 @@ class PlatformTokenController(Controller):
         data: JSONBody[schemas.PlatformTokenCreate],
     ) -> schemas.PlatformTokenCreated:
         """Create a token; the full `pat_…` value is in this response only."""
-        pat, raw = await services.create_platform_token(db_session, access, data)
+        pat, raw = await services.create_platform_token(db_session, access=access, body=data)
         return services.platform_token_created(pat, raw)
 
     @get("/{token_id:str}", operation_id="getPlatformToken", access=requires_role(ADMIN))
@@ -251,7 +265,7 @@ class PlatformTokenController(Controller):
         self, db_session: DbSession, access: Access, org_id: PathId, token_id: PathId
     ) -> schemas.PlatformTokenRead:
         """One platform token, never its value (ADMIN/OWNER)."""
-        pat = await services.get_platform_token(db_session, access, token_id)
+        pat = await services.get_platform_token(db_session, access=access, token_id=token_id)
         return services.platform_token_read(pat)
 
     @delete("/{token_id:str}", operation_id="revokePlatformToken", access=requires_role(ADMIN))
@@ -259,7 +273,7 @@ class PlatformTokenController(Controller):
         self, db_session: DbSession, access: Access, org_id: PathId, token_id: PathId
     ) -> None:
         """Revoke the token (it stays listed with `is_active` false)."""
-        await services.revoke_platform_token(db_session, access, token_id)
+        await services.revoke_platform_token(db_session, access=access, token_id=token_id)
 
 
 CONTROLLERS = [

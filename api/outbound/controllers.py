@@ -31,9 +31,9 @@ class AllowedDomainController(Controller):
         self, db_session: DbSession, access: Access, org_id: PathId, paging: Page
     ) -> schemas.AllowedDomainList:
         """The organization's allowed domains, paged."""
-        entries, total = await services.list_domains(db_session, access, paging)
+        entries, total = await services.list_domains(db_session, access=access, paging=paging)
         return schemas.AllowedDomainList(
-            domains=[services.domain_read(e) for e in entries], total=total
+            domains=[schemas.AllowedDomainRead.from_row(e) for e in entries], total=total
         )
 
     @post("/", operation_id="createAllowedDomain", access=requires("domains:write"))
@@ -45,14 +45,18 @@ class AllowedDomainController(Controller):
         data: JSONBody[schemas.AllowedDomainCreate],
     ) -> schemas.AllowedDomainRead:
         """Allow a host, an IP or `*.suffix`; its headers and query params join every call."""
-        return services.domain_read(await services.create_domain(db_session, access, data))
+        return schemas.AllowedDomainRead.from_row(
+            await services.create_domain(db_session, access=access, body=data)
+        )
 
     @get("/{domain_id:str}", operation_id="getAllowedDomain", access=requires("domains:read"))
     async def get_domain(
         self, db_session: DbSession, access: Access, org_id: PathId, domain_id: PathId
     ) -> schemas.AllowedDomainRead:
         """One allowed domain."""
-        return services.domain_read(await services.get_domain(db_session, access, domain_id))
+        return schemas.AllowedDomainRead.from_row(
+            await services.get_domain(db_session, access=access, domain_id=domain_id)
+        )
 
     @patch("/{domain_id:str}", operation_id="updateAllowedDomain", access=requires("domains:write"))
     async def update_domain(
@@ -64,8 +68,10 @@ class AllowedDomainController(Controller):
         data: JSONBody[schemas.AllowedDomainUpdate],
     ) -> schemas.AllowedDomainRead:
         """Change an allowed domain, its headers or query params; omitted fields stay."""
-        entry = await services.update_domain(db_session, access, domain_id, data)
-        return services.domain_read(entry)
+        entry = await services.update_domain(
+            db_session, access=access, domain_id=domain_id, body=data
+        )
+        return schemas.AllowedDomainRead.from_row(entry)
 
     @delete(
         "/{domain_id:str}", operation_id="deleteAllowedDomain", access=requires("domains:write")
@@ -74,7 +80,7 @@ class AllowedDomainController(Controller):
         self, db_session: DbSession, access: Access, org_id: PathId, domain_id: PathId
     ) -> None:
         """Remove a host from the allowed domains."""
-        await services.delete_domain(db_session, access, domain_id)
+        await services.delete_domain(db_session, access=access, domain_id=domain_id)
 
 
 class CredentialController(Controller):
@@ -86,9 +92,9 @@ class CredentialController(Controller):
         self, db_session: DbSession, access: Access, org_id: PathId, paging: Page
     ) -> schemas.CredentialList:
         """Keys and descriptions; values are write-only and never returned."""
-        rows, total = await services.list_credentials(db_session, access, paging)
+        rows, total = await services.list_credentials(db_session, access=access, paging=paging)
         return schemas.CredentialList(
-            credentials=[services.credential_read(c) for c in rows], total=total
+            credentials=[schemas.CredentialRead.from_row(c) for c in rows], total=total
         )
 
     @put(
@@ -111,9 +117,11 @@ class CredentialController(Controller):
         data: JSONBody[schemas.CredentialPut],
     ) -> Response[schemas.CredentialRead]:
         """Create (201) or replace (200) a credential; the value is encrypted at rest."""
-        credential, created = await services.put_credential(db_session, settings, access, key, data)
+        credential, created = await services.put_credential(
+            db_session, settings=settings, access=access, key=key, body=data
+        )
         return Response(
-            services.credential_read(credential),
+            schemas.CredentialRead.from_row(credential),
             status_code=HTTP_201_CREATED if created else HTTP_200_OK,
         )
 
@@ -122,14 +130,14 @@ class CredentialController(Controller):
         self, db_session: DbSession, access: Access, org_id: PathId, key: CredentialKeyPath
     ) -> None:
         """Delete a credential nothing references (409 names the references)."""
-        await services.delete_credential(db_session, access, key)
+        await services.delete_credential(db_session, access=access, key=key)
 
     @get("/{key:str}/usage", operation_id="getCredentialUsage", access=requires("credentials:read"))
     async def credential_usage(
         self, db_session: DbSession, access: Access, org_id: PathId, key: CredentialKeyPath
     ) -> schemas.CredentialUsage:
         """The LLM providers and allowed domains that reference the credential."""
-        return await services.credential_usage(db_session, access, key)
+        return await services.credential_usage(db_session, access=access, key=key)
 
 
 class LLMProviderController(Controller):
@@ -141,9 +149,9 @@ class LLMProviderController(Controller):
         self, db_session: DbSession, access: Access, org_id: PathId, paging: Page
     ) -> schemas.LLMProviderList:
         """The organization's LLM providers, paged."""
-        rows, total = await services.list_providers(db_session, access, paging)
+        rows, total = await services.list_providers(db_session, access=access, paging=paging)
         return schemas.LLMProviderList(
-            llm_providers=[services.provider_read(p) for p in rows], total=total
+            llm_providers=[schemas.LLMProviderRead.from_row(p) for p in rows], total=total
         )
 
     @post("/", operation_id="createLLMProvider", access=requires("providers:write"))
@@ -155,14 +163,18 @@ class LLMProviderController(Controller):
         data: JSONBody[schemas.LLMProviderCreate],
     ) -> schemas.LLMProviderRead:
         """Register an LLM provider (its API key by credential key)."""
-        return services.provider_read(await services.create_provider(db_session, access, data))
+        return schemas.LLMProviderRead.from_row(
+            await services.create_provider(db_session, access=access, body=data)
+        )
 
     @get("/{provider_id:str}", operation_id="getLLMProvider", access=requires("providers:read"))
     async def get_provider(
         self, db_session: DbSession, access: Access, org_id: PathId, provider_id: PathId
     ) -> schemas.LLMProviderRead:
         """One LLM provider."""
-        return services.provider_read(await services.get_provider(db_session, access, provider_id))
+        return schemas.LLMProviderRead.from_row(
+            await services.get_provider(db_session, access=access, provider_id=provider_id)
+        )
 
     @patch(
         "/{provider_id:str}", operation_id="updateLLMProvider", access=requires("providers:write")
@@ -176,8 +188,10 @@ class LLMProviderController(Controller):
         data: JSONBody[schemas.LLMProviderUpdate],
     ) -> schemas.LLMProviderRead:
         """Change an LLM provider; omitted fields stay."""
-        provider = await services.update_provider(db_session, access, provider_id, data)
-        return services.provider_read(provider)
+        provider = await services.update_provider(
+            db_session, access=access, provider_id=provider_id, body=data
+        )
+        return schemas.LLMProviderRead.from_row(provider)
 
     @delete(
         "/{provider_id:str}", operation_id="deleteLLMProvider", access=requires("providers:write")
@@ -186,7 +200,7 @@ class LLMProviderController(Controller):
         self, db_session: DbSession, access: Access, org_id: PathId, provider_id: PathId
     ) -> None:
         """Delete a provider no agent uses (409 names the agents)."""
-        await services.delete_provider(db_session, access, provider_id)
+        await services.delete_provider(db_session, access=access, provider_id=provider_id)
 
 
 class AgentController(Controller):
@@ -198,8 +212,8 @@ class AgentController(Controller):
         self, db_session: DbSession, access: Access, org_id: PathId, paging: Page
     ) -> schemas.AgentList:
         """The organization's agents, paged."""
-        rows, total = await services.list_agents(db_session, access, paging)
-        return schemas.AgentList(agents=[services.agent_read(a) for a in rows], total=total)
+        rows, total = await services.list_agents(db_session, access=access, paging=paging)
+        return schemas.AgentList(agents=[schemas.AgentRead.from_row(a) for a in rows], total=total)
 
     @post("/", operation_id="createAgent", access=requires("agents:write"))
     async def create_agent(
@@ -210,14 +224,18 @@ class AgentController(Controller):
         data: JSONBody[schemas.AgentCreate],
     ) -> schemas.AgentRead:
         """An `http` agent (endpoint_url + protocol) or an `llm` agent (provider + model)."""
-        return services.agent_read(await services.create_agent(db_session, access, data))
+        return schemas.AgentRead.from_row(
+            await services.create_agent(db_session, access=access, body=data)
+        )
 
     @get("/{agent_id:str}", operation_id="getAgent", access=requires("agents:read"))
     async def get_agent(
         self, db_session: DbSession, access: Access, org_id: PathId, agent_id: PathId
     ) -> schemas.AgentRead:
         """One agent."""
-        return services.agent_read(await services.get_agent(db_session, access, agent_id))
+        return schemas.AgentRead.from_row(
+            await services.get_agent(db_session, access=access, agent_id=agent_id)
+        )
 
     @patch("/{agent_id:str}", operation_id="updateAgent", access=requires("agents:write"))
     async def update_agent(
@@ -229,14 +247,16 @@ class AgentController(Controller):
         data: JSONBody[schemas.AgentUpdate],
     ) -> schemas.AgentRead:
         """Change an agent; omitted fields stay."""
-        return services.agent_read(await services.update_agent(db_session, access, agent_id, data))
+        return schemas.AgentRead.from_row(
+            await services.update_agent(db_session, access=access, agent_id=agent_id, body=data)
+        )
 
     @delete("/{agent_id:str}", operation_id="deleteAgent", access=requires("agents:write"))
     async def delete_agent(
         self, db_session: DbSession, access: Access, org_id: PathId, agent_id: PathId
     ) -> None:
         """Delete an agent."""
-        await services.delete_agent(db_session, access, agent_id)
+        await services.delete_agent(db_session, access=access, agent_id=agent_id)
 
 
 CONTROLLERS = [

@@ -8,19 +8,12 @@ from uuid import UUID
 from litestar import Controller, delete, get, post, put
 from litestar.datastructures import State
 from litestar.params import JSONBody, QueryParameter
-from sqlalchemy.ext.asyncio import AsyncSession
 
 from api.deps import Access, DbSession, Page, PathId
 from shared.identity.access import requires
-from shared.queue import RUN_SCENARIO, send
+from shared.queue import RUN_SCENARIO, send_after_commit
 from shared.scenarios import schemas, services
 from shared.schemas import TEXT_PATTERN
-
-
-async def commit_then_send(db_session: AsyncSession, state: State, run_id: UUID) -> None:
-    """Enqueue only once the run row is committed: a worker must always find it."""
-    await db_session.commit()
-    send(state.broker, RUN_SCENARIO, str(run_id))
 
 
 class ScenarioController(Controller):
@@ -45,7 +38,9 @@ class ScenarioController(Controller):
         ] = None,
     ) -> schemas.ScenarioList:
         """The organization's scenarios, paged; `tag` keeps those with that tag."""
-        rows, total = await services.list_scenarios(db_session, access, paging, tag)
+        rows, total = await services.list_scenarios(
+            db_session, access=access, paging=paging, tag=tag
+        )
         return schemas.ScenarioList(scenarios=rows, total=total)
 
     @post("/", operation_id="createScenario", access=requires("scenarios:write"))
@@ -57,7 +52,9 @@ class ScenarioController(Controller):
         data: JSONBody[schemas.ScenarioCreate],
     ) -> schemas.ScenarioRead:
         """Create a scenario with its turns and criteria."""
-        return services.scenario_read(await services.create_scenario(db_session, access, data))
+        return schemas.ScenarioRead.from_row(
+            await services.create_scenario(db_session, access=access, body=data)
+        )
 
     @get("/runs", operation_id="listScenarioRuns", access=requires("scenarios:read"))
     async def list_runs(
@@ -100,7 +97,9 @@ class ScenarioController(Controller):
         self, db_session: DbSession, access: Access, org_id: PathId, scenario_id: PathId
     ) -> schemas.ScenarioRead:
         """One scenario with its turns and criteria."""
-        return services.scenario_read(await services.get_scenario(db_session, access, scenario_id))
+        return schemas.ScenarioRead.from_row(
+            await services.get_scenario(db_session, access=access, scenario_id=scenario_id)
+        )
 
     @put("/{scenario_id:str}", operation_id="updateScenario", access=requires("scenarios:write"))
     async def update_scenario(
@@ -112,15 +111,17 @@ class ScenarioController(Controller):
         data: JSONBody[schemas.ScenarioUpdate],
     ) -> schemas.ScenarioRead:
         """Update the given fields; `turns`, when given, replaces every turn."""
-        scenario = await services.update_scenario(db_session, access, scenario_id, data)
-        return services.scenario_read(scenario)
+        scenario = await services.update_scenario(
+            db_session, access=access, scenario_id=scenario_id, body=data
+        )
+        return schemas.ScenarioRead.from_row(scenario)
 
     @delete("/{scenario_id:str}", operation_id="deleteScenario", access=requires("scenarios:write"))
     async def delete_scenario(
         self, db_session: DbSession, access: Access, org_id: PathId, scenario_id: PathId
     ) -> None:
         """Delete a scenario."""
-        await services.delete_scenario(db_session, access, scenario_id)
+        await services.delete_scenario(db_session, access=access, scenario_id=scenario_id)
 
     @post("/{scenario_id:str}/run", operation_id="runScenario", access=requires("scenarios:run"))
     async def run_scenario(
@@ -134,7 +135,7 @@ class ScenarioController(Controller):
     ) -> schemas.ScenarioRunRead:
         """Start a run against the agent: 201 with the pending run; poll it until terminal."""
         run = await services.start_run(db_session, access, scenario_id, data)
-        await commit_then_send(db_session, state, run.id)
+        send_after_commit(db_session, state.broker, RUN_SCENARIO, str(run.id))
         return services.run_read(run, with_results=True)
 
 

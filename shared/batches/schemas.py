@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import enum
 from datetime import datetime
-from typing import Annotated, Literal
+from typing import Annotated
 from uuid import UUID
 
 import msgspec
@@ -11,7 +12,17 @@ import msgspec
 from shared.scenarios.schemas import Tag
 from shared.schemas import Input, Output
 
-BatchStatus = Literal["queued", "running", "completed", "error"]
+
+class BatchStatus(enum.StrEnum):
+    """``queued`` until its first runs are handed out, ``running``, then ``completed`` when
+    every run is terminal, or ``error`` when it could not proceed or was cancelled."""
+
+    QUEUED = "queued"
+    RUNNING = "running"
+    COMPLETED = "completed"
+    ERROR = "error"
+
+
 MAX_BATCH_SCENARIOS = 10_000
 
 

@@ -1,4 +1,4 @@
-"""Declarative base and the column types every model shares (portable: PostgreSQL and SQLite)."""
+"""Declarative base and the column types every model shares (PostgreSQL)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import uuid
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import JSON, DateTime, MetaData, TypeDecorator, Uuid, bindparam
+from sqlalchemy import DateTime, MetaData, TypeDecorator, Uuid, bindparam
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
@@ -16,7 +16,8 @@ def utcnow() -> datetime:
 
 
 class UTCDateTime(TypeDecorator[datetime]):
-    """Timezone-aware UTC timestamps on every backend (SQLite hands back naive values)."""
+    """Timezone-aware timestamps, always handed back in UTC (whatever the session's
+    time zone) and refused when naive."""
 
     impl = DateTime(timezone=True)
     cache_ok = True
@@ -31,14 +32,14 @@ class UTCDateTime(TypeDecorator[datetime]):
     def process_result_value(self, value: datetime | None, dialect: Any) -> datetime | None:
         if value is None:
             return None
-        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+        return value.astimezone(UTC)
 
 
 # The ``:now`` of statements built once (the run engine's, the batch window's, some nested in
 # the others): one parameter, given ``utcnow()`` at each execution.
 NOW = bindparam("now", type_=UTCDateTime())
 
-JSONType = JSON().with_variant(JSONB(), "postgresql")
+JSONType = JSONB()
 
 NAMING_CONVENTION = {
     "ix": "ix_%(column_0_label)s",

@@ -30,20 +30,8 @@ def create_engine(settings: Settings, *, pre_ping: bool = True) -> AsyncEngine:
     request never meets a connection that died with a database restart.  Workers do
     without it: a delivery that meets one fails, invalidates the pool, and is retried and
     resumed."""
-    if settings.is_sqlite:
-        engine = create_async_engine(settings.database_url, **_JSON)
-
-        @event.listens_for(engine.sync_engine, "connect")
-        def _sqlite_pragmas(dbapi_connection, _record):  # type: ignore[no-untyped-def]
-            cursor = dbapi_connection.cursor()
-            cursor.execute("PRAGMA foreign_keys=ON")
-            cursor.execute("PRAGMA journal_mode=WAL")
-            cursor.execute("PRAGMA busy_timeout=5000")
-            cursor.close()
-
-        return engine
     engine = create_async_engine(
-        settings.database_url,
+        settings.require_database_url(),
         **_JSON,
         connect_args={"options": POSTGRES_OPTIONS},
         pool_size=settings.db_pool_size,

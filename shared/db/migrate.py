@@ -11,8 +11,8 @@ MIGRATIONS_DIR = Path(__file__).parent / "migrations"
 
 
 def sync_url(database_url: str) -> str:
-    """Migrations run on a synchronous driver: psycopg 3 serves both; SQLite uses pysqlite."""
-    return database_url.replace("sqlite+aiosqlite", "sqlite", 1)
+    """Migrations run on a synchronous driver: psycopg 3 serves both, the URL is the same."""
+    return database_url
 
 
 def alembic_config(database_url: str) -> Config:

@@ -66,7 +66,7 @@ async def _issue_user_token(
 
 
 async def register(
-    session: AsyncSession, settings: Settings, body: schemas.RegisterBody
+    session: AsyncSession, *, settings: Settings, body: schemas.RegisterBody
 ) -> tuple[User, str, datetime]:
     """Create an account, or activate one that an invitation created; returns a first token."""
     if not settings.allow_registration:
@@ -93,9 +93,9 @@ async def register(
 
 async def login(
     session: AsyncSession,
+    *,
     settings: Settings,
     body: schemas.LoginBody,
-    *,
     throttle: LoginThrottle,
     address: str,
 ) -> tuple[str, datetime]:
@@ -120,7 +120,7 @@ async def login(
     return await _issue_user_token(session, settings, user.id)
 
 
-async def logout(session: AsyncSession, principal: Principal) -> None:
+async def logout(session: AsyncSession, *, principal: Principal) -> None:
     await session.execute(
         update(UserToken)
         .where(UserToken.id == principal.token_id, UserToken.revoked_at.is_(None))
@@ -244,15 +244,15 @@ def resolve_access(
     return OrgAccess(principal=principal, organization_id=org_id, permissions=principal.permissions)
 
 
-async def get_user(session: AsyncSession, user_id: UUID) -> User:
+async def get_user(session: AsyncSession, *, user_id: UUID) -> User:
     user = await session.get(User, user_id)
     if user is None:
         raise NotFound("user not found")
     return user
 
 
-async def me(session: AsyncSession, principal: Principal) -> schemas.Me:
-    user = await get_user(session, principal.user_id)  # type: ignore[arg-type]
+async def me(session: AsyncSession, *, principal: Principal) -> schemas.Me:
+    user = await get_user(session, user_id=principal.user_id)  # type: ignore[arg-type]
     rows = (
         await session.execute(
             select(Organization, Role)
@@ -264,20 +264,20 @@ async def me(session: AsyncSession, principal: Principal) -> schemas.Me:
     ).all()
     organizations = [
         schemas.OrganizationWithAccess(
-            **msgspec.structs.asdict(org_read(org)),
-            role=role_info(role),
+            **msgspec.structs.asdict(schemas.OrganizationRead.from_row(org)),
+            role=schemas.RoleInfo.from_row(role),
             permissions=ordered(role.permissions),
         )
         for org, role in rows
     ]
-    return schemas.Me(user=user_read(user), organizations=organizations)
+    return schemas.Me(user=schemas.UserRead.from_row(user), organizations=organizations)
 
 
 # --- organizations ---------------------------------------------------------------------------
 
 
 async def create_organization(
-    session: AsyncSession, principal: Principal, body: schemas.OrganizationCreate
+    session: AsyncSession, *, principal: Principal, body: schemas.OrganizationCreate
 ) -> Organization:
     if not principal.is_user:
         raise PermissionDenied("platform tokens cannot create organizations")
@@ -305,7 +305,7 @@ async def create_organization(
 
 
 async def list_organizations(
-    session: AsyncSession, principal: Principal, paging: Paging
+    session: AsyncSession, *, principal: Principal, paging: Paging
 ) -> tuple[list[Organization], int]:
     query = select(Organization)
     if principal.is_user:
@@ -317,7 +317,7 @@ async def list_organizations(
     return await paginate(session, query, paging, Organization.created_at, Organization.id)
 
 
-async def get_organization(session: AsyncSession, access: OrgAccess) -> Organization:
+async def get_organization(session: AsyncSession, *, access: OrgAccess) -> Organization:
     org = await session.get(Organization, access.organization_id)
     if org is None:
         raise NotFound("organization not found")
@@ -325,9 +325,9 @@ async def get_organization(session: AsyncSession, access: OrgAccess) -> Organiza
 
 
 async def update_organization(
-    session: AsyncSession, access: OrgAccess, body: schemas.OrganizationUpdate
+    session: AsyncSession, *, access: OrgAccess, body: schemas.OrganizationUpdate
 ) -> Organization:
-    org = await get_organization(session, access)
+    org = await get_organization(session, access=access)
     if body.timezone is not schemas.UNSET:
         org.timezone = check_timezone(body.timezone)
     if body.name is not schemas.UNSET:
@@ -339,8 +339,8 @@ async def update_organization(
     return org
 
 
-async def delete_organization(session: AsyncSession, access: OrgAccess) -> None:
-    org = await get_organization(session, access)
+async def delete_organization(session: AsyncSession, *, access: OrgAccess) -> None:
+    org = await get_organization(session, access=access)
     # Memberships reference roles; remove them first so the cascade order cannot matter.
     await session.execute(delete(Membership).where(Membership.organization_id == org.id))
     await session.delete(org)
@@ -377,17 +377,19 @@ async def _system_role(session: AsyncSession, org_id: UUID, name: str) -> Role:
 
 
 async def list_roles(
-    session: AsyncSession, access: OrgAccess, paging: Paging
+    session: AsyncSession, *, access: OrgAccess, paging: Paging
 ) -> tuple[list[Role], int]:
     query = select(Role).where(Role.organization_id == access.organization_id)
     return await paginate(session, query, paging, Role.created_at, Role.id)
 
 
-async def get_role(session: AsyncSession, access: OrgAccess, role_id: UUID) -> Role:
+async def get_role(session: AsyncSession, *, access: OrgAccess, role_id: UUID) -> Role:
     return await _role_in_org(session, access.organization_id, role_id)
 
 
-async def create_role(session: AsyncSession, access: OrgAccess, body: schemas.RoleCreate) -> Role:
+async def create_role(
+    session: AsyncSession, *, access: OrgAccess, body: schemas.RoleCreate
+) -> Role:
     access.require_grantable(body.permissions)
     role = Role(
         organization_id=access.organization_id,
@@ -401,7 +403,7 @@ async def create_role(session: AsyncSession, access: OrgAccess, body: schemas.Ro
 
 
 async def update_role(
-    session: AsyncSession, access: OrgAccess, role_id: UUID, body: schemas.RoleUpdate
+    session: AsyncSession, *, access: OrgAccess, role_id: UUID, body: schemas.RoleUpdate
 ) -> Role:
     role = await _managed_role(session, access, role_id, "change")
     if body.permissions is not schemas.UNSET:
@@ -415,7 +417,7 @@ async def update_role(
     return role
 
 
-async def delete_role(session: AsyncSession, access: OrgAccess, role_id: UUID) -> None:
+async def delete_role(session: AsyncSession, *, access: OrgAccess, role_id: UUID) -> None:
     """Delete a custom role; its members fall back to GUEST and so lose its permissions."""
     role = await _managed_role(session, access, role_id, "delete")
     guest = await _system_role(session, access.organization_id, GUEST)
@@ -444,20 +446,21 @@ def _member_query(org_id: UUID):  # type: ignore[no-untyped-def]
 
 def member_read(row: tuple[Membership, User, Role, Organization]) -> schemas.MemberRead:
     membership, user, role, org = row
+    # The row's parts, not its relationships (those raise rather than load lazily).
     return schemas.MemberRead(
         id=membership.id,
         user_id=membership.user_id,
         organization_id=membership.organization_id,
         role_id=membership.role_id,
         created_at=membership.created_at,
-        role=role_info(role),
-        user=user_read(user),
-        organization=org_read(org),
+        role=schemas.RoleInfo.from_row(role),
+        user=schemas.UserRead.from_row(user),
+        organization=schemas.OrganizationRead.from_row(org),
     )
 
 
 async def list_members(
-    session: AsyncSession, access: OrgAccess, paging: Paging
+    session: AsyncSession, *, access: OrgAccess, paging: Paging
 ) -> tuple[list[schemas.MemberRead], int]:
     rows, total = await paginate(
         session, _member_query(access.organization_id), paging, Membership.created_at, Membership.id
@@ -465,7 +468,9 @@ async def list_members(
     return [member_read(row) for row in rows], total
 
 
-async def get_member(session: AsyncSession, access: OrgAccess, user_id: UUID) -> schemas.MemberRead:
+async def get_member(
+    session: AsyncSession, *, access: OrgAccess, user_id: UUID
+) -> schemas.MemberRead:
     row = (
         await session.execute(
             _member_query(access.organization_id).where(Membership.user_id == user_id)
@@ -510,7 +515,7 @@ async def _managed_membership(
 
 
 async def invite_member(
-    session: AsyncSession, access: OrgAccess, body: schemas.MemberInvite
+    session: AsyncSession, *, access: OrgAccess, body: schemas.MemberInvite
 ) -> schemas.MemberRead:
     """Add a member by email; an unknown email becomes an ``invited`` user without a password."""
     role = await _grantable_role(session, access, body.role_id)
@@ -524,20 +529,20 @@ async def invite_member(
         Membership(organization_id=access.organization_id, user_id=user.id, role_id=role.id)
     )
     await flush_unique(session, "this user is already a member of the organization")
-    return await get_member(session, access, user.id)
+    return await get_member(session, access=access, user_id=user.id)
 
 
 async def change_member_role(
-    session: AsyncSession, access: OrgAccess, user_id: UUID, body: schemas.MemberRoleUpdate
+    session: AsyncSession, *, access: OrgAccess, user_id: UUID, body: schemas.MemberRoleUpdate
 ) -> schemas.MemberRead:
     membership, _ = await _managed_membership(session, access, user_id, "re-roled")
     role = await _grantable_role(session, access, body.role_id)
     membership.role_id = role.id
     await session.flush()
-    return await get_member(session, access, user_id)
+    return await get_member(session, access=access, user_id=user_id)
 
 
-async def remove_member(session: AsyncSession, access: OrgAccess, user_id: UUID) -> None:
+async def remove_member(session: AsyncSession, *, access: OrgAccess, user_id: UUID) -> None:
     membership, _ = await _managed_membership(session, access, user_id, "removed")
     await session.delete(membership)
     await session.flush()
@@ -547,7 +552,7 @@ async def remove_member(session: AsyncSession, access: OrgAccess, user_id: UUID)
 
 
 async def create_platform_token(
-    session: AsyncSession, access: OrgAccess, body: schemas.PlatformTokenCreate
+    session: AsyncSession, *, access: OrgAccess, body: schemas.PlatformTokenCreate
 ) -> tuple[PlatformToken, str]:
     access.require_grantable(body.permissions)
     if body.expires_at is not None:
@@ -577,22 +582,24 @@ async def create_platform_token(
 
 
 async def list_platform_tokens(
-    session: AsyncSession, access: OrgAccess, paging: Paging
+    session: AsyncSession, *, access: OrgAccess, paging: Paging
 ) -> tuple[list[PlatformToken], int]:
     query = select(PlatformToken).where(PlatformToken.organization_id == access.organization_id)
     return await paginate(session, query, paging, PlatformToken.created_at, PlatformToken.id)
 
 
 async def get_platform_token(
-    session: AsyncSession, access: OrgAccess, token_id: UUID
+    session: AsyncSession, *, access: OrgAccess, token_id: UUID
 ) -> PlatformToken:
     return await one_in_org(
         session, PlatformToken, access.organization_id, token_id, "platform token"
     )
 
 
-async def revoke_platform_token(session: AsyncSession, access: OrgAccess, token_id: UUID) -> None:
-    pat = await get_platform_token(session, access, token_id)
+async def revoke_platform_token(
+    session: AsyncSession, *, access: OrgAccess, token_id: UUID
+) -> None:
+    pat = await get_platform_token(session, access=access, token_id=token_id)
     if pat.is_active:
         pat.is_active = False
         pat.updated_at = utcnow()
@@ -602,62 +609,15 @@ async def revoke_platform_token(session: AsyncSession, access: OrgAccess, token_
 # --- response shapes -----------------------------------------------------------------------------
 
 
-def user_read(user: User) -> schemas.UserRead:
-    return schemas.UserRead(
-        id=user.id,
-        email=user.email,
-        first_name=user.first_name,
-        last_name=user.last_name,
-        is_active=user.is_active,
-        timezone=user.timezone,
-        created_at=user.created_at,
-        updated_at=user.updated_at,
-        status=user.status,
-        invited_at=user.invited_at,
-    )
-
-
-def org_read(org: Organization) -> schemas.OrganizationRead:
-    return schemas.OrganizationRead(
-        id=org.id,
-        name=org.name,
-        business_information=org.business_information,
-        timezone=org.timezone,
-        created_by_user_id=org.created_by_user_id,
-        owner_user_id=org.owner_user_id,
-        created_at=org.created_at,
-        updated_at=org.updated_at,
-    )
-
-
-def role_info(role: Role) -> schemas.RoleInfo:
-    return schemas.RoleInfo(id=role.id, name=role.name, is_system=role.is_system)
-
-
 def role_read(role: Role) -> schemas.RoleRead:
-    return schemas.RoleRead(
-        id=role.id,
-        organization_id=role.organization_id,
-        name=role.name,
-        is_system=role.is_system,
-        permissions=ordered(role.permissions),
-        created_at=role.created_at,
-        updated_at=role.updated_at,
+    return msgspec.structs.replace(
+        schemas.RoleRead.from_row(role), permissions=ordered(role.permissions)
     )
 
 
 def platform_token_read(pat: PlatformToken) -> schemas.PlatformTokenRead:
-    return schemas.PlatformTokenRead(
-        id=pat.id,
-        name=pat.name,
-        organization_id=pat.organization_id,
-        permissions=ordered(pat.permissions),
-        expires_at=pat.expires_at,
-        last_used_at=pat.last_used_at,
-        is_active=pat.is_active,
-        created_at=pat.created_at,
-        updated_at=pat.updated_at,
-        token_preview=pat.token_preview,
+    return msgspec.structs.replace(
+        schemas.PlatformTokenRead.from_row(pat), permissions=ordered(pat.permissions)
     )
 
 

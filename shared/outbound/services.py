@@ -17,13 +17,12 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from uuid import UUID, uuid4
 
-from sqlalchemy import select, update
+from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from shared.crypto import secret_box
 from shared.db.base import utcnow
-from shared.db.engine import session_scope
-from shared.db.models import Agent, AllowedDomain, Credential, LLMProvider, Organization
+from shared.db.models import Agent, AllowedDomain, Credential, LLMProvider
 from shared.db.queries import flush_unique, one_in_org
 from shared.errors import Conflict, InvalidInput, NotFound
 from shared.identity.access import OrgAccess
@@ -31,6 +30,7 @@ from shared.outbound import schemas
 from shared.outbound.agents import AgentConfig
 from shared.outbound.egress import CREDENTIAL_REF, DomainRule, EgressPolicy, ProviderConfig
 from shared.paging import Paging, paginate
+from shared.runtime import provide_session
 from shared.settings import Settings
 
 _HOST_LABEL = re.compile(r"^(?!-)[a-z0-9-]{1,63}(?<!-)$")
@@ -118,13 +118,13 @@ async def _require_credentials(
 
 
 async def list_domains(
-    session: AsyncSession, access: OrgAccess, paging: Paging
+    session: AsyncSession, *, access: OrgAccess, paging: Paging
 ) -> tuple[list[AllowedDomain], int]:
     query = select(AllowedDomain).where(AllowedDomain.organization_id == access.organization_id)
     return await paginate(session, query, paging, AllowedDomain.created_at, AllowedDomain.id)
 
 
-async def get_domain(session: AsyncSession, access: OrgAccess, domain_id: UUID) -> AllowedDomain:
+async def get_domain(session: AsyncSession, *, access: OrgAccess, domain_id: UUID) -> AllowedDomain:
     return await one_in_org(
         session, AllowedDomain, access.organization_id, domain_id, "allowed domain"
     )
@@ -144,7 +144,7 @@ async def _check_domain_maps(
 
 
 async def create_domain(
-    session: AsyncSession, access: OrgAccess, body: schemas.AllowedDomainCreate
+    session: AsyncSession, *, access: OrgAccess, body: schemas.AllowedDomainCreate
 ) -> AllowedDomain:
     domain = normalize_domain(body.domain)
     await _check_domain_maps(session, access.organization_id, body.headers, body.query_params)
@@ -156,14 +156,13 @@ async def create_domain(
     )
     session.add(entry)
     await flush_unique(session, f"{domain} is already allowed")
-    await _changed(session, access.organization_id)
     return entry
 
 
 async def update_domain(
-    session: AsyncSession, access: OrgAccess, domain_id: UUID, body: schemas.AllowedDomainUpdate
+    session: AsyncSession, *, access: OrgAccess, domain_id: UUID, body: schemas.AllowedDomainUpdate
 ) -> AllowedDomain:
-    entry = await get_domain(session, access, domain_id)
+    entry = await get_domain(session, access=access, domain_id=domain_id)
     if body.domain is not schemas.UNSET:
         entry.domain = normalize_domain(body.domain)
     headers = entry.headers if body.headers is schemas.UNSET else dict(body.headers)
@@ -174,14 +173,12 @@ async def update_domain(
     entry.headers, entry.query_params = headers, query_params
     entry.updated_at = utcnow()
     await flush_unique(session, f"{entry.domain} is already allowed")
-    await _changed(session, access.organization_id)
     return entry
 
 
-async def delete_domain(session: AsyncSession, access: OrgAccess, domain_id: UUID) -> None:
-    await session.delete(await get_domain(session, access, domain_id))
+async def delete_domain(session: AsyncSession, *, access: OrgAccess, domain_id: UUID) -> None:
+    await session.delete(await get_domain(session, access=access, domain_id=domain_id))
     await session.flush()
-    await _changed(session, access.organization_id)
 
 
 # --- credentials --------------------------------------------------------------------------------
@@ -198,6 +195,7 @@ async def _credential(session: AsyncSession, org_id: UUID, key: str) -> Credenti
 
 async def put_credential(
     session: AsyncSession,
+    *,
     settings: Settings,
     access: OrgAccess,
     key: str,
@@ -221,19 +219,18 @@ async def put_credential(
     credential.description = body.description
     credential.updated_at = now
     await flush_unique(session, f"credential {key} was created concurrently; retry")
-    await _changed(session, access.organization_id)
     return credential, created
 
 
 async def list_credentials(
-    session: AsyncSession, access: OrgAccess, paging: Paging
+    session: AsyncSession, *, access: OrgAccess, paging: Paging
 ) -> tuple[list[Credential], int]:
     query = select(Credential).where(Credential.organization_id == access.organization_id)
     return await paginate(session, query, paging, Credential.created_at, Credential.id)
 
 
 async def credential_usage(
-    session: AsyncSession, access: OrgAccess, key: str
+    session: AsyncSession, *, access: OrgAccess, key: str
 ) -> schemas.CredentialUsage:
     """Exactly the providers (``credential_key``) and domains (a ``{{credentials.KEY}}``
     in a header or query value) that reference ``key``."""
@@ -262,9 +259,9 @@ async def credential_usage(
     )
 
 
-async def delete_credential(session: AsyncSession, access: OrgAccess, key: str) -> None:
+async def delete_credential(session: AsyncSession, *, access: OrgAccess, key: str) -> None:
     credential = await _credential(session, access.organization_id, key)
-    usage = await credential_usage(session, access, key)
+    usage = await credential_usage(session, access=access, key=key)
     if usage.llm_providers or usage.domains:
         names = [f"llm provider {p.name} ({p.id})" for p in usage.llm_providers] + [
             f"domain {d.domain} ({d.id})" for d in usage.domains
@@ -272,13 +269,14 @@ async def delete_credential(session: AsyncSession, access: OrgAccess, key: str) 
         raise Conflict(f"credential {key} is referenced by {', '.join(names)}")
     await session.delete(credential)
     await session.flush()
-    await _changed(session, access.organization_id)
 
 
 # --- LLM providers -------------------------------------------------------------------------------
 
 
-async def get_provider(session: AsyncSession, access: OrgAccess, provider_id: UUID) -> LLMProvider:
+async def get_provider(
+    session: AsyncSession, *, access: OrgAccess, provider_id: UUID
+) -> LLMProvider:
     return await _provider_in_org(session, access.organization_id, provider_id)
 
 
@@ -287,7 +285,7 @@ async def _provider_in_org(session: AsyncSession, org_id: UUID, provider_id: UUI
 
 
 async def list_providers(
-    session: AsyncSession, access: OrgAccess, paging: Paging
+    session: AsyncSession, *, access: OrgAccess, paging: Paging
 ) -> tuple[list[LLMProvider], int]:
     query = select(LLMProvider).where(LLMProvider.organization_id == access.organization_id)
     return await paginate(session, query, paging, LLMProvider.created_at, LLMProvider.id)
@@ -319,7 +317,7 @@ async def _settle_provider(session: AsyncSession, provider: LLMProvider) -> None
 
 
 async def create_provider(
-    session: AsyncSession, access: OrgAccess, body: schemas.LLMProviderCreate
+    session: AsyncSession, *, access: OrgAccess, body: schemas.LLMProviderCreate
 ) -> LLMProvider:
     provider = LLMProvider(
         id=uuid4(),
@@ -336,24 +334,22 @@ async def create_provider(
     await _settle_provider(session, provider)
     session.add(provider)
     await session.flush()
-    await _changed(session, access.organization_id)
     return provider
 
 
 async def update_provider(
-    session: AsyncSession, access: OrgAccess, provider_id: UUID, body: schemas.LLMProviderUpdate
+    session: AsyncSession, *, access: OrgAccess, provider_id: UUID, body: schemas.LLMProviderUpdate
 ) -> LLMProvider:
-    provider = await get_provider(session, access, provider_id)
+    provider = await get_provider(session, access=access, provider_id=provider_id)
     _apply(provider, body)
     provider.updated_at = utcnow()
     await _settle_provider(session, provider)
     await session.flush()
-    await _changed(session, access.organization_id)
     return provider
 
 
-async def delete_provider(session: AsyncSession, access: OrgAccess, provider_id: UUID) -> None:
-    provider = await get_provider(session, access, provider_id)
+async def delete_provider(session: AsyncSession, *, access: OrgAccess, provider_id: UUID) -> None:
+    provider = await get_provider(session, access=access, provider_id=provider_id)
     users = list(
         await session.scalars(
             select(Agent.name).where(
@@ -366,13 +362,12 @@ async def delete_provider(session: AsyncSession, access: OrgAccess, provider_id:
         raise Conflict(f"llm provider is used by agents: {', '.join(sorted(users))}")
     await session.delete(provider)
     await session.flush()
-    await _changed(session, access.organization_id)
 
 
 # --- agents ---------------------------------------------------------------------------------------
 
 
-async def get_agent(session: AsyncSession, access: OrgAccess, agent_id: UUID) -> Agent:
+async def get_agent(session: AsyncSession, *, access: OrgAccess, agent_id: UUID) -> Agent:
     return await agent_in_org(session, access.organization_id, agent_id)
 
 
@@ -381,7 +376,7 @@ async def agent_in_org(session: AsyncSession, org_id: UUID, agent_id: UUID) -> A
 
 
 async def list_agents(
-    session: AsyncSession, access: OrgAccess, paging: Paging
+    session: AsyncSession, *, access: OrgAccess, paging: Paging
 ) -> tuple[list[Agent], int]:
     query = select(Agent).where(Agent.organization_id == access.organization_id)
     return await paginate(session, query, paging, Agent.created_at, Agent.id)
@@ -407,45 +402,32 @@ async def _settle_agent(session: AsyncSession, agent: Agent) -> None:
 
 
 async def create_agent(
-    session: AsyncSession, access: OrgAccess, body: schemas.AgentCreate
+    session: AsyncSession, *, access: OrgAccess, body: schemas.AgentCreate
 ) -> Agent:
     agent = Agent(organization_id=access.organization_id, **_fields(body))
     await _settle_agent(session, agent)
     session.add(agent)
     await session.flush()
-    await _changed(session, access.organization_id)
     return agent
 
 
 async def update_agent(
-    session: AsyncSession, access: OrgAccess, agent_id: UUID, body: schemas.AgentUpdate
+    session: AsyncSession, *, access: OrgAccess, agent_id: UUID, body: schemas.AgentUpdate
 ) -> Agent:
-    agent = await get_agent(session, access, agent_id)
+    agent = await get_agent(session, access=access, agent_id=agent_id)
     _apply(agent, body)
     agent.updated_at = utcnow()
     await _settle_agent(session, agent)
     await session.flush()
-    await _changed(session, access.organization_id)
     return agent
 
 
-async def delete_agent(session: AsyncSession, access: OrgAccess, agent_id: UUID) -> None:
-    await session.delete(await get_agent(session, access, agent_id))
+async def delete_agent(session: AsyncSession, *, access: OrgAccess, agent_id: UUID) -> None:
+    await session.delete(await get_agent(session, access=access, agent_id=agent_id))
     await session.flush()
-    await _changed(session, access.organization_id)
 
 
 # --- what the egress client needs at call time ---------------------------------------------------
-
-
-async def _changed(session: AsyncSession, org_id: UUID) -> None:
-    """Every write above ends here: runs that start after it commits load afresh."""
-    await session.execute(
-        update(Organization)
-        .where(Organization.id == org_id)
-        .values(outbound_version=Organization.outbound_version + 1)
-        .execution_options(synchronize_session=False)
-    )
 
 
 async def _decrypted_credentials(
@@ -549,8 +531,9 @@ async def load_outbound(
     """The agent's :class:`OutboundConfig`, as of the organization's ``outbound_version``
     (read by the caller).  Cached per worker process under that version: a batch of
     hundreds of runs loads it once, and any change to the agents, providers, credentials
-    or allowed domains (each bumps the version) is seen by the next run to start.  A session
-    of ``factory`` is opened only to load.  Raises :class:`NotFound` when the agent or its
+    or allowed domains (a trigger on each of those tables bumps the version, migration
+    0008) is seen by the next run to start.  A session of ``factory`` is opened only to
+    load.  Raises :class:`NotFound` when the agent or its
     provider is gone."""
     key = (org_id, agent_id, version, settings)
     cached = _outbound_cache.get(key)
@@ -564,7 +547,7 @@ async def load_outbound(
         async with _loading.setdefault(loading, asyncio.Lock()):
             cached = _outbound_cache.get(key)
             if cached is None:
-                async with session_scope(factory) as session:
+                async with provide_session(factory) as session:
                     cached = await _load_outbound(session, settings, org_id, agent_id)
                 _outbound_cache[key] = cached
                 while len(_outbound_cache) > OUTBOUND_CACHE_SIZE:
@@ -604,36 +587,3 @@ def _apply(row: object, body: schemas.Input) -> None:
     for name, value in _fields(body).items():
         if value is not schemas.UNSET:
             setattr(row, name, value)
-
-
-def domain_read(entry: AllowedDomain) -> schemas.AllowedDomainRead:
-    return schemas.AllowedDomainRead(
-        id=entry.id,
-        organization_id=entry.organization_id,
-        domain=entry.domain,
-        headers=dict(entry.headers),
-        query_params=dict(entry.query_params),
-        created_at=entry.created_at,
-        updated_at=entry.updated_at,
-    )
-
-
-def credential_read(credential: Credential) -> schemas.CredentialRead:
-    return schemas.CredentialRead(
-        key=credential.key,
-        description=credential.description,
-        created_at=credential.created_at,
-        updated_at=credential.updated_at,
-    )
-
-
-def provider_read(provider: LLMProvider) -> schemas.LLMProviderRead:
-    return schemas.LLMProviderRead(
-        **{name: getattr(provider, name) for name in schemas.LLMProviderRead.__struct_fields__}
-    )
-
-
-def agent_read(agent: Agent) -> schemas.AgentRead:
-    return schemas.AgentRead(
-        **{name: getattr(agent, name) for name in schemas.AgentRead.__struct_fields__}
-    )

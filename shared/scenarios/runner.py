@@ -31,10 +31,21 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from shared.errors import NotFound
 from shared.llm.judge import Judgement, judge
 from shared.metrics import RUNS_IN_FLIGHT, in_flight, run_finished
-from shared.outbound.agents import AgentConfig, call_agent
+from shared.outbound.agents import AgentConfig, AgentReply, call_agent
 from shared.outbound.egress import EgressClient, EgressError, ProviderConfig
 from shared.outbound.services import load_outbound
 from shared.scenarios import checks, store
+from shared.scenarios.records import (
+    CallCost,
+    CostSummary,
+    CriterionRecord,
+    DoneTurn,
+    Snapshot,
+    SnapshotCriterion,
+    SnapshotTurn,
+    TurnRecord,
+)
+from shared.scenarios.schemas import RunStatus
 from shared.scenarios.templates import MAX_RENDERED_CHARS, uses_reserved_name
 from shared.scenarios.templates import environment as _templates
 from shared.settings import Settings
@@ -86,25 +97,13 @@ def render_message(template: str, customer_context: dict[str, Any]) -> str:
 class _Context:
     run_id: UUID
     session_id: str
-    snapshot: dict[str, Any]
+    snapshot: Snapshot
     agent: AgentConfig
     egress: EgressClient
     judge_provider: ProviderConfig | None
     judge_model: str | None
     business_information: str
-    cost: dict[str, Any]  # the run's cost_summary as committed so far
-
-
-def _add_cost(cost: dict[str, Any], delta: dict[str, Any]) -> dict[str, Any]:
-    """``cost`` (a run's cost_summary, possibly empty) with one turn's ``delta`` added."""
-    total = {side: dict(cost.get(side) or {}) for side in ("agent", "judge")}
-    for side in ("agent", "judge"):
-        for key, value in delta[side].items():
-            total[side][key] = total[side].get(key, 0) + value
-    total["estimated_cost_usd"] = round(
-        (cost.get("estimated_cost_usd") or 0.0) + delta["estimated_cost_usd"], 8
-    )
-    return total
+    cost: CostSummary  # the run's cost_summary as committed so far
 
 
 def _price(provider: ProviderConfig | None, tokens_in: int, tokens_out: int) -> float:
@@ -120,7 +119,7 @@ async def _claim(
     settings: Settings,
     run_id: UUID,
     http: aiohttp.ClientSession | None,
-) -> tuple[_Context, list[store.DoneTurn]] | None:
+) -> tuple[_Context, list[DoneTurn]] | None:
     """Move the run to ``running`` (unless it is terminal) and load what playing it needs:
     the turns already committed, the agent, the egress policy, the judge."""
     run = await store.claim(factory, run_id)
@@ -146,16 +145,29 @@ async def _claim(
     return context, run.done
 
 
+@dataclass(frozen=True, slots=True)
+class _Verdict:
+    """A criterion's verdict on a turn, and the judge's call when one decided it."""
+
+    verdict: str
+    critique: str
+    evidence: str
+    judgement: Judgement | None = None
+
+
 async def _evaluate(
-    context: _Context, criterion: dict[str, Any], conversation: list[dict[str, str]], reply: str
-) -> tuple[dict[str, Any], Judgement | None]:
-    kind = criterion["criteria_type"]
+    context: _Context,
+    criterion: SnapshotCriterion,
+    conversation: list[dict[str, str]],
+    reply: str,
+) -> _Verdict:
+    kind = criterion.criteria_type
     if kind != "llm_evaluated":
         try:
-            verdict, critique, evidence = await checks.verdict(kind, criterion["question"], reply)
+            verdict, critique, evidence = await checks.verdict(kind, criterion.question, reply)
         except checks.CheckUndecided as exc:
             raise RunAborted(f"criterion: {exc}") from None
-        return {"verdict": verdict, "critique": critique, "evidence": evidence}, None
+        return _Verdict(verdict, critique, evidence)
     if context.judge_provider is None:
         raise RunAborted(
             "judge: no judge provider (set the agent's judge_provider_id or an LLM provider "
@@ -165,23 +177,22 @@ async def _evaluate(
         result = await judge(
             context.egress,
             context.judge_provider,
-            question=criterion["question"],
+            question=criterion.question,
             conversation=conversation,
-            few_shot_examples=criterion.get("few_shot_examples"),
+            few_shot_examples=criterion.few_shot_examples,
             business_information=context.business_information,
             model=context.judge_model,
         )
     except EgressError as exc:
         raise RunAborted(f"judge: {exc}") from None
-    return {
-        "verdict": result.verdict,
-        "critique": result.critique,
-        "evidence": result.evidence,
-    }, result
+    return _Verdict(result.verdict, result.critique, result.evidence, result)
 
 
 async def finish(
-    factory: async_sessionmaker[AsyncSession], run_id: UUID, status: str, error: str | None = None
+    factory: async_sessionmaker[AsyncSession],
+    run_id: UUID,
+    status: RunStatus,
+    error: str | None = None,
 ) -> list[UUID] | None:
     """Move a non-terminal run to ``status``, counted in its batch with the run that takes
     its place handed out (:func:`shared.scenarios.store.end`): ``None`` when the run was
@@ -213,108 +224,141 @@ async def execute_run(
         return await _run_turns(factory, context, done)
     except RunAborted as exc:
         log.info("run %s ends in error: %s", run_id, exc)
-        return await finish(factory, run_id, "error", str(exc))
+        return await finish(factory, run_id, RunStatus.ERROR, str(exc))
 
 
 async def _run_turns(
-    factory: async_sessionmaker[AsyncSession], context: _Context, done: list[store.DoneTurn]
+    factory: async_sessionmaker[AsyncSession], context: _Context, done: list[DoneTurn]
 ) -> list[UUID] | None:
     """Play the turns not yet committed and end the run (its last turn is written in the
     same commit as its end).  ``None`` if another delivery won, else the successors."""
+    history = _history(done)
+    all_passed = all(t.passed for t in done)
+    remaining = _remaining(context.snapshot, done)
+    if not remaining or any(t.stopped_early for t in done):  # nothing left to play
+        return await finish(factory, context.run_id, _outcome(all_passed))
+    for position, turn in enumerate(remaining):
+        played = await _play(context, turn, history)
+        all_passed = all_passed and played.record.passed
+        last = played.record.stopped_early or position == len(remaining) - 1
+        cost = context.cost + played.cost
+        # The turns a failed required turn leaves unplayed are recorded with the run's end.
+        skipped = [t.order_index for t in remaining[position + 1 :]] if last else []
+        outcome = await store.record_turn(
+            factory,
+            context.run_id,
+            played.record,
+            played.results,
+            cost,
+            end=_outcome(all_passed) if last else None,
+            skipped=skipped,
+        )
+        if outcome is None or last:
+            if outcome is not None:
+                run_finished(_outcome(all_passed))
+            return outcome
+        context.cost = cost
+        history = played.conversation
+    raise AssertionError("unreachable: the last remaining turn ends the run")
+
+
+def _outcome(all_passed: bool) -> RunStatus:
+    return RunStatus.PASSED if all_passed else RunStatus.FAILED
+
+
+def _history(done: list[DoneTurn]) -> list[dict[str, str]]:
+    """The conversation the committed turns held, to resume it."""
     history: list[dict[str, str]] = []
     for turn in done:
         history += [
             {"role": "user", "content": turn.user_message},
             {"role": "assistant", "content": turn.response_content},
         ]
-    all_passed = all(t.passed for t in done)
+    return history
+
+
+def _remaining(snapshot: Snapshot, done: list[DoneTurn]) -> list[SnapshotTurn]:
     done_indexes = {t.turn_index for t in done}
-    remaining = [t for t in context.snapshot["turns"] if t["order_index"] not in done_indexes]
-    if not remaining or any(t.stopped_early for t in done):  # nothing left to play
-        return await finish(factory, context.run_id, "passed" if all_passed else "failed")
-    customer_context = context.snapshot.get("customer_context") or {}
-    for position, turn in enumerate(remaining):
-        index = turn["order_index"]
-        message = render_message(turn["user_message"], customer_context)
-        try:
-            reply = await call_agent(
-                context.egress,
-                context.agent,
-                session_id=context.session_id,
-                message=message,
-                history=history,
-                customer_context=customer_context,
-                metadata={"run_id": str(context.run_id), "turn_index": index},
-            )
-        except EgressError as exc:
-            raise RunAborted(f"agent: {exc}") from None
-        conversation = [
-            *history,
-            {"role": "user", "content": message},
-            {"role": "assistant", "content": reply.content},
-        ]
-        evaluated = await asyncio.gather(
-            *(_evaluate(context, c, conversation, reply.content) for c in turn["criteria"])
+    return [t for t in snapshot.turns if t.order_index not in done_indexes]
+
+
+@dataclass(frozen=True, slots=True)
+class _Played:
+    """A turn played, not yet committed: what to write, and the conversation after it."""
+
+    record: TurnRecord
+    results: list[CriterionRecord]
+    cost: CostSummary
+    conversation: list[dict[str, str]]
+
+
+async def _play(context: _Context, turn: SnapshotTurn, history: list[dict[str, str]]) -> _Played:
+    """Render the turn's message, send it to the agent, judge every criterion at once."""
+    customer_context = context.snapshot.customer_context or {}
+    message = render_message(turn.user_message, customer_context)
+    try:
+        reply = await call_agent(
+            context.egress,
+            context.agent,
+            session_id=context.session_id,
+            message=message,
+            history=history,
+            customer_context=customer_context,
+            metadata={"run_id": str(context.run_id), "turn_index": turn.order_index},
         )
-        passed = all(verdict["verdict"] == "PASS" for verdict, _ in evaluated)
-        stopped = bool(turn["required"]) and not passed
-        judgements = [j for _, j in evaluated if j is not None]
-        judge_in = sum(j.input_tokens for j in judgements)
-        judge_out = sum(j.output_tokens for j in judgements)
-        cost_delta = {
-            "agent": {
-                "calls": 1,
-                "input_tokens": reply.input_tokens,
-                "output_tokens": reply.output_tokens,
-                "latency_ms": round(reply.latency_ms, 1),
-            },
-            "judge": {
-                "calls": sum(j.calls for j in judgements),
-                "input_tokens": judge_in,
-                "output_tokens": judge_out,
-                "latency_ms": round(sum(j.latency_ms for j in judgements), 1),
-            },
-            "estimated_cost_usd": _price(
-                context.agent.provider, reply.input_tokens, reply.output_tokens
-            )
-            + _price(context.judge_provider, judge_in, judge_out),
-        }
-        cost = _add_cost(context.cost, cost_delta)
-        all_passed = all_passed and passed
-        last = stopped or position == len(remaining) - 1
-        outcome = await store.record_turn(
-            factory,
-            context.run_id,
-            uuid.uuid4(),
-            {
-                "turn_index": index,
-                "user_message": message,
-                "response_content": reply.content,
-                "passed": passed,
-                "stopped_early": stopped,
-            },
-            [
-                {
-                    "id": uuid.uuid4(),
-                    "criteria_id": UUID(criterion["id"]),
-                    "order_index": criterion["order_index"],
-                    "verdict": verdict["verdict"],
-                    "critique": verdict["critique"],
-                    "evidence": verdict["evidence"],
-                    "input_tokens": judgement.input_tokens if judgement else 0,
-                    "output_tokens": judgement.output_tokens if judgement else 0,
-                }
-                for criterion, (verdict, judgement) in zip(turn["criteria"], evaluated, strict=True)
-            ],
-            cost,
-            end=("passed" if all_passed else "failed") if last else None,
-            # The turns a failed required turn leaves unplayed, recorded with the run's end.
-            skipped=[t["order_index"] for t in remaining[position + 1 :]] if stopped else (),
+    except EgressError as exc:
+        raise RunAborted(f"agent: {exc}") from None
+    conversation = [
+        *history,
+        {"role": "user", "content": message},
+        {"role": "assistant", "content": reply.content},
+    ]
+    verdicts = await asyncio.gather(
+        *(_evaluate(context, c, conversation, reply.content) for c in turn.criteria)
+    )
+    passed = all(v.verdict == "PASS" for v in verdicts)
+    record = TurnRecord(
+        id=uuid.uuid4(),
+        turn_index=turn.order_index,
+        user_message=message,
+        response_content=reply.content,
+        passed=passed,
+        stopped_early=turn.required and not passed,
+    )
+    results = [
+        CriterionRecord(
+            id=uuid.uuid4(),
+            criteria_id=UUID(criterion.id),
+            order_index=criterion.order_index,
+            verdict=v.verdict,
+            critique=v.critique,
+            evidence=v.evidence,
+            input_tokens=v.judgement.input_tokens if v.judgement else 0,
+            output_tokens=v.judgement.output_tokens if v.judgement else 0,
         )
-        if outcome is None or last:
-            if outcome is not None:
-                run_finished("passed" if all_passed else "failed")
-            return outcome
-        context.cost = cost
-        history = conversation
-    raise AssertionError("unreachable: the last remaining turn ends the run")
+        for criterion, v in zip(turn.criteria, verdicts, strict=True)
+    ]
+    return _Played(record, results, _turn_cost(context, reply, verdicts), conversation)
+
+
+def _turn_cost(context: _Context, reply: AgentReply, verdicts: list[_Verdict]) -> CostSummary:
+    """What one turn cost: the agent's call, the judge's calls, their estimated price."""
+    judgements = [v.judgement for v in verdicts if v.judgement is not None]
+    judge_in = sum(j.input_tokens for j in judgements)
+    judge_out = sum(j.output_tokens for j in judgements)
+    return CostSummary(
+        agent=CallCost(
+            calls=1,
+            input_tokens=reply.input_tokens,
+            output_tokens=reply.output_tokens,
+            latency_ms=round(reply.latency_ms, 1),
+        ),
+        judge=CallCost(
+            calls=sum(j.calls for j in judgements),
+            input_tokens=judge_in,
+            output_tokens=judge_out,
+            latency_ms=round(sum(j.latency_ms for j in judgements), 1),
+        ),
+        estimated_cost_usd=_price(context.agent.provider, reply.input_tokens, reply.output_tokens)
+        + _price(context.judge_provider, judge_in, judge_out),
+    )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import enum
 from datetime import datetime
 from typing import Annotated, Any, Literal
 from uuid import UUID
@@ -15,10 +16,21 @@ UnsetType = msgspec.UnsetType
 
 CriteriaType = Literal["llm_evaluated", "contains", "not_contains", "regex"]
 Verdict = Literal["PASS", "FAIL"]
-RunStatus = Literal["pending", "running", "passed", "failed", "error"]
+
+
+class RunStatus(enum.StrEnum):
+    """A run moves ``pending`` -> ``running`` -> one of the terminal three, never back."""
+
+    PENDING = "pending"
+    RUNNING = "running"
+    PASSED = "passed"
+    FAILED = "failed"
+    ERROR = "error"
+
+
 TurnStatus = Literal["passed", "failed", "skipped"]
-TERMINAL_STATUSES = frozenset({"passed", "failed", "error"})
-OPEN_STATUSES = ("pending", "running")  # a run in these may still move; never back to them
+TERMINAL_STATUSES = frozenset({RunStatus.PASSED, RunStatus.FAILED, RunStatus.ERROR})
+OPEN_STATUSES = (RunStatus.PENDING, RunStatus.RUNNING)  # may still move; never back to them
 Tag = Annotated[str, text(1, 100)]
 LongText = Annotated[str, text(0, 100_000)]
 

@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-import json
 import uuid
 from typing import Any
 from uuid import UUID
 
 from sqlalchemy import (
+    CTE,
     ColumnElement,
     FromClause,
     Select,
-    String,
     Subquery,
     Text,
     cast,
@@ -19,9 +18,8 @@ from sqlalchemy import (
     literal_column,
     or_,
     select,
-    type_coerce,
 )
-from sqlalchemy.dialects.postgresql import JSONB, aggregate_order_by
+from sqlalchemy.dialects.postgresql import aggregate_order_by
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import selectinload
 
@@ -96,7 +94,7 @@ def _with_turns(query: Select[Any]) -> Select[Any]:
     return query.options(selectinload(Scenario.turns).selectinload(ScenarioTurn.criteria))
 
 
-async def get_scenario(session: AsyncSession, access: OrgAccess, scenario_id: UUID) -> Scenario:
+async def get_scenario(session: AsyncSession, *, access: OrgAccess, scenario_id: UUID) -> Scenario:
     scenario = await session.scalar(
         _with_turns(
             select(Scenario).where(
@@ -110,7 +108,7 @@ async def get_scenario(session: AsyncSession, access: OrgAccess, scenario_id: UU
 
 
 async def create_scenario(
-    session: AsyncSession, access: OrgAccess, body: schemas.ScenarioCreate
+    session: AsyncSession, *, access: OrgAccess, body: schemas.ScenarioCreate
 ) -> Scenario:
     _check_turns(body.turns, body.customer_context)
     scenario_id = uuid.uuid4()
@@ -126,13 +124,13 @@ async def create_scenario(
     )
     session.add(scenario)
     await session.flush()
-    return await get_scenario(session, access, scenario_id)
+    return await get_scenario(session, access=access, scenario_id=scenario_id)
 
 
 async def update_scenario(
-    session: AsyncSession, access: OrgAccess, scenario_id: UUID, body: schemas.ScenarioUpdate
+    session: AsyncSession, *, access: OrgAccess, scenario_id: UUID, body: schemas.ScenarioUpdate
 ) -> Scenario:
-    scenario = await get_scenario(session, access, scenario_id)
+    scenario = await get_scenario(session, access=access, scenario_id=scenario_id)
     if body.name not in (schemas.UNSET, None):
         scenario.name = body.name
     if body.description is not schemas.UNSET:
@@ -158,27 +156,23 @@ async def update_scenario(
                 )
     scenario.updated_at = utcnow()
     await session.flush()
-    return await get_scenario(session, access, scenario_id)
+    return await get_scenario(session, access=access, scenario_id=scenario_id)
 
 
-async def delete_scenario(session: AsyncSession, access: OrgAccess, scenario_id: UUID) -> None:
+async def delete_scenario(session: AsyncSession, *, access: OrgAccess, scenario_id: UUID) -> None:
     """Delete the scenario; its runs keep their history (they hold a snapshot)."""
-    scenario = await get_scenario(session, access, scenario_id)
+    scenario = await get_scenario(session, access=access, scenario_id=scenario_id)
     await session.delete(scenario)
     await session.flush()
 
 
 def tag_filter(session: AsyncSession, tags: list[str]) -> Any:
-    """Scenarios carrying any of ``tags`` (JSONB containment on PostgreSQL)."""
-    if session.get_bind().dialect.name == "postgresql":
-        column = type_coerce(Scenario.tags, JSONB)
-        return or_(*(column.contains([tag]) for tag in tags))
-    # SQLite (spar dev): the JSON text holds each tag as a quoted string.
-    return or_(*(cast(Scenario.tags, String).contains(json.dumps(tag)) for tag in tags))
+    """Scenarios carrying any of ``tags`` (JSONB containment)."""
+    return or_(*(Scenario.tags.contains([tag]) for tag in tags))
 
 
 async def list_scenarios(
-    session: AsyncSession, access: OrgAccess, paging: Paging, tag: str | None
+    session: AsyncSession, *, access: OrgAccess, paging: Paging, tag: str | None
 ) -> tuple[list[schemas.ScenarioSummary], int]:
     turn_count = (
         select(func.count(ScenarioTurn.id))
@@ -204,149 +198,35 @@ async def list_scenarios(
     ], total
 
 
-async def snapshots(
-    session: AsyncSession, org_id: UUID, *conditions: ColumnElement[bool]
-) -> list[tuple[UUID, dict[str, Any]]]:
-    """``(scenario id, snapshot)`` of the organization's scenarios matching ``conditions``,
-    in creation order.  A snapshot is what a run executes: the scenario as it is now, so
-    later edits don't change the run.  Three plain queries, whatever the number of
-    scenarios (a batch may take thousands)."""
-    matching = select(Scenario.id).where(Scenario.organization_id == org_id, *conditions)
-    scenarios = await session.execute(
-        select(Scenario.id, Scenario.name, Scenario.customer_context)
-        .where(Scenario.id.in_(matching))
-        .order_by(Scenario.created_at, Scenario.id)
+async def snapshot_of(session: AsyncSession, org_id: UUID, scenario_id: UUID) -> Any | None:
+    """The organization's scenario as a run executes it (``None`` if there is none): its
+    snapshot, built by :func:`snapshot_source` like a batch's."""
+    picked = (
+        select(Scenario.id)
+        .where(Scenario.id == scenario_id, Scenario.organization_id == org_id)
+        .subquery("picked")
     )
-    turns = await session.execute(
-        select(
-            ScenarioTurn.id,
-            ScenarioTurn.scenario_id,
-            ScenarioTurn.order_index,
-            ScenarioTurn.user_message,
-            ScenarioTurn.required,
-        )
-        .where(ScenarioTurn.scenario_id.in_(matching))
-        .order_by(ScenarioTurn.scenario_id, ScenarioTurn.order_index)
-    )
-    criteria = await session.execute(
-        select(
-            Criterion.id,
-            Criterion.turn_id,
-            Criterion.order_index,
-            Criterion.question,
-            Criterion.criteria_type,
-            Criterion.few_shot_examples,
-        )
-        .join(ScenarioTurn, ScenarioTurn.id == Criterion.turn_id)
-        .where(ScenarioTurn.scenario_id.in_(matching))
-        .order_by(Criterion.turn_id, Criterion.order_index)
-    )
-    criteria_of: dict[UUID, list[dict[str, Any]]] = {}
-    for c in criteria:
-        criteria_of.setdefault(c.turn_id, []).append(
-            {
-                "id": str(c.id),
-                "order_index": c.order_index,
-                "question": c.question,
-                "criteria_type": c.criteria_type,
-                "few_shot_examples": c.few_shot_examples,
-            }
-        )
-    turns_of: dict[UUID, list[dict[str, Any]]] = {}
-    for t in turns:
-        turns_of.setdefault(t.scenario_id, []).append(
-            {
-                "id": str(t.id),
-                "order_index": t.order_index,
-                "user_message": t.user_message,
-                "required": t.required,
-                "criteria": criteria_of.get(t.id, []),
-            }
-        )
-    return [
-        (
-            sc.id,
-            {
-                "name": sc.name,
-                "customer_context": sc.customer_context,
-                "turns": turns_of.get(sc.id, []),
-            },
-        )
-        for sc in scenarios
-    ]
+    return await session.scalar(select(snapshot_source(picked).c.snapshot))
 
 
 def snapshot_source(scenario_ids: FromClause) -> Subquery:
     """``(scenario_id, snapshot, position)`` for the scenarios whose ids ``scenario_ids``
     (one ``id`` column) lists: each snapshot built by PostgreSQL as JSONB, in the shape
-    :func:`snapshots` builds, and its position in creation order (from 1).  A batch of
-    thousands of runs is fanned out by one ``INSERT … SELECT`` without its snapshots crossing
-    the wire; the criteria and turns are aggregated once per turn and per scenario, not by a
-    subquery per row.  The test suite checks that both builders give the same snapshot."""
-    scenario = Scenario.__table__
-    turn = ScenarioTurn.__table__
-    criterion = Criterion.__table__
-    empty = literal_column("'[]'::jsonb")
+    :class:`shared.scenarios.records.Snapshot` decodes, and its position in creation order
+    (from 1).  A batch of thousands of runs is fanned out by one
+    ``INSERT … SELECT`` without its snapshots crossing the wire; the criteria and turns are
+    aggregated once per turn and per scenario, not by a subquery per row.  A single run's
+    snapshot is built by it too (:func:`snapshot_of`)."""
     wanted = select(scenario_ids.c.id).scalar_subquery()
-    criteria = (
-        select(
-            criterion.c.turn_id,
-            func.jsonb_agg(
-                aggregate_order_by(
-                    func.jsonb_build_object(
-                        "id",
-                        cast(criterion.c.id, Text),
-                        "order_index",
-                        criterion.c.order_index,
-                        "question",
-                        criterion.c.question,
-                        "criteria_type",
-                        criterion.c.criteria_type,
-                        "few_shot_examples",
-                        criterion.c.few_shot_examples,
-                    ),
-                    criterion.c.order_index,
-                )
-            ).label("entries"),
-        )
-        .join(turn, turn.c.id == criterion.c.turn_id)
-        .where(turn.c.scenario_id.in_(wanted))
-        .group_by(criterion.c.turn_id)
-        .cte("snapshot_criteria")
-    )
-    turns = (
-        select(
-            turn.c.scenario_id,
-            func.jsonb_agg(
-                aggregate_order_by(
-                    func.jsonb_build_object(
-                        "id",
-                        cast(turn.c.id, Text),
-                        "order_index",
-                        turn.c.order_index,
-                        "user_message",
-                        turn.c.user_message,
-                        "required",
-                        turn.c.required,
-                        "criteria",
-                        func.coalesce(criteria.c.entries, empty),
-                    ),
-                    turn.c.order_index,
-                )
-            ).label("entries"),
-        )
-        .outerjoin(criteria, criteria.c.turn_id == turn.c.id)
-        .where(turn.c.scenario_id.in_(wanted))
-        .group_by(turn.c.scenario_id)
-        .cte("snapshot_turns")
-    )
+    turns = _snapshot_turns(wanted, _snapshot_criteria(wanted))
+    scenario = Scenario.__table__
     return (
         select(
             scenario.c.id.label("scenario_id"),
             func.jsonb_build_object(
                 "name", scenario.c.name,
                 "customer_context", scenario.c.customer_context,
-                "turns", func.coalesce(turns.c.entries, empty),
+                "turns", func.coalesce(turns.c.entries, _EMPTY),
             ).label("snapshot"),
             func.row_number()
             .over(order_by=(scenario.c.created_at, scenario.c.id))
@@ -361,12 +241,62 @@ def snapshot_source(scenario_ids: FromClause) -> Subquery:
     )  # fmt: skip
 
 
+_EMPTY = literal_column("'[]'::jsonb")
+
+
+def _snapshot_criteria(wanted: ColumnElement[Any]) -> CTE:
+    """``(turn_id, entries)``: each turn's criteria of the ``wanted`` scenarios, as one JSON
+    array in order."""
+    criterion = Criterion.__table__
+    turn = ScenarioTurn.__table__
+    entry = func.jsonb_build_object(
+        "id", cast(criterion.c.id, Text),
+        "order_index", criterion.c.order_index,
+        "question", criterion.c.question,
+        "criteria_type", criterion.c.criteria_type,
+        "few_shot_examples", criterion.c.few_shot_examples,
+    )  # fmt: skip
+    return (
+        select(
+            criterion.c.turn_id,
+            func.jsonb_agg(aggregate_order_by(entry, criterion.c.order_index)).label("entries"),
+        )
+        .join(turn, turn.c.id == criterion.c.turn_id)
+        .where(turn.c.scenario_id.in_(wanted))
+        .group_by(criterion.c.turn_id)
+        .cte("snapshot_criteria")
+    )
+
+
+def _snapshot_turns(wanted: ColumnElement[Any], criteria: CTE) -> CTE:
+    """``(scenario_id, entries)``: each ``wanted`` scenario's turns with their ``criteria``,
+    as one JSON array in order."""
+    turn = ScenarioTurn.__table__
+    entry = func.jsonb_build_object(
+        "id", cast(turn.c.id, Text),
+        "order_index", turn.c.order_index,
+        "user_message", turn.c.user_message,
+        "required", turn.c.required,
+        "criteria", func.coalesce(criteria.c.entries, _EMPTY),
+    )  # fmt: skip
+    return (
+        select(
+            turn.c.scenario_id,
+            func.jsonb_agg(aggregate_order_by(entry, turn.c.order_index)).label("entries"),
+        )
+        .outerjoin(criteria, criteria.c.turn_id == turn.c.id)
+        .where(turn.c.scenario_id.in_(wanted))
+        .group_by(turn.c.scenario_id)
+        .cte("snapshot_turns")
+    )
+
+
 async def start_run(
     session: AsyncSession, access: OrgAccess, scenario_id: UUID, body: schemas.RunCreate
 ) -> ScenarioRun:
     """A pending run of the scenario against the agent; the caller commits, then enqueues."""
-    found = await snapshots(session, access.organization_id, Scenario.id == scenario_id)
-    if not found:
+    snapshot = await snapshot_of(session, access.organization_id, scenario_id)
+    if snapshot is None:
         raise NotFound("scenario not found")
     await agent_in_org(session, access.organization_id, body.agent_id)
     run = ScenarioRun(
@@ -375,7 +305,7 @@ async def start_run(
         scenario_id=scenario_id,
         agent_id=body.agent_id,
         status="pending",
-        snapshot=found[0][1],
+        snapshot=snapshot,
         created_by_user_id=access.principal.user_id,
         turn_results=[],
     )
@@ -422,43 +352,6 @@ async def list_runs(
 
 
 # --- response shapes ---------------------------------------------------------------------------
-
-
-def scenario_read(scenario: Scenario) -> schemas.ScenarioRead:
-    return schemas.ScenarioRead(
-        id=scenario.id,
-        organization_id=scenario.organization_id,
-        name=scenario.name,
-        description=scenario.description,
-        tags=list(scenario.tags),
-        customer_context=dict(scenario.customer_context),
-        created_by_user_id=scenario.created_by_user_id,
-        created_at=scenario.created_at,
-        updated_at=scenario.updated_at,
-        turns=[
-            schemas.ScenarioTurnRead(
-                id=turn.id,
-                scenario_id=turn.scenario_id,
-                order_index=turn.order_index,
-                user_message=turn.user_message,
-                required=turn.required,
-                criteria=[
-                    schemas.CriterionRead(
-                        id=c.id,
-                        turn_id=c.turn_id,
-                        question=c.question,
-                        criteria_type=c.criteria_type,
-                        order_index=c.order_index,
-                        few_shot_examples=[
-                            schemas.FewShotExampleRead(**example) for example in c.few_shot_examples
-                        ],
-                    )
-                    for c in turn.criteria
-                ],
-            )
-            for turn in scenario.turns
-        ],
-    )
 
 
 def run_read(run: ScenarioRun, *, with_results: bool) -> schemas.ScenarioRunRead:

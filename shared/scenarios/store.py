@@ -3,15 +3,14 @@
 A batch executes these thousands of times a minute, so they are built once, as Core
 statements, and each state change costs as little as the backend allows:
 
-* on PostgreSQL, every state change is **one statement that commits on its own**
-  (data-modifying CTEs), executed straight on psycopg (:mod:`shared.db.direct`): a turn
-  with its criterion results and the run's cost; a run's end with its batch's count and
-  its successor's hand-out (and, when a failed required turn stopped it, the turns left
-  unplayed, recorded as skipped).  Atomic by itself, with no BEGIN or COMMIT round trip, and
-  its row locks released the moment it ends — the batch row, which every run of a batch
-  writes, is never held across a round trip to a busy worker;
-* elsewhere (SQLite, ``spar dev``) the same changes run as short SQLAlchemy transactions
-  of the same pieces.
+every state change is **one statement that commits on its own** (data-modifying CTEs),
+executed straight on psycopg (:mod:`shared.db.direct`): the claim with the turns already
+committed; a turn with its criterion results and the run's cost; a run's end with its
+batch's side (:func:`shared.batches.window.settle`: its count and its successor's
+hand-out) and, when a failed required turn stopped it, the turns left unplayed, recorded
+as skipped.  Atomic by itself, with no BEGIN or COMMIT round trip, and its row locks
+released the moment it ends — the batch row, which every run of a batch writes, is never
+held across a round trip to a busy worker.
 
 Every change is guarded in SQL, so a redelivered message changes nothing twice: a claim
 only takes a run that is not terminal, a turn is written only while the run is
@@ -26,10 +25,11 @@ import uuid
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import timedelta
 from typing import Any
 from uuid import UUID
 
+import msgspec
 import psycopg
 from psycopg import AsyncConnection
 from sqlalchemy import (
@@ -51,15 +51,20 @@ from sqlalchemy import (
     update,
 )
 from sqlalchemy.dialects.postgresql import JSONB, aggregate_order_by
-from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from shared.batches.services import count_end, end_counts, hand_over, settle_run
+from shared.batches import window
 from shared.db.base import NOW, utcnow
 from shared.db.direct import Statement, direct_pool
-from shared.db.engine import session_scope
 from shared.db.models import CriterionResult, Organization, ScenarioRun, TurnResult
-from shared.scenarios.schemas import OPEN_STATUSES
+from shared.scenarios.records import (
+    CostSummary,
+    CriterionRecord,
+    DoneTurn,
+    Snapshot,
+    TurnRecord,
+)
+from shared.scenarios.schemas import OPEN_STATUSES, RunStatus
 
 _runs = ScenarioRun.__table__
 _turns = TurnResult.__table__
@@ -68,10 +73,6 @@ _orgs = Organization.__table__
 _run = bindparam("p_run", type_=Uuid())
 # Two comparisons, not IN: an IN list is re-rendered on every execution.
 _open = or_(_runs.c.status == OPEN_STATUSES[0], _runs.c.status == OPEN_STATUSES[1])
-
-
-def _on_postgres(factory: async_sessionmaker[AsyncSession]) -> bool:
-    return factory.kw["bind"].dialect.name == "postgresql"
 
 
 @asynccontextmanager
@@ -84,23 +85,12 @@ async def _direct(factory: async_sessionmaker[AsyncSession]) -> AsyncIterator[As
 
 
 @dataclass(frozen=True, slots=True)
-class DoneTurn:
-    """A turn committed before this delivery: the conversation so far, and whether it passed."""
-
-    turn_index: int
-    user_message: str
-    response_content: str
-    passed: bool
-    stopped_early: bool
-
-
-@dataclass(frozen=True, slots=True)
 class Claimed:
     organization_id: UUID
     agent_id: UUID
     session_id: str | None
-    snapshot: dict[str, Any]
-    cost_summary: dict[str, Any]
+    snapshot: Snapshot
+    cost_summary: CostSummary
     outbound_version: int  # the organization's, for the outbound configuration cache
     business_information: str
     done: list[DoneTurn]
@@ -109,7 +99,9 @@ class Claimed:
 _CLAIM = (
     update(_runs)
     .where(_runs.c.id == _run, _open)
-    .values(status="running", started_at=func.coalesce(_runs.c.started_at, NOW), updated_at=NOW)
+    .values(
+        status=RunStatus.RUNNING, started_at=func.coalesce(_runs.c.started_at, NOW), updated_at=NOW
+    )
     .returning(
         _runs.c.organization_id,
         _runs.c.agent_id,
@@ -126,15 +118,9 @@ _CLAIM = (
         .label("business_information"),
     )
 )
-_DONE_FIELDS = ("turn_index", "user_message", "response_content", "passed", "stopped_early")
-_DONE_TURNS = (
-    select(*(_turns.c[name] for name in _DONE_FIELDS))
-    .where(_turns.c.run_id == _run)
-    .order_by(_turns.c.turn_index)
-)
+_DONE_FIELDS = DoneTurn.__struct_fields__
 
-# PostgreSQL: the claim and the turns already committed in one statement (the turns as one
-# JSON array).
+# The claim and the turns already committed in one statement (the turns as one JSON array).
 _claimed = _CLAIM.cte("claimed")
 _done = (
     select(
@@ -160,31 +146,21 @@ async def claim(factory: async_sessionmaker[AsyncSession], run_id: UUID) -> Clai
     """Move the run to ``running`` (``None`` if it is terminal or gone) and read what playing
     it needs, the turns already committed included.  Another delivery may claim the same
     run meanwhile: the turn writes settle which of them goes on."""
-    params = {"p_run": run_id, "now": utcnow()}
-    if _on_postgres(factory):
-        async with _direct(factory) as conn:
-            runs = await _CLAIM_IN_ONE.rows(conn, **params)
-        if not runs:
-            return None
-        run = runs[0]
-        done = [DoneTurn(**turn) for turn in run.done]
-    else:
-        async with session_scope(factory) as session:
-            conn = await session.connection()
-            run = (await conn.execute(_CLAIM, params)).one_or_none()
-            if run is None:
-                return None
-            rows = await conn.execute(_DONE_TURNS, {"p_run": run_id})
-            done = [DoneTurn(*row) for row in rows]
+    now = utcnow()  # before waiting for a connection: the run started when it was claimed
+    async with _direct(factory) as conn:
+        runs = await _CLAIM_IN_ONE.rows(conn, p_run=run_id, now=now)
+    if not runs:
+        return None
+    run = runs[0]
     return Claimed(
         organization_id=run.organization_id,
         agent_id=run.agent_id,
         session_id=run.session_id,
-        snapshot=run.snapshot,
-        cost_summary=run.cost_summary or {},
+        snapshot=msgspec.convert(run.snapshot, Snapshot),
+        cost_summary=msgspec.convert(run.cost_summary or {}, CostSummary),
         outbound_version=run.outbound_version,
         business_information=run.business_information or "",
-        done=done,
+        done=msgspec.convert(run.done, list[DoneTurn]),
     )
 
 
@@ -206,7 +182,7 @@ _END = (
         updated_at=NOW,
         error_message=bindparam("p_error"),
     )
-    .returning(_runs.c.id, _runs.c.batch_run_id)
+    .returning(_runs.c.id, _runs.c.batch_run_id, _runs.c.status)
 )
 # The last turn and the run's end, together: the turn is written only while the run runs.
 _TOUCH_AND_END = (
@@ -218,7 +194,7 @@ _TOUCH_AND_END = (
         completed_at=NOW,
         updated_at=NOW,
     )
-    .returning(_runs.c.id, _runs.c.batch_run_id)
+    .returning(_runs.c.id, _runs.c.batch_run_id, _runs.c.status)
 )
 _TURN_COLUMNS = (
     "id",
@@ -273,28 +249,11 @@ _skipped_given = (
 )
 
 
-def _skipped_rows(run_id: UUID, turn_indexes: Sequence[int], now: datetime) -> list[dict[str, Any]]:
-    """The turn results of turns not played: no message sent, nothing answered or judged."""
-    return [
-        {
-            "id": uuid.uuid4(),
-            "run_id": run_id,
-            "turn_index": index,
-            "user_message": "",
-            "response_content": "",
-            "passed": False,
-            "stopped_early": False,
-            "skipped": True,
-            "created_at": now,
-        }
-        for index in turn_indexes
-    ]
-
-
 def _in_one(run_change: Update, *, turn: bool, end: bool) -> Statement:
-    """PostgreSQL: ``run_change`` (an UPDATE of the run ``RETURNING id, batch_run_id``) with,
-    in the same statement, the turn and its criterion results written after it (``turn``)
-    and the run's successor handed out and its batch's count (``end``); with both, the
+    """``run_change`` (an UPDATE of the run ``RETURNING id, batch_run_id`` and, to end it,
+    ``status``) with, in the same statement, the turn and its criterion results written
+    after it (``turn``) and its batch's side of the end (``end``:
+    :func:`shared.batches.window.settle`, which locks the batch row last); with both, the
     turns left unplayed (``:p_skipped``) are written too."""
     run = run_change.cte("run")
     counts = [select(func.count()).select_from(run).scalar_subquery().label("changed")]
@@ -345,16 +304,7 @@ def _in_one(run_change: Update, *, turn: bool, end: bool) -> Statement:
         )
         counts.append(select(func.count()).select_from(skipped).scalar_subquery().label("skipped"))
     if end:
-        batch = select(run.c.batch_run_id).scalar_subquery()
-        handed = hand_over(batch).cte("handed")
-        counted = count_end(batch, select(func.count()).select_from(handed).scalar_subquery())
-        counts.append(select(handed.c.id).scalar_subquery().label("successor"))
-        counts.append(
-            select(func.count())
-            .select_from(counted.cte("counted"))
-            .scalar_subquery()
-            .label("counted")
-        )
+        counts += window.settle(run)
     return Statement(select(*counts))
 
 
@@ -366,80 +316,55 @@ _END_IN_ONE = _in_one(_END, turn=False, end=True)
 async def record_turn(
     factory: async_sessionmaker[AsyncSession],
     run_id: UUID,
-    turn_id: UUID,
-    turn: dict[str, Any],
-    results: list[dict[str, Any]],
-    cost: dict[str, Any],
+    turn: TurnRecord,
+    results: list[CriterionRecord],
+    cost: CostSummary,
     *,
-    end: str | None = None,
+    end: RunStatus | None = None,
     skipped: Sequence[int] = (),
 ) -> list[UUID] | None:
-    """Write one turn (``turn_index``, ``user_message``, ``response_content``, ``passed``,
-    ``stopped_early``), its criterion results (``id``, ``criteria_id``, ``order_index``,
-    ``verdict``, ``critique``, ``evidence``, ``input_tokens``, ``output_tokens``) and the
-    run's cost so far, all or nothing — and, for the run's last turn, its end as ``end``
-    (see :func:`end`) with the turns it leaves unplayed (``skipped``, their indexes), in
-    the same commit.
+    """Write one turn, its criterion results and the run's cost so far, all or nothing —
+    and, for the run's last turn, its end as ``end`` (see :func:`end`) with the turns it
+    leaves unplayed (``skipped``, their indexes), in the same commit.
 
     ``None`` when the run is no longer running or the turn is already written (another
     delivery got there first); otherwise the successors the end handed out (none without
     ``end``)."""
-    now = utcnow()
     params: dict[str, Any] = {
         "p_run": run_id,
         "p_cost": cost,
-        "now": now,
-        "p_turn": turn_id,
-        "p_turn_index": turn["turn_index"],
-        "p_user_message": turn["user_message"],
-        "p_response": turn["response_content"],
-        "p_passed": turn["passed"],
-        "p_stopped": turn["stopped_early"],
+        "now": utcnow(),
+        "p_turn": turn.id,
+        "p_turn_index": turn.turn_index,
+        "p_user_message": turn.user_message,
+        "p_response": turn.response_content,
+        "p_passed": turn.passed,
+        "p_stopped": turn.stopped_early,
+        "p_results": results,
     }
-    if end is not None:
+    if end is None:
+        if skipped:
+            raise ValueError("turns are skipped only by the run's end")
+        statement = _RECORD_IN_ONE
+    else:
+        statement = _RECORD_AND_END_IN_ONE
         params["p_status"] = end
-    elif skipped:
-        raise ValueError("turns are skipped only by the run's end")
-    if _on_postgres(factory):
-        statement = _RECORD_IN_ONE if end is None else _RECORD_AND_END_IN_ONE
-        extra: dict[str, Any] = {}
-        if end is not None:
-            rows = [{"id": uuid.uuid4(), "turn_index": index} for index in skipped]
-            extra = {**end_counts(end), "p_skipped": rows}
-        try:
-            async with _direct(factory) as conn:
-                (written,) = await statement.rows(conn, **params, **extra, p_results=results)
-        except psycopg.IntegrityError:
-            return None
-        if not written.changed:
-            return None
-        return [written.successor] if end is not None and written.successor else []
+        params["p_skipped"] = [{"id": uuid.uuid4(), "turn_index": index} for index in skipped]
     try:
-        async with session_scope(factory) as session:
-            conn = await session.connection()
-            changed = (
-                await conn.execute(_TOUCH if end is None else _TOUCH_AND_END, params)
-            ).first()
-            if changed is None:
-                return None
-            await conn.execute(
-                insert(_turns), {"id": turn_id, "run_id": run_id, "created_at": now, **turn}
-            )
-            if results:
-                await conn.execute(
-                    insert(_results), [{**r, "turn_result_id": turn_id} for r in results]
-                )
-            if skipped:
-                await conn.execute(insert(_turns), _skipped_rows(run_id, skipped, now))
-            if end is None or changed.batch_run_id is None:
-                return []
-            return await settle_run(session, changed.batch_run_id, end)
-    except IntegrityError:
+        async with _direct(factory) as conn:
+            (written,) = await statement.rows(conn, **params)
+    except psycopg.IntegrityError:
         return None
+    if not written.changed:
+        return None
+    return [written.successor] if end is not None and written.successor else []
 
 
 async def end(
-    factory: async_sessionmaker[AsyncSession], run_id: UUID, status: str, error: str | None
+    factory: async_sessionmaker[AsyncSession],
+    run_id: UUID,
+    status: RunStatus,
+    error: str | None,
 ) -> list[UUID] | None:
     """Move a ``pending`` or ``running`` run to ``status`` and, atomically with it, count it
     in its batch and hand out the run that takes its place.
@@ -447,15 +372,43 @@ async def end(
     ``None`` when this changed nothing (the run was already terminal); otherwise the
     successors to send (none outside a batch, or when nothing is left to hand out)."""
     params = {"p_run": run_id, "p_status": status, "p_error": error, "now": utcnow()}
-    if _on_postgres(factory):
-        async with _direct(factory) as conn:
-            (ended,) = await _END_IN_ONE.rows(conn, **params, **end_counts(status))
-        if not ended.changed:
-            return None
-        return [ended.successor] if ended.successor is not None else []
-    async with session_scope(factory) as session:
-        conn = await session.connection()
-        moved = (await conn.execute(_END, params)).first()
-        if moved is None:
-            return None
-        return await settle_run(session, moved.batch_run_id, status) if moved.batch_run_id else []
+    async with _direct(factory) as conn:
+        (ended,) = await _END_IN_ONE.rows(conn, **params)
+    if not ended.changed:
+        return None
+    return [ended.successor] if ended.successor is not None else []
+
+
+# --- the sweeper's side ---------------------------------------------------------------------------
+
+_stalled = (
+    select(_runs.c.id)
+    .where(
+        _open,
+        _runs.c.updated_at < bindparam("p_before"),
+        # Runs of a batch never handed out are the window's to hand out, not the sweeper's.
+        or_(_runs.c.batch_run_id.is_(None), _runs.c.dispatched_at.is_not(None)),
+    )
+    .order_by(_runs.c.updated_at)
+    .limit(bindparam("p_limit"))
+    .with_for_update(skip_locked=True)
+    .scalar_subquery()
+)
+# Touched as they are taken, so the next pass waits a full stall period before sending again.
+_TAKE_STALLED = Statement(
+    update(_runs).where(_runs.c.id.in_(_stalled)).values(updated_at=NOW).returning(_runs.c.id)
+)
+
+
+async def take_stalled(
+    factory: async_sessionmaker[AsyncSession], *, stall_s: float, limit: int
+) -> list[UUID]:
+    """Up to ``limit`` runs ``pending`` or ``running`` with no progress for ``stall_s``
+    seconds (a lost message, a killed worker), to send again: the run engine resumes them
+    after their last committed turn, and a duplicate changes nothing."""
+    now = utcnow()
+    async with _direct(factory) as conn:
+        rows = await _TAKE_STALLED.rows(
+            conn, p_before=now - timedelta(seconds=stall_s), p_limit=limit, now=now
+        )
+    return [row.id for row in rows]

@@ -5,13 +5,22 @@ invalid requests for every operation, authenticated as an organization's owner w
 ``org_id`` pinned to that organization so the fuzzing reaches past the tenant check.
 Beyond "no 5xx": answers match the documented statuses, media types, headers and
 schemas; OPTIONS ``Allow`` lists every method; invalid input is refused; public
-operations need no token.  The run is bounded in time (``--max-time``).
+operations need no token.
+
+The run is bounded by case counts, not by time: in schemathesis 4 ``--max-time`` is a
+budget that fuzzing and stateful testing repeat until spent (a 240 s bound took 240 s),
+so it is not passed.  All four phases run once: examples (nothing to do while the schema
+carries no examples, but free), coverage (every documented boundary and every
+undocumented method, whatever ``--max-examples`` says), fuzzing (``--max-examples`` cases
+per operation) and stateful (``--max-examples`` scenarios of at most ``max-steps`` calls).
 """
 
+import json
 import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -31,7 +40,43 @@ headers = { Authorization = "Bearer ${SPAR_FUZZ_TOKEN}" }
 # the fuzzer's wrong passwords soon meet the login throttle (429).
 [checks.positive_data_acceptance]
 expected-statuses = ["2XX", "401", "403", "404", "409", "422", "429"]
+
+# Short scenarios: links are followed, a scenario ends after a few calls.
+[phases.stateful]
+max-steps = 5
 """
+
+# Every input string of the schema carries ``^[^\x00\ud800-\udfff]*$`` (no NUL, no lone
+# surrogate: what PostgreSQL text cannot hold).  That is a valid ECMA-262 pattern, but
+# schemathesis validates with Rust's regex engine, which cannot name surrogates: it drops
+# the pattern, yet its coverage phase still calls plain values like "0" schema-violating
+# (ST201).  So the fuzzer gets the schema without the surrogate range (a JSON body cannot
+# carry a lone surrogate anyway: the decoder refuses it), and without the bare NUL pattern
+# left over: kept, it makes the coverage phase build boundary strings of up to 100,001
+# characters against a regex, minutes of CPU.  NUL refusal has its own tests
+# (tests/integration/test_bad_input.py).
+SURROGATES = "\\ud800-\\udfff"
+NUL_ONLY = "^[^\\x00]*$"
+
+
+def schema_for_schemathesis(document: Any) -> tuple[Any, int]:
+    """The document with the surrogate range left out of every pattern (a pattern left
+    refusing NUL only is dropped), and how many patterns changed."""
+    if isinstance(document, list):
+        pairs = [schema_for_schemathesis(item) for item in document]
+        return [item for item, _ in pairs], sum(count for _, count in pairs)
+    if not isinstance(document, dict):
+        return document, 0
+    result, changed = {}, 0
+    for key, value in document.items():
+        if key == "pattern" and isinstance(value, str) and SURROGATES in value:
+            changed += 1
+            if value.replace(SURROGATES, "") != NUL_ONLY:
+                result[key] = value.replace(SURROGATES, "")
+        else:
+            result[key], count = schema_for_schemathesis(value)
+            changed += count
+    return result, changed
 
 
 def test_no_operation_answers_a_server_error(database_url, db, tmp_path: Path):
@@ -64,6 +109,13 @@ def test_no_operation_answers_a_server_error(database_url, db, tmp_path: Path):
             created = http.post("/v1/organizations", json={"name": "Fuzz"}, headers=headers)
             assert created.status_code == 201, created.text
             org = created.json()
+            served = http.get("/schema/openapi.json")
+            assert served.status_code == 200, served.text
+
+        schema = tmp_path / "openapi.json"
+        document, changed = schema_for_schemathesis(served.json())
+        assert changed, "no pattern names the surrogate range any more: drop the rewrite"
+        schema.write_text(json.dumps(document))
 
         config = tmp_path / "schemathesis.toml"
         config.write_text(CONFIG)
@@ -73,13 +125,13 @@ def test_no_operation_answers_a_server_error(database_url, db, tmp_path: Path):
                 "--config-file",
                 str(config),
                 "run",
-                f"{base}/schema/openapi.json",
+                str(schema),
+                "--url",
+                base,
                 "--checks",
                 "all",
-                # A bound for the whole run: every operation, every check, a few examples
-                # each, so the suite stays fast (the seed makes it repeatable).
-                "--max-time",
-                "240",
+                # Every operation, every check, a few generated cases each, so the suite
+                # stays fast (the seed makes it repeatable).
                 "--max-examples",
                 "8",
                 "--seed",
@@ -114,6 +166,9 @@ def test_no_operation_answers_a_server_error(database_url, db, tmp_path: Path):
             check=False,
         )
     output = result.stdout + result.stderr
-    assert result.returncode == 0, output
+    # The whole report, since pytest may cut a long assertion message.
+    log = tmp_path / "schemathesis.log"
+    log.write_text(output)
+    assert result.returncode == 0, f"full report in {log}\n{output}"
     assert "Server error" not in output
     assert " passed" in output

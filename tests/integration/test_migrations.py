@@ -1,11 +1,15 @@
 """Alembic migrations are the schema's only source: they must match the models exactly."""
 
+from collections.abc import Iterator
+
+import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
-from sqlalchemy import create_engine
+from sqlalchemy import create_engine, make_url
 
 from shared.db.migrate import sync_url
 from shared.db.models import Base
+from tests.conftest import _admin
 
 
 def test_migrated_schema_matches_the_models(database_url):
@@ -19,22 +23,18 @@ def test_migrated_schema_matches_the_models(database_url):
     assert diff == []
 
 
-def test_migrations_run_on_sqlite_too(tmp_path):
-    from sqlalchemy import inspect
-
-    from shared.db.migrate import upgrade
-
-    url = f"sqlite+aiosqlite:///{tmp_path / 'spar.db'}"
-    upgrade(url)
-    engine = create_engine(sync_url(url))
-    try:
-        tables = set(inspect(engine).get_table_names())
-    finally:
-        engine.dispose()
-    assert {t.name for t in Base.metadata.sorted_tables} <= tables
+@pytest.fixture
+def empty_database_url(database_url: str) -> Iterator[str]:
+    """A database of its own, with no schema yet, beside the suite's."""
+    url = make_url(database_url)
+    fresh = url.set(database=f"{url.database}_migrations").render_as_string(hide_password=False)
+    drop = 'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'
+    _admin(fresh, drop, 'CREATE DATABASE "{name}"')
+    yield fresh
+    _admin(fresh, drop)
 
 
-def test_the_window_counter_is_backfilled_from_the_runs_handed_out(tmp_path):
+def test_the_window_counter_is_backfilled_from_the_runs_handed_out(empty_database_url):
     """0005 adds ``batch_runs.dispatched_scenarios``: a batch in flight during the upgrade
     keeps its window (runs handed out and not yet ended)."""
     import uuid
@@ -44,13 +44,15 @@ def test_the_window_counter_is_backfilled_from_the_runs_handed_out(tmp_path):
 
     from shared.db.migrate import upgrade
 
-    url = f"sqlite+aiosqlite:///{tmp_path / 'spar.db'}"
-    upgrade(url, "0004")  # foreign keys are not enforced here: no organization needed
+    url = empty_database_url
+    upgrade(url, "0004")
     engine = create_engine(sync_url(url))
     org, batch = uuid.uuid4().hex, uuid.uuid4().hex
     now = datetime.now(UTC).isoformat()
     try:
         with engine.begin() as conn:
+            # Foreign keys off for this session: no organization, agent or scenario needed.
+            conn.execute(text("SET session_replication_role = replica"))
             conn.execute(
                 text(
                     "INSERT INTO batch_runs (id, organization_id, agent_id, agent_name, status,"

@@ -1,12 +1,11 @@
 import pytest
 
-from shared.settings import DEFAULT_DATABASE_URL, SettingsError, settings_from_env
+from shared.settings import SettingsError, settings_from_env
 
 
 def test_defaults_are_the_embedded_setup():
     settings = settings_from_env({})
-    assert settings.database_url == DEFAULT_DATABASE_URL
-    assert settings.is_sqlite
+    assert settings.database_url is None  # spar dev starts its embedded PostgreSQL
     assert settings.redis_url is None
     assert settings.allow_registration is True
     assert settings.egress_allow_private is False
@@ -29,7 +28,8 @@ def test_every_variable_is_read():
             "SPAR_LOG_LEVEL": "debug",
         }
     )
-    assert not settings.is_sqlite
+    assert settings.database_url == "postgresql+psycopg://u@h:5432/d"
+    assert settings.require_database_url() == "postgresql+psycopg://u@h:5432/d"
     assert settings.redis_url == "redis://h:6379/1"
     assert settings.secret_key == "k1,k2"
     assert settings.public_base_url == "https://spar.example.com"
@@ -58,3 +58,8 @@ def test_empty_values_mean_unset():
 def test_bad_values_name_the_variable(variable, value):
     with pytest.raises(SettingsError, match=variable):
         settings_from_env({variable: value})
+
+
+def test_a_database_url_is_required_outside_spar_dev():
+    with pytest.raises(SettingsError, match="SPAR_DATABASE_URL must be set"):
+        settings_from_env({}).require_database_url()

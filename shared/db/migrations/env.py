@@ -17,7 +17,6 @@ def run_migrations() -> None:
         context.configure(
             connection=connection,
             target_metadata=target_metadata,
-            render_as_batch=connection.dialect.name == "sqlite",
             compare_type=True,
         )
         with context.begin_transaction():

@@ -92,7 +92,6 @@ class ScenarioRun(IdMixin, TimestampMixin, Base):
             "created_at",
             "id",
             postgresql_where=text("dispatched_at IS NULL"),
-            sqlite_where=text("dispatched_at IS NULL"),
         ),
     )
 

@@ -90,7 +90,7 @@ def upgrade() -> None:
         sa.Column("name", sa.String(length=255), nullable=False),
         sa.Column(
             "permissions",
-            sa.JSON().with_variant(postgresql.JSONB(astext_type=sa.Text()), "postgresql"),
+            postgresql.JSONB(astext_type=sa.Text()),
             nullable=False,
         ),
         sa.Column("token_digest", sa.String(length=64), nullable=False),
@@ -130,7 +130,7 @@ def upgrade() -> None:
         sa.Column("is_system", sa.Boolean(), nullable=False),
         sa.Column(
             "permissions",
-            sa.JSON().with_variant(postgresql.JSONB(astext_type=sa.Text()), "postgresql"),
+            postgresql.JSONB(astext_type=sa.Text()),
             nullable=False,
         ),
         sa.Column("id", sa.Uuid(), nullable=False),

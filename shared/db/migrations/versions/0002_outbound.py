@@ -26,12 +26,12 @@ def upgrade() -> None:
         sa.Column("domain", sa.String(length=255), nullable=False),
         sa.Column(
             "headers",
-            sa.JSON().with_variant(postgresql.JSONB(astext_type=sa.Text()), "postgresql"),
+            postgresql.JSONB(astext_type=sa.Text()),
             nullable=False,
         ),
         sa.Column(
             "query_params",
-            sa.JSON().with_variant(postgresql.JSONB(astext_type=sa.Text()), "postgresql"),
+            postgresql.JSONB(astext_type=sa.Text()),
             nullable=False,
         ),
         sa.Column("id", sa.Uuid(), nullable=False),

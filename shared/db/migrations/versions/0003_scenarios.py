@@ -31,13 +31,13 @@ def upgrade() -> None:
         sa.Column("session_id", sa.String(length=64), nullable=True),
         sa.Column(
             "cost_summary",
-            sa.JSON().with_variant(postgresql.JSONB(astext_type=sa.Text()), "postgresql"),
+            postgresql.JSONB(astext_type=sa.Text()),
             nullable=False,
         ),
         sa.Column("error_message", sa.Text(), nullable=True),
         sa.Column(
             "snapshot",
-            sa.JSON().with_variant(postgresql.JSONB(astext_type=sa.Text()), "postgresql"),
+            postgresql.JSONB(astext_type=sa.Text()),
             nullable=False,
         ),
         sa.Column("created_by_user_id", sa.Uuid(), nullable=True),
@@ -78,12 +78,12 @@ def upgrade() -> None:
         sa.Column("description", sa.Text(), nullable=True),
         sa.Column(
             "tags",
-            sa.JSON().with_variant(postgresql.JSONB(astext_type=sa.Text()), "postgresql"),
+            postgresql.JSONB(astext_type=sa.Text()),
             nullable=False,
         ),
         sa.Column(
             "customer_context",
-            sa.JSON().with_variant(postgresql.JSONB(astext_type=sa.Text()), "postgresql"),
+            postgresql.JSONB(astext_type=sa.Text()),
             nullable=False,
         ),
         sa.Column("created_by_user_id", sa.Uuid(), nullable=True),
@@ -152,7 +152,7 @@ def upgrade() -> None:
         sa.Column("criteria_type", sa.String(length=32), nullable=False),
         sa.Column(
             "few_shot_examples",
-            sa.JSON().with_variant(postgresql.JSONB(astext_type=sa.Text()), "postgresql"),
+            postgresql.JSONB(astext_type=sa.Text()),
             nullable=False,
         ),
         sa.Column("id", sa.Uuid(), nullable=False),

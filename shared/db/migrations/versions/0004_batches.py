@@ -56,30 +56,31 @@ def upgrade() -> None:
         "ix_batch_runs_org_created", "batch_runs", ["organization_id", "created_at"], unique=False
     )
     op.create_index("ix_batch_runs_status", "batch_runs", ["status"], unique=False)
-    # Batch mode: SQLite (spar dev) cannot ALTER constraints in place.
-    with op.batch_alter_table("scenario_runs") as batch:
-        batch.add_column(sa.Column("batch_run_id", sa.Uuid(), nullable=True))
-        batch.add_column(
-            sa.Column("dispatched_at", shared.db.base.UTCDateTime(timezone=True), nullable=True)
-        )
-        batch.create_index(
-            "ix_scenario_runs_batch_status", ["batch_run_id", "status"], unique=False
-        )
-        batch.create_foreign_key(
-            op.f("fk_scenario_runs_batch_run_id_batch_runs"),
-            "batch_runs",
-            ["batch_run_id"],
-            ["id"],
-            ondelete="CASCADE",
-        )
+    op.add_column("scenario_runs", sa.Column("batch_run_id", sa.Uuid(), nullable=True))
+    op.add_column(
+        "scenario_runs",
+        sa.Column("dispatched_at", shared.db.base.UTCDateTime(timezone=True), nullable=True),
+    )
+    op.create_index(
+        "ix_scenario_runs_batch_status", "scenario_runs", ["batch_run_id", "status"], unique=False
+    )
+    op.create_foreign_key(
+        op.f("fk_scenario_runs_batch_run_id_batch_runs"),
+        "scenario_runs",
+        "batch_runs",
+        ["batch_run_id"],
+        ["id"],
+        ondelete="CASCADE",
+    )
 
 
 def downgrade() -> None:
-    with op.batch_alter_table("scenario_runs") as batch:
-        batch.drop_constraint(op.f("fk_scenario_runs_batch_run_id_batch_runs"), type_="foreignkey")
-        batch.drop_index("ix_scenario_runs_batch_status")
-        batch.drop_column("dispatched_at")
-        batch.drop_column("batch_run_id")
+    op.drop_constraint(
+        op.f("fk_scenario_runs_batch_run_id_batch_runs"), "scenario_runs", type_="foreignkey"
+    )
+    op.drop_index("ix_scenario_runs_batch_status", table_name="scenario_runs")
+    op.drop_column("scenario_runs", "dispatched_at")
+    op.drop_column("scenario_runs", "batch_run_id")
     op.drop_index("ix_batch_runs_status", table_name="batch_runs")
     op.drop_index("ix_batch_runs_org_created", table_name="batch_runs")
     op.drop_table("batch_runs")

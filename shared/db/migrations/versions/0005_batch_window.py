@@ -22,12 +22,12 @@ UNDISPATCHED = sa.text("dispatched_at IS NULL")
 
 
 def upgrade() -> None:
-    with op.batch_alter_table("batch_runs") as batch:
-        batch.add_column(
-            sa.Column(
-                "dispatched_scenarios", sa.Integer(), nullable=False, server_default=sa.text("0")
-            )
-        )
+    op.add_column(
+        "batch_runs",
+        sa.Column(
+            "dispatched_scenarios", sa.Integer(), nullable=False, server_default=sa.text("0")
+        ),
+    )
     op.execute(
         "UPDATE batch_runs SET dispatched_scenarios = (SELECT count(*) FROM scenario_runs"
         " WHERE scenario_runs.batch_run_id = batch_runs.id"
@@ -39,11 +39,9 @@ def upgrade() -> None:
         ["batch_run_id", "created_at", "id"],
         unique=False,
         postgresql_where=UNDISPATCHED,
-        sqlite_where=UNDISPATCHED,
     )
 
 
 def downgrade() -> None:
     op.drop_index("ix_scenario_runs_undispatched", table_name="scenario_runs")
-    with op.batch_alter_table("batch_runs") as batch:
-        batch.drop_column("dispatched_scenarios")
+    op.drop_column("batch_runs", "dispatched_scenarios")

@@ -21,14 +21,11 @@ depends_on: str | Sequence[str] | None = None
 
 
 def upgrade() -> None:
-    with op.batch_alter_table("organizations") as batch:
-        batch.add_column(
-            sa.Column(
-                "outbound_version", sa.BigInteger(), nullable=False, server_default=sa.text("0")
-            )
-        )
+    op.add_column(
+        "organizations",
+        sa.Column("outbound_version", sa.BigInteger(), nullable=False, server_default=sa.text("0")),
+    )
 
 
 def downgrade() -> None:
-    with op.batch_alter_table("organizations") as batch:
-        batch.drop_column("outbound_version")
+    op.drop_column("organizations", "outbound_version")

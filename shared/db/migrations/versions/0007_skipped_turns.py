@@ -20,12 +20,11 @@ depends_on: str | Sequence[str] | None = None
 
 
 def upgrade() -> None:
-    with op.batch_alter_table("turn_results") as batch:
-        batch.add_column(
-            sa.Column("skipped", sa.Boolean(), nullable=False, server_default=sa.false())
-        )
+    op.add_column(
+        "turn_results",
+        sa.Column("skipped", sa.Boolean(), nullable=False, server_default=sa.false()),
+    )
 
 
 def downgrade() -> None:
-    with op.batch_alter_table("turn_results") as batch:
-        batch.drop_column("skipped")
+    op.drop_column("turn_results", "skipped")

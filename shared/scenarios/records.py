@@ -1,0 +1,105 @@
+"""What the run engine carries and stores, typed: a run's snapshot, its turn and criterion
+results, its cost summary.
+
+The snapshot and the cost summary are JSON columns of ``scenario_runs``; these Structs
+decode them (``msgspec.convert``) and encode back to the very same JSON shape, so stored
+rows and the API's bodies are unchanged.  Turn and criterion results are the rows the run
+engine writes (``turn_results``, ``criteria_results``), sent to PostgreSQL as JSON.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+from uuid import UUID
+
+import msgspec
+
+
+class SnapshotCriterion(msgspec.Struct, frozen=True):
+    id: str
+    order_index: int
+    question: str
+    criteria_type: str
+    few_shot_examples: list[dict[str, Any]] | None = None
+
+
+class SnapshotTurn(msgspec.Struct, frozen=True):
+    id: str
+    order_index: int
+    user_message: str
+    required: bool
+    criteria: list[SnapshotCriterion] = []
+
+
+class Snapshot(msgspec.Struct, frozen=True):
+    """The scenario as it was when the run was created: what the run plays."""
+
+    name: str
+    customer_context: dict[str, Any] | None = None
+    turns: list[SnapshotTurn] = []
+
+
+class CallCost(msgspec.Struct):
+    """One side's calls (the agent's, or the judge's) summed over the run."""
+
+    calls: int = 0
+    input_tokens: int = 0
+    output_tokens: int = 0
+    latency_ms: float = 0.0
+
+    def __add__(self, other: CallCost) -> CallCost:
+        return CallCost(
+            calls=self.calls + other.calls,
+            input_tokens=self.input_tokens + other.input_tokens,
+            output_tokens=self.output_tokens + other.output_tokens,
+            latency_ms=self.latency_ms + other.latency_ms,
+        )
+
+
+class CostSummary(msgspec.Struct):
+    """A run's ``cost_summary``: stored ``{}`` until its first turn is committed."""
+
+    agent: CallCost = msgspec.field(default_factory=CallCost)
+    judge: CallCost = msgspec.field(default_factory=CallCost)
+    estimated_cost_usd: float = 0.0
+
+    def __add__(self, other: CostSummary) -> CostSummary:
+        return CostSummary(
+            agent=self.agent + other.agent,
+            judge=self.judge + other.judge,
+            estimated_cost_usd=round(self.estimated_cost_usd + other.estimated_cost_usd, 8),
+        )
+
+
+class TurnRecord(msgspec.Struct, frozen=True):
+    """A played turn, as written to ``turn_results``."""
+
+    id: UUID
+    turn_index: int
+    user_message: str
+    response_content: str
+    passed: bool
+    stopped_early: bool
+
+
+class CriterionRecord(msgspec.Struct, frozen=True):
+    """A criterion's verdict on a turn, as written to ``criteria_results``."""
+
+    id: UUID
+    criteria_id: UUID
+    order_index: int
+    verdict: str
+    critique: str
+    evidence: str
+    input_tokens: int = 0
+    output_tokens: int = 0
+
+
+class DoneTurn(msgspec.Struct, frozen=True):
+    """A turn committed before this delivery: the conversation so far, and whether it passed."""
+
+    turn_index: int
+    user_message: str
+    response_content: str
+    passed: bool
+    stopped_early: bool
