@@ -15,7 +15,7 @@ from litestar.testing import AsyncTestClient
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from tests.support.factories import Tenant, tenant
+from tests.support.factories import Tenant, single_validation_entry, tenant
 
 DOMAIN_FIELDS = {"id", "organization_id", "domain", "headers", "query_params"}
 DOMAIN_FIELDS |= {"created_at", "updated_at"}
@@ -44,15 +44,6 @@ def parse_time(value: str) -> datetime:
     return parsed
 
 
-def single_error(response: Any) -> dict[str, Any]:
-    assert response.status_code == 422, response.text
-    body = response.json()
-    assert set(body) == {"detail"}, body
-    assert isinstance(body["detail"], list) and len(body["detail"]) == 1, body
-    entry = body["detail"][0]
-    assert set(entry) == {"loc", "msg", "type", "input", "ctx"}, entry
-    assert isinstance(entry["msg"], str) and entry["msg"], entry
-    return entry
 
 
 async def count_rows(db: AsyncSession) -> int:
@@ -174,7 +165,7 @@ async def test_invalid_domains_are_422_on_body_domain(
         if response.status_code != 422:
             problems.append(f"{where}: expected 422, got {response.status_code} {response.text}")
             continue
-        entry = single_error(response)
+        entry = single_validation_entry(response)
         if entry["loc"] != ["body", "domain"]:
             problems.append(f"{where}: loc {entry['loc']}")
         if error_type is not None and entry["type"] != error_type:
@@ -186,7 +177,7 @@ async def test_invalid_domains_are_422_on_body_domain(
 async def test_missing_domain_is_422(client: AsyncTestClient) -> None:
     t = await tenant(client)
     response = await client.post(domains_path(t), json={"headers": {}}, headers=t.owner.headers)
-    entry = single_error(response)
+    entry = single_validation_entry(response)
     assert entry["loc"] == ["body", "domain"]
     assert entry["type"] == "missing"
 
@@ -198,7 +189,7 @@ async def test_unknown_field_is_refused(client: AsyncTestClient) -> None:
         json={"domain": "a.example.com", "organization_id": str(uuid.uuid4())},
         headers=t.owner.headers,
     )
-    entry = single_error(response)
+    entry = single_validation_entry(response)
     assert entry["loc"] == ["body", "organization_id"]
 
 
@@ -214,7 +205,7 @@ async def test_invalid_header_name_is_422_located_at_the_header(
         json={"domain": "a.example.com", "headers": {"Bad Header": "x"}},
         headers=t.owner.headers,
     )
-    entry = single_error(response)
+    entry = single_validation_entry(response)
     assert entry["loc"] == ["body", "headers", "Bad Header"]
     for bad_name in ("X:Colon", "Ünicode", "X\tTab"):
         response = await client.post(
@@ -234,13 +225,15 @@ async def test_line_breaks_in_values_are_422(client: AsyncTestClient, db: AsyncS
             json={"domain": "a.example.com", "headers": {"X-Token": value}},
             headers=t.owner.headers,
         )
-        assert single_error(response)["loc"] == ["body", "headers", "X-Token"], repr(value)
+        entry = single_validation_entry(response)
+        assert entry["loc"] == ["body", "headers", "X-Token"], repr(value)
         response = await client.post(
             domains_path(t),
             json={"domain": "a.example.com", "query_params": {"token": value}},
             headers=t.owner.headers,
         )
-        assert single_error(response)["loc"] == ["body", "query_params", "token"], repr(value)
+        entry = single_validation_entry(response)
+        assert entry["loc"] == ["body", "query_params", "token"], repr(value)
     assert await count_rows(db) == 0
 
 
@@ -264,7 +257,7 @@ async def test_reference_to_a_missing_credential_is_422(
         },
         headers=t.owner.headers,
     )
-    entry = single_error(response)
+    entry = single_validation_entry(response)
     assert entry["loc"][:2] == ["body", "headers"]
     assert "missing" in entry["msg"]
     response = await client.post(
@@ -272,7 +265,7 @@ async def test_reference_to_a_missing_credential_is_422(
         json={"domain": "a.example.com", "query_params": {"key": "{{ credentials.missing }}"}},
         headers=t.owner.headers,
     )
-    entry = single_error(response)
+    entry = single_validation_entry(response)
     assert entry["loc"][:2] == ["body", "query_params"]
     assert await count_rows(db) == 0
 
@@ -304,7 +297,7 @@ async def test_a_credential_of_another_organization_does_not_satisfy_a_reference
         json={"domain": "a.example.com", "headers": {"X-Key": "{{credentials.shared_name}}"}},
         headers=a.owner.headers,
     )
-    assert single_error(response)["loc"][:2] == ["body", "headers"]
+    assert single_validation_entry(response)["loc"][:2] == ["body", "headers"]
 
 
 # --- listing ------------------------------------------------------------------------------------
@@ -341,7 +334,7 @@ async def test_list_pages_with_limit_and_offset_in_creation_order(client: AsyncT
         ("offset=-1", ["query", "offset"]),
     ):
         response = await client.get(f"{domains_path(t)}?{query}", headers=t.owner.headers)
-        assert single_error(response)["loc"] == loc, query
+        assert single_validation_entry(response)["loc"] == loc, query
 
 
 async def test_list_shows_only_the_organizations_own_entries(client: AsyncTestClient) -> None:
@@ -412,7 +405,7 @@ async def test_patch_validates_like_create_and_leaves_the_entry_untouched(
     ]
     for body, loc in cases:
         response = await client.patch(path, json=body, headers=t.owner.headers)
-        entry = single_error(response)
+        entry = single_validation_entry(response)
         if loc is not None:
             assert entry["loc"] == loc, body
     response = await client.get(path, headers=t.owner.headers)
@@ -477,7 +470,7 @@ async def test_unknown_and_malformed_ids(client: AsyncTestClient) -> None:
     response = await client.get(f"{domains_path(t)}{uuid.uuid4()}", headers=t.owner.headers)
     assert response.status_code == 404, response.text
     response = await client.get(f"{domains_path(t)}not-a-uuid", headers=t.owner.headers)
-    assert single_error(response)["loc"] == ["path", "domain_id"]
+    assert single_validation_entry(response)["loc"] == ["path", "domain_id"]
 
 
 async def test_raw_row_holds_the_normalised_domain(

@@ -20,28 +20,24 @@ from litestar.testing import AsyncTestClient
 
 from shared.scenarios.schemas import ScenarioCreate
 from shared.schemas import MAX_JSON_DEPTH, TEXT_PATTERN, UnstorableJson
-from tests.support.factories import PASSWORD, Tenant, register, tenant, unique_email
+from tests.support.factories import (
+    PASSWORD,
+    Tenant,
+    register,
+    single_validation_entry,
+    tenant,
+    unique_email,
+)
 
 JSON = {"Content-Type": "application/json"}
 SCENARIO = {"name": "Refund", "turns": [{"user_message": "I want my money back"}]}
 UNSTORABLE = {"type": "string_pattern_mismatch", "ctx": {"pattern": TEXT_PATTERN}}
 
 
-def single_entry(response: Any) -> dict[str, Any]:
-    """The one entry of a spec §7 validation body."""
-    assert response.status_code == 422, response.text
-    body = response.json()
-    assert set(body) == {"detail"}, body
-    assert isinstance(body["detail"], list) and len(body["detail"]) == 1, body
-    entry = body["detail"][0]
-    assert set(entry) == {"loc", "msg", "type", "input", "ctx"}, entry
-    assert isinstance(entry["msg"], str) and entry["msg"], entry
-    assert isinstance(entry["ctx"], dict), entry
-    return entry
 
 
 def assert_json_invalid(response: Any, words: str) -> None:
-    entry = single_entry(response)
+    entry = single_validation_entry(response)
     assert entry["loc"] == ["body"], entry
     assert entry["type"] == "json_invalid", entry
     assert words in entry["msg"], entry
@@ -103,7 +99,7 @@ async def test_nul_inside_customer_context_is_refused_on_create(
     response = await client.post(
         scenarios_path(t), json={**SCENARIO, "customer_context": context}, headers=t.owner.headers
     )
-    entry = single_entry(response)
+    entry = single_validation_entry(response)
     assert entry["loc"] == ["body", "customer_context", *loc], entry
     assert {"type": entry["type"], "ctx": entry["ctx"]} == UNSTORABLE, entry
     assert entry["input"] == bad, entry
@@ -120,7 +116,7 @@ async def test_nul_inside_customer_context_is_refused_on_update(
     response = await client.put(
         path, json={"name": "Renamed", "customer_context": context}, headers=t.owner.headers
     )
-    entry = single_entry(response)
+    entry = single_validation_entry(response)
     assert entry["loc"] == ["body", "customer_context", *loc], entry
     assert entry["type"] == "string_pattern_mismatch", entry
     assert entry["input"] == bad, entry
@@ -134,7 +130,7 @@ async def test_lone_surrogate_escape_in_a_body_is_malformed_json(client: AsyncTe
     response = await client.post(
         scenarios_path(t), content=body, headers={**t.owner.headers, **JSON}
     )
-    assert single_entry(response)["type"] == "json_invalid"
+    assert single_validation_entry(response)["type"] == "json_invalid"
     assert await listing(client, t, scenarios_path(t)) == before
 
 
@@ -172,7 +168,7 @@ async def test_nul_in_allowed_domain_maps_is_refused_on_create_and_update(
             response = await client.request(
                 method, path, json={**extra, field: value}, headers=t.owner.headers
             )
-            entry = single_entry(response)
+            entry = single_validation_entry(response)
             assert entry["loc"] == ["body", field, *loc], (method, entry)
             assert {"type": entry["type"], "ctx": entry["ctx"]} == UNSTORABLE, entry
             assert entry["input"] == bad, entry
@@ -196,7 +192,7 @@ async def test_customer_context_nests_at_most_the_documented_depth(
         json={**SCENARIO, "customer_context": nested(MAX_JSON_DEPTH + 1)},
         headers=t.owner.headers,
     )
-    entry = single_entry(response)
+    entry = single_validation_entry(response)
     assert entry["loc"] == ["body", "customer_context", *["a"] * MAX_JSON_DEPTH], entry
     assert entry["type"] == "too_deeply_nested", entry
     assert entry["ctx"] == {"max_depth": MAX_JSON_DEPTH}, entry
@@ -216,7 +212,7 @@ async def test_deep_nesting_on_scenario_create_is_refused(
         content=body + deep_json(levels) + b"}",
         headers={**t.owner.headers, **JSON},
     )
-    entry = single_entry(response)
+    entry = single_validation_entry(response)
     assert entry["loc"][0] == "body", entry
     assert entry["type"] in {"too_deeply_nested", "json_invalid"}, entry
     if levels == 1_000:
@@ -232,7 +228,7 @@ async def test_deep_nesting_on_register_is_refused_and_creates_no_account(
     prefix = json.dumps({"email": email, "password": PASSWORD, "first_name": "A"})[:-1]
     body = f'{prefix}, "last_name": '.encode() + b"[" * levels + b"]" * levels + b"}"
     response = await client.post("/v1/auth/register", content=body, headers=JSON)
-    entry = single_entry(response)
+    entry = single_validation_entry(response)
     if levels == 1_000:
         assert_json_invalid(response, "nested too deeply")
     else:
@@ -363,7 +359,7 @@ async def test_an_unstorable_or_oversized_tag_filter_answers_422(
     t = await tenant(client)
     await create_scenario(client, t, tags=["smoke"])
     response = await client.get(scenarios_path(t), params={"tag": tag}, headers=t.owner.headers)
-    entry = single_entry(response)
+    entry = single_validation_entry(response)
     assert entry["loc"] == ["query", "tag"], entry
     # The filter still works for a storable tag.
     found = await client.get(scenarios_path(t), params={"tag": "smoke"}, headers=t.owner.headers)
@@ -384,6 +380,6 @@ async def test_a_body_is_checked_strictly_against_its_schema(
     t = await tenant(client)
     body = {"name": "Strict", "turns": [turn]}
     response = await client.post(scenarios_path(t), json=body, headers=t.owner.headers)
-    entry = single_entry(response)
+    entry = single_validation_entry(response)
     assert (entry["loc"], entry["type"]) == (loc, kind), entry
     assert (await listing(client, t, scenarios_path(t)))["total"] == 0

@@ -107,3 +107,16 @@ async def tenant(client: AsyncTestClient, *, with_roles: tuple[str, ...] = ()) -
     for name in with_roles:
         members[name] = await add_member(client, owner, org["id"], roles[name])
     return Tenant(org=org, roles=roles, members=members)
+
+
+def single_validation_entry(response: Any) -> dict[str, Any]:
+    """The one entry of a 422 validation body in the spec's shape (§7)."""
+    assert response.status_code == 422, response.text
+    body = response.json()
+    assert set(body) == {"detail"}, body
+    assert isinstance(body["detail"], list) and len(body["detail"]) == 1, body
+    entry = body["detail"][0]
+    assert set(entry) == {"loc", "msg", "type", "input", "ctx"}, entry
+    assert isinstance(entry["msg"], str) and entry["msg"], entry
+    assert isinstance(entry["ctx"], dict), entry
+    return entry
