@@ -5,44 +5,36 @@ actors."""
 
 from __future__ import annotations
 
-import asyncio
 import logging
-from contextlib import AsyncExitStack
 
 import dramatiq
 from dramatiq.asyncio import get_event_loop_thread
-from sqlalchemy.ext.asyncio import AsyncEngine
 
 from shared.logs import configure_logging
 from shared.queue import get_broker
 from shared.runtime import get_runtime
 from shared.settings import get_settings
+from workers.warmup import warm_up
 
 log = logging.getLogger("spar.worker")
 
 
-async def _open_engine_pool(engine: AsyncEngine, size: int) -> None:
-    """Fill ``engine``'s pool: a new batch's dispatch and its first runs' configuration load
-    (SQLAlchemy sessions) then find connections open instead of each opening one."""
-    async with AsyncExitStack() as stack:
-        await asyncio.gather(*(stack.enter_async_context(engine.connect()) for _ in range(size)))
-
-
 class WarmUp(dramatiq.Middleware):
-    """Connections opened as the worker boots, not by its first messages."""
+    """Connections opened, and the run engine's cold paths taken, as the worker boots, not
+    by its first messages (:mod:`workers.warmup`).
 
-    def after_worker_boot(self, broker: dramatiq.Broker, worker: dramatiq.Worker) -> None:
+    Before the worker's consumers start (after Dramatiq's event loop thread is made): a
+    worker fetches no message, and shows no heartbeat, until it is warm.  A batch sent to
+    a worker still warming up would otherwise have its first window wait on the warm-up."""
+
+    def before_worker_boot(self, broker: dramatiq.Broker, worker: dramatiq.Worker) -> None:
         loop_thread = get_event_loop_thread()
         if loop_thread is None:
             return
         try:
-            runtime = get_runtime()
-            loop_thread.run_coroutine(runtime.warm_up())
-            loop_thread.run_coroutine(
-                _open_engine_pool(runtime.engine, runtime.settings.db_pool_size)
-            )
+            loop_thread.run_coroutine(warm_up(get_runtime()))
         except Exception:  # the first messages will open them, or fail and be retried
-            log.warning("could not open the database connections at boot", exc_info=True)
+            log.warning("could not warm up the database connections at boot", exc_info=True)
 
 
 configure_logging(get_settings().log_level, get_settings().log_format)

@@ -412,3 +412,32 @@ async def take_stalled(
             conn, p_before=now - timedelta(seconds=stall_s), p_limit=limit, now=now
         )
     return [row.id for row in rows]
+
+
+# --- boot -----------------------------------------------------------------------------------------
+
+
+async def rehearse(connection: AsyncConnection[Any]) -> None:
+    """Execute every statement of the run engine once on ``connection``, for a run id that
+    names no run: nothing is read, written or locked (each statement starts from an UPDATE
+    of that one run, which matches nothing).  A worker does this at boot on each of its
+    connections, so that the first window of a batch — a burst of runs reaching every
+    statement at once — does not find each connection's backend planning its first
+    statements on cold catalog caches."""
+    now = utcnow()
+    nobody = {"p_run": uuid.uuid4(), "now": now}
+    turn = {
+        **nobody,
+        "p_cost": CostSummary(),
+        "p_turn": uuid.uuid4(),
+        "p_turn_index": 0,
+        "p_user_message": "",
+        "p_response": "",
+        "p_passed": True,
+        "p_stopped": False,
+        "p_results": [],
+    }
+    await _CLAIM_IN_ONE.rows(connection, **nobody)
+    await _RECORD_IN_ONE.rows(connection, **turn)
+    await _RECORD_AND_END_IN_ONE.rows(connection, **turn, p_status=RunStatus.PASSED, p_skipped=[])
+    await _END_IN_ONE.rows(connection, **nobody, p_status=RunStatus.ERROR, p_error=None)

@@ -1,0 +1,62 @@
+"""What a worker process does once, as it boots, so that its first messages do not.
+
+A batch's first window reaches a worker as a burst: a few dozen runs at once, each
+waiting on the same cold paths at the same moment — connections not yet open, each
+connection's first execution of each statement, the first configuration load (which every
+run of the window waits on), the process's HTTP session not yet made.  All of it is
+done here, before the worker takes any message, on ids that name no row: no tenant's data
+is read, written or locked.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from contextlib import AsyncExitStack, suppress
+from uuid import uuid4
+
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from shared.batches.window import dispatch_committed
+from shared.db.direct import direct_pool
+from shared.errors import NotFound
+from shared.outbound import services as outbound
+from shared.runtime import Runtime, provide_session
+from shared.scenarios import store
+
+
+async def warm_up(runtime: Runtime) -> None:
+    await runtime.warm_up()
+    await _open_engine_pool(runtime.engine, runtime.settings.db_pool_size)
+    await _rehearse_run_engine(runtime.engine)
+    await _rehearse_sessions(runtime)
+    runtime.http  # noqa: B018 - the process's egress session, made in this loop
+
+
+async def _open_engine_pool(engine: AsyncEngine, size: int) -> None:
+    """Fill ``engine``'s pool: a new batch's dispatch and its first runs' configuration load
+    (SQLAlchemy sessions) then find connections open instead of each opening one."""
+    async with AsyncExitStack() as stack:
+        await asyncio.gather(*(stack.enter_async_context(engine.connect()) for _ in range(size)))
+
+
+async def _rehearse_run_engine(engine: AsyncEngine) -> None:
+    """Every run-engine statement once on each connection of the run engine's pool."""
+    pool = await direct_pool(engine)
+    async with AsyncExitStack() as stack:
+        connections = await asyncio.gather(
+            *(stack.enter_async_context(pool.connection()) for _ in range(pool.max_size))
+        )
+        await asyncio.gather(*(store.rehearse(connection) for connection in connections))
+
+
+async def _rehearse_sessions(runtime: Runtime) -> None:
+    """A batch's dispatch and a run's configuration load, for ids that name nothing."""
+    factory, settings = runtime.session_factory, runtime.settings
+    await dispatch_committed(factory, uuid4())
+    org = uuid4()
+    async with provide_session(factory) as session:
+        await outbound.load_egress_policy(session, settings, org)
+        await outbound.default_judge_provider_id(session, org)
+        for load in (outbound.load_agent, outbound.load_provider):
+            with suppress(NotFound):
+                await load(session, settings, org, uuid4())
