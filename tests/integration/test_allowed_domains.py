@@ -44,8 +44,6 @@ def parse_time(value: str) -> datetime:
     return parsed
 
 
-
-
 async def count_rows(db: AsyncSession) -> int:
     return int(await db.scalar(text("SELECT count(*) FROM allowed_domains")) or 0)
 

@@ -34,8 +34,6 @@ SCENARIO = {"name": "Refund", "turns": [{"user_message": "I want my money back"}
 UNSTORABLE = {"type": "string_pattern_mismatch", "ctx": {"pattern": TEXT_PATTERN}}
 
 
-
-
 def assert_json_invalid(response: Any, words: str) -> None:
     entry = single_validation_entry(response)
     assert entry["loc"] == ["body"], entry
