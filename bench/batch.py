@@ -55,7 +55,7 @@ import psycopg  # noqa: E402
 import redis  # noqa: E402
 from sqlalchemy import create_engine, insert, make_url  # noqa: E402
 
-from shared.db.migrate import sync_url, upgrade  # noqa: E402
+from shared.db.migrate import upgrade  # noqa: E402
 from shared.db.models import Criterion, Scenario, ScenarioTurn  # noqa: E402
 from tests.support.processes import free_port, spar_process  # noqa: E402
 
@@ -199,7 +199,7 @@ def insert_scenarios(url: str, org_id: str, count: int, turns: int, criteria: in
                 }
                 for c in range(criteria)
             )
-    engine = create_engine(sync_url(url))
+    engine = create_engine(url)
     try:
         with engine.begin() as conn:
             conn.execute(insert(Scenario), scenario_rows)
@@ -303,7 +303,7 @@ def breakdown(url: str, batch_id: str) -> dict[str, float]:
     start; mean seconds from dispatch to start (broker and worker pick-up), from start to
     end, and the agent's and judge's latency per call as the workers measured it
     (``cost_summary``)."""
-    engine = create_engine(sync_url(url))
+    engine = create_engine(url)
     try:
         with engine.connect() as conn:
             row = conn.exec_driver_sql(
@@ -557,7 +557,7 @@ def _flush(r: redis.Redis) -> None:
 
 
 def _untag(url: str) -> None:
-    engine = create_engine(sync_url(url))
+    engine = create_engine(url)
     try:
         with engine.begin() as conn:
             conn.exec_driver_sql("UPDATE scenarios SET tags = '[]'::jsonb")

@@ -61,7 +61,7 @@ async def create_batch(
     if body.scenario_ids:
         conditions.append(Scenario.id.in_(set(body.scenario_ids)))
     if body.tags:
-        conditions.append(tag_filter(session, list(body.tags)))
+        conditions.append(tag_filter(list(body.tags)))
     matching = or_(*conditions)
     scenario_ids = list(
         await session.scalars(

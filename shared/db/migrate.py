@@ -10,16 +10,11 @@ from alembic.config import Config
 MIGRATIONS_DIR = Path(__file__).parent / "migrations"
 
 
-def sync_url(database_url: str) -> str:
-    """Migrations run on a synchronous driver: psycopg 3 serves both, the URL is the same."""
-    return database_url
-
-
 def alembic_config(database_url: str) -> Config:
     config = Config()
     config.set_main_option("script_location", str(MIGRATIONS_DIR))
     # ConfigParser interpolation would choke on "%" in URL-encoded passwords.
-    config.set_main_option("sqlalchemy.url", sync_url(database_url).replace("%", "%%"))
+    config.set_main_option("sqlalchemy.url", database_url.replace("%", "%%"))
     return config
 
 

@@ -166,7 +166,7 @@ async def delete_scenario(session: AsyncSession, *, access: OrgAccess, scenario_
     await session.flush()
 
 
-def tag_filter(session: AsyncSession, tags: list[str]) -> Any:
+def tag_filter(tags: list[str]) -> Any:
     """Scenarios carrying any of ``tags`` (JSONB containment)."""
     return or_(*(Scenario.tags.contains([tag]) for tag in tags))
 
@@ -181,7 +181,7 @@ async def list_scenarios(
     )
     query = select(Scenario, turn_count).where(Scenario.organization_id == access.organization_id)
     if tag:
-        query = query.where(tag_filter(session, [tag]))
+        query = query.where(tag_filter([tag]))
     rows, total = await paginate(session, query, paging, Scenario.created_at, Scenario.id)
     return [
         schemas.ScenarioSummary(

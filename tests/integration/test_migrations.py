@@ -7,13 +7,12 @@ from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from sqlalchemy import create_engine, make_url
 
-from shared.db.migrate import sync_url
 from shared.db.models import Base
 from tests.conftest import _admin
 
 
 def test_migrated_schema_matches_the_models(database_url):
-    engine = create_engine(sync_url(database_url))
+    engine = create_engine(database_url)
     try:
         with engine.connect() as connection:
             context = MigrationContext.configure(connection, opts={"compare_type": True})
@@ -46,7 +45,7 @@ def test_the_window_counter_is_backfilled_from_the_runs_handed_out(empty_databas
 
     url = empty_database_url
     upgrade(url, "0004")
-    engine = create_engine(sync_url(url))
+    engine = create_engine(url)
     org, batch = uuid.uuid4().hex, uuid.uuid4().hex
     now = datetime.now(UTC).isoformat()
     try:
