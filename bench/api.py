@@ -50,7 +50,7 @@ import httpx  # noqa: E402
 import psycopg  # noqa: E402
 from sqlalchemy import make_url  # noqa: E402
 
-from bench.batch import throwaway_database  # noqa: E402
+from bench.batch import ok, owner_and_org, throwaway_database  # noqa: E402
 from tests.support.processes import free_port, spar_process  # noqa: E402
 
 DEFAULT_DATABASE_URL = f"postgresql+psycopg://postgres@127.0.0.1:5432/spar_bench_api_{os.getpid()}"
@@ -311,31 +311,13 @@ def drive(args: argparse.Namespace, url: str, token: str, seconds: float, logs: 
 # --- seeding -------------------------------------------------------------------------------------
 
 
-def _ok(response: httpx.Response, status: int = 201) -> Any:
-    if response.status_code != status:
-        raise RuntimeError(f"{response.request.method} {response.request.url}: {response.text}")
-    return response.json()
-
-
 def seed(api: httpx.Client) -> list[Target]:
     """A user and an organization with a few rows, all over REST; the requests to drive."""
-    registered = _ok(
-        api.post(
-            "/v1/auth/register",
-            json={
-                "email": f"bench-{uuid.uuid4().hex[:8]}@example.com",
-                "password": "bench-password-123",
-                "first_name": "Bench",
-                "last_name": "Mark",
-            },
-        )
-    )
-    user_token = registered["access_token"]
+    user_token, org = owner_and_org(api)
     auth = {"Authorization": f"Bearer {user_token}"}
-    org = _ok(api.post("/v1/organizations", json={"name": "bench"}, headers=auth))["id"]
     for n in range(SEED_DOMAINS):
         domain = {"domain": f"agent{n}.example.com"}
-        _ok(api.post(f"/v1/orgs/{org}/allowed-domains/", json=domain, headers=auth))
+        ok(api.post(f"/v1/orgs/{org}/allowed-domains/", json=domain, headers=auth))
     for n in range(SEED_SCENARIOS):
         scenario = {
             "name": f"bench scenario {n}",
@@ -345,8 +327,8 @@ def seed(api: httpx.Client) -> list[Target]:
                 {"user_message": "Where is my order?"},
             ],
         }
-        _ok(api.post(f"/v1/orgs/{org}/scenarios/", json=scenario, headers=auth))
-    pat = _ok(
+        ok(api.post(f"/v1/orgs/{org}/scenarios/", json=scenario, headers=auth))
+    pat = ok(
         api.post(
             f"/v1/orgs/{org}/platform-tokens/",
             json={"name": "bench", "permissions": ["domains:read", "scenarios:read"]},
@@ -372,7 +354,7 @@ def record_bodies(api: httpx.Client, targets: list[Target]) -> dict[str, Any]:
     """Spar's answer to each target, by route (a route's targets must answer the same)."""
     bodies: dict[str, Any] = {}
     for target in targets:
-        body = _ok(api.get(target.path, headers={"Authorization": f"Bearer {target.token}"}), 200)
+        body = ok(api.get(target.path, headers={"Authorization": f"Bearer {target.token}"}), 200)
         if bodies.setdefault(target.route, body) != body:
             raise RuntimeError(f"{target.route}: two tokens, two bodies")
     return bodies

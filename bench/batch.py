@@ -213,15 +213,15 @@ def insert_scenarios(url: str, org_id: str, count: int, turns: int, criteria: in
 # --- the API -------------------------------------------------------------------------------------
 
 
-def _ok(response: httpx.Response, status: int = 201) -> dict[str, Any]:
+def ok(response: httpx.Response, status: int = 201) -> dict[str, Any]:
     if response.status_code != status:
         raise RuntimeError(f"{response.request.method} {response.request.url}: {response.text}")
     return response.json()
 
 
-def setup_org(api: httpx.Client, agent_url: str, judge_url: str) -> tuple[str, dict[str, str], str]:
-    """A user, an organization that may reach the fakes, its default judge and an agent."""
-    registered = _ok(
+def owner_and_org(api: httpx.Client) -> tuple[str, str]:
+    """A new user's token and the id of an organization it owns, made over REST."""
+    registered = ok(
         api.post(
             "/v1/auth/register",
             json={
@@ -232,10 +232,23 @@ def setup_org(api: httpx.Client, agent_url: str, judge_url: str) -> tuple[str, d
             },
         )
     )
-    headers = {"Authorization": f"Bearer {registered['access_token']}"}
-    org = _ok(api.post("/v1/organizations", json={"name": "bench"}, headers=headers))["id"]
-    _ok(api.post(f"/v1/orgs/{org}/allowed-domains/", json={"domain": "127.0.0.1"}, headers=headers))
-    _ok(
+    token = registered["access_token"]
+    org = ok(
+        api.post(
+            "/v1/organizations",
+            json={"name": "bench"},
+            headers={"Authorization": f"Bearer {token}"},
+        )
+    )["id"]
+    return token, org
+
+
+def setup_org(api: httpx.Client, agent_url: str, judge_url: str) -> tuple[str, dict[str, str], str]:
+    """A user, an organization that may reach the fakes, its default judge and an agent."""
+    token, org = owner_and_org(api)
+    headers = {"Authorization": f"Bearer {token}"}
+    ok(api.post(f"/v1/orgs/{org}/allowed-domains/", json={"domain": "127.0.0.1"}, headers=headers))
+    ok(
         api.post(
             f"/v1/orgs/{org}/llm-providers",
             json={
@@ -248,7 +261,7 @@ def setup_org(api: httpx.Client, agent_url: str, judge_url: str) -> tuple[str, d
             headers=headers,
         )
     )
-    agent = _ok(
+    agent = ok(
         api.post(
             f"/v1/orgs/{org}/agents",
             json={"name": "bench agent", "kind": "http", "endpoint_url": f"{agent_url}/chat"},
@@ -273,7 +286,7 @@ def run_batch(
     path = f"/v1/orgs/{org}/scenarios/batch-runs"
     started_at = time.time()
     started = time.perf_counter()
-    batch = _ok(
+    batch = ok(
         api.post(
             f"{path}/",
             json={"agent_id": agent_id, "tags": ["bench"], "max_concurrency": concurrency},
@@ -284,7 +297,7 @@ def run_batch(
     deadline = started + timeout_s
     while True:
         # The listing carries the counters without the per-run summaries: a cheap poll.
-        listing = _ok(api.get(f"{path}/?limit=500", headers=auth), 200)
+        listing = ok(api.get(f"{path}/?limit=500", headers=auth), 200)
         current = next(b for b in listing["batch_runs"] if b["id"] == batch["id"])
         if current["status"] not in ("queued", "running"):
             break
