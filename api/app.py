@@ -21,6 +21,7 @@ from api.openapi import docs_assets, finish_openapi, openapi_config
 from api.outbound.controllers import CONTROLLERS as OUTBOUND_CONTROLLERS
 from api.requests import SparRequest
 from api.scenarios.controllers import CONTROLLERS as SCENARIO_CONTROLLERS
+from api.triggers.controllers import CONTROLLERS as TRIGGER_CONTROLLERS
 from shared.db.engine import create_engine, create_session_factory, dispose_engine
 from shared.identity.throttle import LoginThrottle
 from shared.metrics import mark_process_dead
@@ -34,6 +35,7 @@ V1_CONTROLLERS: list[Any] = [
     *OUTBOUND_CONTROLLERS,
     *SCENARIO_CONTROLLERS,
     *BATCH_CONTROLLERS,
+    *TRIGGER_CONTROLLERS,
 ]
 
 
@@ -93,24 +95,29 @@ def create_dev_app() -> Litestar:
 
     async def start_worker(app: Litestar) -> None:
         import workers.actors  # noqa: F401 - declares the actors on the in-memory broker
-        from scheduler.main import sweep_forever
+        from scheduler.leader import Leadership
+        from scheduler.main import lead_forever
 
         app.state.worker = dramatiq.Worker(app.state.broker, worker_threads=8)
         app.state.worker.start()
-        # The sweeper, in the API's loop: one process, nothing to elect.
-        app.state.sweeper_stop = asyncio.Event()
-        app.state.sweeper = asyncio.create_task(
-            sweep_forever(
+        # The scheduler (trigger cron and sweeper) in the API's loop; it still takes the
+        # lock, so a second spar dev on the same database stands by.
+        app.state.scheduler_stop = asyncio.Event()
+        app.state.leadership = Leadership(app.state.engine)
+        app.state.scheduler = asyncio.create_task(
+            lead_forever(
                 app.state.session_factory,
                 app.state.broker,
                 app.state.settings,
-                app.state.sweeper_stop,
+                app.state.scheduler_stop,
+                app.state.leadership,
             )
         )
 
     async def stop_worker(app: Litestar) -> None:
-        app.state.sweeper_stop.set()
-        await app.state.sweeper
+        app.state.scheduler_stop.set()
+        await app.state.scheduler
+        await app.state.leadership.release()
         app.state.worker.stop()
 
     app.on_startup.append(start_worker)

@@ -1,12 +1,13 @@
 """The ``spar`` command: one entry point for every Spar process.
 
-* ``spar dev``: the API, the workers and the sweeper in one process, on an embedded
+* ``spar dev``: the API, the workers and the scheduler in one process, on an embedded
   PostgreSQL (from a pip wheel, data in ``.spar-dev/``) and an in-memory broker (nothing
   else to install);
 * ``spar migrate``: apply the database migrations (``SPAR_DATABASE_URL``);
 * ``spar serve``: the HTTP API (stateless; run as many as needed);
 * ``spar worker``: Dramatiq workers taking runs, batches and the rest from Redis;
-* ``spar scheduler``: the stuck-run sweeper (run several; one is active at a time).
+* ``spar scheduler``: cron triggers and the stuck-work sweeper (run several; one is
+  active at a time).
 
 Configuration comes from ``SPAR_*`` environment variables.
 """
@@ -158,7 +159,7 @@ def cmd_worker(args: argparse.Namespace) -> None:
 
 
 def cmd_scheduler(_: argparse.Namespace) -> None:
-    """The stuck-run sweeper; run several, one is active (leader election)."""
+    """Cron triggers and the sweeper; run several, one is active (leader election)."""
     from scheduler.main import main as scheduler_main
 
     settings = get_settings()
@@ -194,10 +195,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     dev = commands.add_parser(
         "dev",
-        help="run the API, workers and sweeper in one process on an embedded PostgreSQL",
+        help="run the API, workers and scheduler in one process on an embedded PostgreSQL",
         description=(
             "Start an embedded PostgreSQL in --data-dir (unless SPAR_DATABASE_URL is set), "
-            "migrate it and serve it with the workers and the sweeper in the same process "
+            "migrate it and serve it with the workers and the scheduler in the same process "
             "on an in-memory broker; the server stops on exit.  Outbound calls may reach "
             "private addresses, and a secret key is kept in <data-dir>/secret unless "
             "SPAR_SECRET_KEY is set."
@@ -265,11 +266,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     scheduler = commands.add_parser(
         "scheduler",
-        help="run the sweeper that re-sends stuck runs (one replica active at a time)",
+        help="run the cron triggers and the sweeper (one replica active at a time)",
         description=(
-            "Re-enqueue runs stuck in pending or running past their deadline.  Run several "
-            "for availability: a PostgreSQL advisory lock keeps one active.  Needs "
-            "SPAR_REDIS_URL."
+            "Fire scheduled triggers at their cron times, exactly once per slot, and "
+            "re-enqueue work stuck past its deadline.  Run several for availability: a "
+            "PostgreSQL advisory lock keeps one active, and a standby takes over within "
+            "SPAR_LEADER_RETRY_S.  Needs SPAR_REDIS_URL."
         ),
     )
     scheduler.set_defaults(func=cmd_scheduler)

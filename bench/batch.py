@@ -33,7 +33,6 @@ import json
 import math
 import os
 import re
-import shutil
 import signal
 import statistics
 import subprocess
@@ -51,13 +50,16 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import httpx  # noqa: E402
-import psycopg  # noqa: E402
 import redis  # noqa: E402
-from sqlalchemy import create_engine, insert, make_url  # noqa: E402
+from sqlalchemy import create_engine, insert  # noqa: E402
 
-from shared.db.migrate import upgrade  # noqa: E402
 from shared.db.models import Criterion, Scenario, ScenarioTurn  # noqa: E402
-from tests.support.processes import free_port, spar_process  # noqa: E402
+from tests.support.processes import (  # noqa: E402
+    free_port,
+    private_redis,
+    spar_process,
+    throwaway_database,
+)
 
 DEFAULT_DATABASE_URL = f"postgresql+psycopg://postgres@127.0.0.1:5432/spar_bench_{os.getpid()}"
 FALLBACK_REDIS_URL = "redis://127.0.0.1:6379/13"
@@ -107,56 +109,7 @@ def fakes() -> Iterator[Fakes]:
 # --- services ------------------------------------------------------------------------------------
 
 
-@contextlib.contextmanager
-def private_redis() -> Iterator[str]:
-    """A throwaway ``redis-server`` on a free loopback port (no persistence); its URL."""
-    binary = shutil.which("redis-server")
-    if binary is None:
-        yield FALLBACK_REDIS_URL
-        return
-    port = free_port()
-    process = subprocess.Popen(
-        [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,  # a signal to the benchmark's group must not stop it first
-    )
-    url = f"redis://127.0.0.1:{port}/0"
-    try:
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                redis.Redis.from_url(url).ping()
-                break
-            except redis.ConnectionError:
-                if time.monotonic() > deadline or process.poll() is not None:
-                    raise RuntimeError("the private redis-server did not start") from None
-                time.sleep(0.05)
-        yield url
-    finally:
-        process.terminate()
-        process.wait(timeout=10)
-
-
 # --- database ------------------------------------------------------------------------------------
-
-
-def _admin(url: str, statement: str) -> None:
-    parsed = make_url(url)
-    admin = parsed.set(drivername="postgresql", database="postgres")
-    with psycopg.connect(admin.render_as_string(hide_password=False), autocommit=True) as conn:
-        conn.execute(statement.format(name=parsed.database))
-
-
-@contextlib.contextmanager
-def throwaway_database(url: str) -> Iterator[str]:
-    _admin(url, 'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-    _admin(url, 'CREATE DATABASE "{name}"')
-    try:
-        upgrade(url)
-        yield url
-    finally:
-        _admin(url, 'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 def insert_scenarios(url: str, org_id: str, count: int, turns: int, criteria: int) -> None:
@@ -430,7 +383,7 @@ def main(argv: list[str] | None = None) -> None:
     database_url = os.environ.get("SPAR_BENCH_DATABASE_URL") or DEFAULT_DATABASE_URL
     with contextlib.ExitStack() as stack:
         given = os.environ.get("SPAR_BENCH_REDIS_URL")
-        redis_url = given or stack.enter_context(private_redis())
+        redis_url = given or stack.enter_context(private_redis(FALLBACK_REDIS_URL))
         bench(args, database_url, redis_url)
 
 

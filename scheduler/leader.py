@@ -1,8 +1,10 @@
 """Leader election: one active scheduler, any number on standby (DESIGN §1).
 
 The leader holds a PostgreSQL session-level advisory lock on a dedicated, long-lived
-connection; if its process dies, the connection closes and a standby takes the lock on
-its next try.
+connection in autocommit; if its process dies, the connection closes and a standby takes
+the lock on its next try (every ``SPAR_LEADER_RETRY_S``).  The same connection LISTENs
+for trigger changes (``spar_triggers``, notified by a database trigger on ``triggers``),
+so the leader hears every change and loses both together.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 LOCK_KEY = 0x5350_4152_5343_4844 & 0x7FFF_FFFF_FFFF_FFFF  # "SPARSCHD"
+TRIGGER_CHANNEL = "spar_triggers"
 
 
 class Leadership:
@@ -23,6 +26,7 @@ class Leadership:
         return self._connection is not None
 
     async def try_acquire(self) -> bool:
+        """Whether this process leads now: still holds the lock, or just took it."""
         if self._connection is not None:
             try:  # still holding it? (the connection may have dropped)
                 await self._connection.execute(text("SELECT 1"))
@@ -30,13 +34,34 @@ class Leadership:
             except Exception:
                 await self.release()
         connection = await self._engine.connect()
-        got = await connection.scalar(text("SELECT pg_try_advisory_lock(:key)"), {"key": LOCK_KEY})
-        await connection.commit()
-        if got:
-            self._connection = connection
-            return True
+        try:
+            connection = await connection.execution_options(isolation_level="AUTOCOMMIT")
+            got = await connection.scalar(
+                text("SELECT pg_try_advisory_lock(:key)"), {"key": LOCK_KEY}
+            )
+            if got:
+                await connection.execute(text(f"LISTEN {TRIGGER_CHANNEL}"))
+                self._connection = connection
+                return True
+        except BaseException:
+            await connection.invalidate()
+            raise
         await connection.close()
         return False
+
+    async def wait_for_change(self, seconds: float) -> bool:
+        """Wait up to ``seconds`` for a trigger change; ``True`` if one came (and
+        every other notification that came with it is consumed)."""
+        if self._connection is None:
+            return False
+        raw = (await self._connection.get_raw_connection()).driver_connection
+        changed = False
+        async for _ in raw.notifies(timeout=seconds, stop_after=1):
+            changed = True
+        if changed:  # a burst of changes is one re-read
+            async for _ in raw.notifies(timeout=0.05):
+                pass
+        return changed
 
     async def release(self) -> None:
         if self._connection is not None:

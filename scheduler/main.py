@@ -1,4 +1,11 @@
-"""``spar scheduler``: the stuck-run sweeper (cron triggers join later), one active replica."""
+"""``spar scheduler``: cron triggers and the sweeper, in one active replica.
+
+Every replica tries for leadership (:mod:`scheduler.leader`) every
+``SPAR_LEADER_RETRY_S``.  The leader runs the trigger cron (:mod:`scheduler.cron`),
+re-reading the triggers on each change the database notifies and every
+``SPAR_TRIGGER_POLL_S``, and sweeps every ``SPAR_SWEEP_INTERVAL_S``.  A replica that
+loses the lock stops its jobs at once.
+"""
 
 from __future__ import annotations
 
@@ -6,10 +13,12 @@ import asyncio
 import contextlib
 import logging
 import signal
+import time
 
 import dramatiq
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from scheduler.cron import TriggerCron
 from scheduler.leader import Leadership
 from scheduler.sweeper import sweep
 from shared.queue import get_broker
@@ -19,29 +28,66 @@ from shared.settings import Settings
 log = logging.getLogger("spar.scheduler")
 
 
-async def sweep_forever(
+async def _sweep_once(
+    factory: async_sessionmaker[AsyncSession], broker: dramatiq.Broker, settings: Settings
+) -> None:
+    try:
+        await sweep(factory, broker, settings.run_stall_s)
+    except Exception:  # one failed pass must not end the scheduler
+        log.exception("sweep failed")
+
+
+async def lead_forever(
     factory: async_sessionmaker[AsyncSession],
     broker: dramatiq.Broker,
     settings: Settings,
     stop: asyncio.Event,
-    leadership: Leadership | None = None,
+    leadership: Leadership,
+    cron: TriggerCron | None = None,
 ) -> None:
-    """Sweep every ``SPAR_SWEEP_INTERVAL_S`` while this process is the leader."""
-    while not stop.is_set():
-        if leadership is None or await leadership.try_acquire():
+    """Lead when the lock is ours, stand by when it is not, until ``stop`` is set."""
+    cron = cron or TriggerCron(factory, broker, settings)
+    next_sweep = next_poll = 0.0
+    try:
+        while not stop.is_set():
             try:
-                await sweep(factory, broker, settings.run_stall_s)
-            except Exception:  # one failed pass must not end the scheduler
-                log.exception("sweep failed")
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stop.wait(), timeout=settings.sweep_interval_s)
+                leading = await leadership.try_acquire()
+            except Exception:  # the database is away: stand by and try again
+                log.warning("could not reach the database for leadership", exc_info=True)
+                leading = False
+            if not leading:
+                if cron.running:
+                    log.warning("lost the scheduler lock: stopping trigger jobs")
+                    cron.stop()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), timeout=settings.leader_retry_s)
+                continue
+            try:
+                if not cron.running:
+                    log.info("leading: starting the trigger jobs")
+                    await cron.start()
+                    next_poll = time.monotonic() + settings.trigger_poll_s
+                if time.monotonic() >= next_sweep:
+                    await _sweep_once(factory, broker, settings)
+                    next_sweep = time.monotonic() + settings.sweep_interval_s
+                wait = max(0.0, min(next_sweep, next_poll) - time.monotonic())
+                changed = await leadership.wait_for_change(min(wait, settings.leader_retry_s))
+                if changed or time.monotonic() >= next_poll:
+                    await cron.sync()
+                    next_poll = time.monotonic() + settings.trigger_poll_s
+            except Exception:  # a failed pass must not end the scheduler
+                log.exception("scheduler pass failed")
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), timeout=settings.leader_retry_s)
+    finally:
+        cron.stop()
 
 
 async def run_forever(stop: asyncio.Event) -> None:
     runtime = get_runtime()
     leadership = Leadership(runtime.engine)
     try:
-        await sweep_forever(
+        await lead_forever(
             runtime.session_factory,
             get_broker(runtime.settings.redis_url),
             runtime.settings,

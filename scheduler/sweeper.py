@@ -6,7 +6,9 @@ Each pass, in the active scheduler:
   ``updated_at`` moves with every committed turn) is sent again — the run engine resumes
   it after its last committed turn, and a duplicate changes nothing;
 * every active batch is offered a dispatch, which hands out runs only if its window has
-  room (after a lost refill message, for instance).
+  room (after a lost refill message, for instance);
+* a trigger execution ``queued`` for a minute, or ``running`` without progress for
+  ``SPAR_RUN_STALL_S``, is sent again (the execution actor is idempotent).
 
 Runs of a batch that were never dispatched are the window's to hand out, not the sweeper's.
 """
@@ -19,8 +21,10 @@ import dramatiq
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from shared.batches import window
-from shared.queue import RUN_SCENARIO, send
+from shared.queue import RUN_SCENARIO, RUN_TRIGGER, send
+from shared.runtime import provide_session
 from shared.scenarios import store
+from shared.triggers import firing
 
 log = logging.getLogger("spar.sweeper")
 MAX_PER_PASS = 1000
@@ -36,6 +40,15 @@ async def sweep(
     dispatched = await window.reoffer(factory)
     for run_id in dispatched:
         send(broker, RUN_SCENARIO, str(run_id))
-    if stalled or dispatched:
-        log.info("sweeper re-sent %d stalled runs, dispatched %d", len(stalled), len(dispatched))
+    async with provide_session(factory) as session:
+        executions = await firing.take_stalled(session, stall_s=stall_s, limit=MAX_PER_PASS)
+    for execution_id in executions:
+        send(broker, RUN_TRIGGER, str(execution_id))
+    if stalled or dispatched or executions:
+        log.info(
+            "sweeper re-sent %d stalled runs and %d trigger executions, dispatched %d",
+            len(stalled),
+            len(executions),
+            len(dispatched),
+        )
     return len(stalled), len(dispatched)

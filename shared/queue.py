@@ -34,6 +34,7 @@ from shared.settings import get_settings
 QUEUES = ("runs", "batches", "documents", "calibration", "triggers")
 RUN_SCENARIO = ("runs", "run_scenario")
 DISPATCH_BATCH = ("batches", "dispatch_batch")
+RUN_TRIGGER = ("triggers", "run_trigger_execution")
 
 
 class _AsyncIO(AsyncIO):

@@ -13,6 +13,7 @@ import re
 import types
 from collections.abc import Iterator
 from typing import Annotated, Any, Self, Union, get_args, get_origin
+from zoneinfo import available_timezones
 
 import msgspec
 
@@ -48,6 +49,23 @@ Email = Annotated[
     ),
 ]
 TimezoneName = Annotated[str, text(1, 64, description="An IANA time zone, e.g. Europe/Paris.")]
+
+
+@functools.cache
+def iana_zones() -> frozenset[str]:
+    """The names a ``TimezoneName`` may hold: the IANA zones.  Not the host's own files
+    that the zoneinfo search path also lists ("localtime", which is whatever the host is
+    set to, and "Factory"), nor the "posix/" and "right/" copies."""
+    return frozenset(
+        name
+        for name in available_timezones()
+        if name not in _HOST_ZONE_FILES and not name.startswith(("posix/", "right/"))
+    ) | {"UTC"}
+
+
+_HOST_ZONE_FILES = frozenset({"localtime", "posixrules", "Factory"})
+
+
 JsonObject = Annotated[
     dict[str, Any],
     msgspec.Meta(

@@ -26,6 +26,12 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     egress_timeout_s: float = 60.0
     sweep_interval_s: float = 15.0
     run_stall_s: float = 300.0
+    # Triggers: a slot missed while no scheduler ran still fires if at most this old; a
+    # standby scheduler tries for leadership this often; trigger changes are re-read on
+    # NOTIFY at once, and every trigger_poll_s whatever happens.
+    trigger_grace_s: float = 300.0
+    leader_retry_s: float = 2.0
+    trigger_poll_s: float = 10.0
     db_pool_size: int = 10
     work_poll_ms: int = 50
     log_level: str = "INFO"
@@ -98,6 +104,9 @@ _VARIABLES = {
     "SPAR_EGRESS_TIMEOUT_S": ("egress_timeout_s", _positive_float),
     "SPAR_SWEEP_INTERVAL_S": ("sweep_interval_s", _positive_float),
     "SPAR_RUN_STALL_S": ("run_stall_s", _positive_float),
+    "SPAR_TRIGGER_GRACE_S": ("trigger_grace_s", _positive_float),
+    "SPAR_LEADER_RETRY_S": ("leader_retry_s", _positive_float),
+    "SPAR_TRIGGER_POLL_S": ("trigger_poll_s", _positive_float),
     "SPAR_DB_POOL_SIZE": ("db_pool_size", _positive_int),
     "SPAR_WORK_POLL_MS": ("work_poll_ms", _positive_int),
     "SPAR_LOG_LEVEL": ("log_level", str.upper),

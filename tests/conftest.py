@@ -11,41 +11,61 @@ from __future__ import annotations
 import os
 from collections.abc import AsyncIterator, Iterator
 
-import psycopg
 import pytest
 from litestar import Litestar
 from litestar.testing import AsyncTestClient
-from sqlalchemy import make_url, text
+from sqlalchemy import text
 
 from api.app import create_app
 from shared.db.direct import close_direct_pool
 from shared.db.migrate import upgrade
 from shared.db.models import Base
 from shared.settings import Settings
+from tests.support.processes import admin_sql
 
 DEFAULT_TEST_DATABASE_URL = f"postgresql+psycopg://postgres@127.0.0.1:5432/spar_test_{os.getpid()}"
 DEFAULT_TEST_REDIS_URL = "redis://127.0.0.1:6379/15"
 
 
-def _admin(url: str, *statements: str) -> None:
-    parsed = make_url(url)
-    if not parsed.drivername.startswith("postgresql"):
-        raise RuntimeError("the test suite runs on PostgreSQL; set SPAR_DATABASE_URL to one")
-    admin = parsed.set(drivername="postgresql", database="postgres")
-    with psycopg.connect(admin.render_as_string(hide_password=False), autocommit=True) as conn:
-        for statement in statements:
-            conn.execute(statement.format(name=parsed.database))
+# --- the scheduler failover drill: minutes of wall clock, run beside the suite -------------------
+
+FAILOVER_TEST = "test_two_schedulers_fire_every_slot_exactly_once_through_a_kill"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Start the failover drill if its test is selected, and run that test last."""
+    drill_tests = [item for item in items if item.name == FAILOVER_TEST]
+    if not drill_tests:
+        return
+    from tests.e2e.test_scheduler_failover import DRILL_KEY
+    from tests.support.failover import FailoverDrill
+
+    items[:] = [item for item in items if item.name != FAILOVER_TEST] + drill_tests
+    drill = FailoverDrill(
+        os.environ.get("SPAR_DATABASE_URL") or DEFAULT_TEST_DATABASE_URL,
+        os.environ.get("SPAR_REDIS_URL") or DEFAULT_TEST_REDIS_URL,
+    )
+    config.stash[DRILL_KEY] = drill
+    drill.start()
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    from tests.e2e.test_scheduler_failover import DRILL_KEY
+
+    drill = config.stash.get(DRILL_KEY, None)
+    if drill is not None:
+        drill.close()
 
 
 @pytest.fixture(scope="session")
 def database_url() -> Iterator[str]:
     given = os.environ.get("SPAR_DATABASE_URL")
     url = given or DEFAULT_TEST_DATABASE_URL
-    _admin(url, 'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)', 'CREATE DATABASE "{name}"')
+    admin_sql(url, 'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)', 'CREATE DATABASE "{name}"')
     upgrade(url)
     yield url
     if not given:
-        _admin(url, 'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        admin_sql(url, 'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 @pytest.fixture(scope="session")

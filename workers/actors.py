@@ -1,5 +1,6 @@
 """Every actor, for ``spar worker`` (``dramatiq workers.actors``)."""
 
 from workers.runs import dispatch_batch, run_scenario
+from workers.triggers import run_trigger_execution
 
-__all__ = ["dispatch_batch", "run_scenario"]
+__all__ = ["dispatch_batch", "run_scenario", "run_trigger_execution"]

@@ -54,9 +54,26 @@ _runs = ScenarioRun.__table__
 async def create_batch(
     session: AsyncSession, access: OrgAccess, body: schemas.BatchRunCreate
 ) -> BatchRun:
+    return await start_batch(
+        session,
+        organization_id=access.organization_id,
+        user_id=access.principal.user_id,
+        body=body,
+    )
+
+
+async def start_batch(
+    session: AsyncSession,
+    *,
+    organization_id: UUID,
+    user_id: UUID | None,
+    body: schemas.BatchRunCreate,
+) -> BatchRun:
+    """The batch and its pending runs, for a caller (``create_batch``) or for a trigger
+    firing unattended (``user_id`` is then the trigger's creator, if still a user)."""
     if not body.scenario_ids and not body.tags:
         raise InvalidInput(("body",), "give scenario_ids and/or tags", type="missing")
-    agent = await agent_in_org(session, access.organization_id, body.agent_id)
+    agent = await agent_in_org(session, organization_id, body.agent_id)
     conditions = []
     if body.scenario_ids:
         conditions.append(Scenario.id.in_(set(body.scenario_ids)))
@@ -65,7 +82,7 @@ async def create_batch(
     matching = or_(*conditions)
     scenario_ids = list(
         await session.scalars(
-            select(Scenario.id).where(Scenario.organization_id == access.organization_id, matching)
+            select(Scenario.id).where(Scenario.organization_id == organization_id, matching)
         )
     )
     missing = set(body.scenario_ids) - set(scenario_ids)
@@ -76,13 +93,13 @@ async def create_batch(
     now = utcnow()
     batch = BatchRun(
         id=uuid.uuid4(),
-        organization_id=access.organization_id,
+        organization_id=organization_id,
         agent_id=agent.id,
         agent_name=agent.name,
         status=BatchStatus.QUEUED,
         max_concurrency=body.max_concurrency,
         total_scenarios=len(scenario_ids),
-        created_by_user_id=access.principal.user_id,
+        created_by_user_id=user_id,
         created_at=now,
         updated_at=now,
     )
@@ -92,10 +109,10 @@ async def create_batch(
         _FAN_OUT,
         {
             "p_ids": scenario_ids,
-            "p_org": access.organization_id,
+            "p_org": organization_id,
             "p_agent": agent.id,
             "p_batch": batch.id,
-            "p_user": access.principal.user_id,
+            "p_user": user_id,
             "now": now,
         },
     )

@@ -8,9 +8,7 @@ from __future__ import annotations
 
 import asyncio
 from datetime import datetime, timedelta
-from functools import lru_cache
 from uuid import UUID
-from zoneinfo import available_timezones
 
 import msgspec
 from sqlalchemy import bindparam, delete, select, update
@@ -26,6 +24,7 @@ from shared.identity.access import OrgAccess, Principal
 from shared.identity.permissions import GUEST, OWNER, SYSTEM_ROLES, ordered
 from shared.identity.throttle import LoginThrottle
 from shared.paging import Paging, paginate
+from shared.schemas import iana_zones
 from shared.settings import Settings
 
 PLATFORM_TOKEN_TOUCH_INTERVAL = timedelta(minutes=1)
@@ -38,14 +37,8 @@ def normalize_email(email: str) -> str:
     return email.strip().lower()
 
 
-@lru_cache(maxsize=1)
-def _iana_zones() -> frozenset[str]:
-    # Not just "whatever ZoneInfo opens": that includes host files such as "localtime".
-    return frozenset(available_timezones()) | {"UTC"}
-
-
 def check_timezone(name: str, loc: tuple[str, ...] = ("body", "timezone")) -> str:
-    if name not in _iana_zones():
+    if name not in iana_zones():
         raise InvalidInput(loc, "Unknown IANA time zone", input=name)
     return name
 

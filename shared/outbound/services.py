@@ -22,7 +22,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from shared.crypto import secret_box
 from shared.db.base import utcnow
-from shared.db.models import Agent, AllowedDomain, Credential, LLMProvider
+from shared.db.models import Agent, AllowedDomain, Credential, LLMProvider, Trigger
 from shared.db.queries import flush_unique, one_in_org
 from shared.errors import Conflict, InvalidInput, NotFound
 from shared.identity.access import OrgAccess
@@ -423,7 +423,16 @@ async def update_agent(
 
 
 async def delete_agent(session: AsyncSession, *, access: OrgAccess, agent_id: UUID) -> None:
-    await session.delete(await get_agent(session, access=access, agent_id=agent_id))
+    """Delete an agent no trigger names (409 names the triggers)."""
+    agent = await get_agent(session, access=access, agent_id=agent_id)
+    triggers = list(
+        await session.scalars(
+            select(Trigger.name).where(Trigger.agent_id == agent.id).order_by(Trigger.name)
+        )
+    )
+    if triggers:
+        raise Conflict(f"agent is used by triggers: {', '.join(triggers)}")
+    await session.delete(agent)
     await session.flush()
 
 

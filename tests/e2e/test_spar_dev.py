@@ -154,8 +154,33 @@ def test_spar_dev_runs_a_scenario_with_its_embedded_worker(tmp_path):
             if state["status"] in {"passed", "failed", "error"} or time.monotonic() > deadline:
                 break
             time.sleep(0.2)
+        # A trigger fired by hand runs on the same embedded worker.
+        trigger = http.post(
+            f"/v1/orgs/{org}/triggers/",
+            json={
+                "name": "morning",
+                "trigger_type": "scheduled",
+                "agent_id": agent_id,
+                "message": "Good morning from {{ trigger.name }}",
+                "cron_expression": "0 9 * * 1-5",
+                "timezone": "Europe/Amsterdam",
+            },
+            headers=h,
+        )
+        assert trigger.status_code == 201, trigger.text
+        executions = f"/v1/orgs/{org}/triggers/{trigger.json()['id']}/executions"
+        fired = http.post(f"/v1/orgs/{org}/triggers/{trigger.json()['id']}/fire", headers=h)
+        assert fired.status_code == 202, fired.text
+        deadline = time.monotonic() + 20
+        while True:
+            execution = http.get(f"{executions}/{fired.json()['id']}", headers=h).json()
+            if execution["status"] in {"succeeded", "failed"} or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
     assert state["status"] == "passed", state
     assert state["turn_results"][0]["response_content"] == "Hello, Hi"
+    assert execution["status"] == "succeeded", execution
+    assert execution["response"] == "Hello, Good morning from morning"
     # The judge got the decrypted credential, through the egress policy.
     assert judge.requests[0].header("authorization") == "Bearer sk-dev"
 

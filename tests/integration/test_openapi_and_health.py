@@ -111,6 +111,8 @@ async def test_input_structs_forbid_additional_properties(client):
             if data is None:
                 continue
             info = mi.type_info(data.annotation)
+            if isinstance(info, mi.UnionType):  # an optional body (a trigger's manual fire)
+                (info,) = [t for t in info.types if not isinstance(t, mi.NoneType)]
             assert isinstance(info, mi.StructType)
             component = components[info.cls.__name__]
             forbids = info.cls.__struct_config__.forbid_unknown_fields

@@ -14,6 +14,11 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
+import psycopg
+import redis
+from sqlalchemy import make_url
+
+from shared.db.migrate import upgrade
 
 
 def free_port() -> int:
@@ -77,3 +82,61 @@ def _wait_healthy(
             pass
         time.sleep(0.2)
     raise RuntimeError(f"spar did not become healthy at {url}:\n{log_path.read_text()}")
+
+
+# --- throwaway services for tests and benchmarks that run their own processes -------------------
+
+
+def admin_sql(url: str, *statements: str) -> None:
+    """Run ``statements`` on the server of ``url`` (as its ``postgres`` database), each
+    with ``{name}`` standing for the database ``url`` names."""
+    parsed = make_url(url)
+    if not parsed.drivername.startswith("postgresql"):
+        raise RuntimeError("Spar runs on PostgreSQL; give a postgresql+psycopg:// URL")
+    admin = parsed.set(drivername="postgresql", database="postgres")
+    with psycopg.connect(admin.render_as_string(hide_password=False), autocommit=True) as conn:
+        for statement in statements:
+            conn.execute(statement.format(name=parsed.database))
+
+
+@contextmanager
+def throwaway_database(url: str) -> Iterator[str]:
+    """The database ``url`` names, created afresh and migrated; dropped afterwards."""
+    admin_sql(url, 'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)', 'CREATE DATABASE "{name}"')
+    try:
+        upgrade(url)
+        yield url
+    finally:
+        admin_sql(url, 'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@contextmanager
+def private_redis(fallback: str) -> Iterator[str]:
+    """A throwaway ``redis-server`` on a free loopback port (no persistence), its URL; or
+    ``fallback`` when there is no ``redis-server`` to start."""
+    binary = shutil.which("redis-server")
+    if binary is None:
+        yield fallback
+        return
+    port = free_port()
+    process = subprocess.Popen(
+        [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,  # a signal to the caller's group must not stop it first
+    )
+    url = f"redis://127.0.0.1:{port}/0"
+    try:
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                redis.Redis.from_url(url).ping()
+                break
+            except redis.ConnectionError:
+                if time.monotonic() > deadline or process.poll() is not None:
+                    raise RuntimeError("the private redis-server did not start") from None
+                time.sleep(0.05)
+        yield url
+    finally:
+        process.terminate()
+        process.wait(timeout=10)

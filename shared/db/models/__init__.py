@@ -19,6 +19,7 @@ from shared.db.models.scenarios import (
     ScenarioTurn,
     TurnResult,
 )
+from shared.db.models.triggers import Trigger, TriggerExecution
 
 __all__ = [
     "Agent",
@@ -36,6 +37,8 @@ __all__ = [
     "Scenario",
     "ScenarioRun",
     "ScenarioTurn",
+    "Trigger",
+    "TriggerExecution",
     "TurnResult",
     "User",
     "UserToken",

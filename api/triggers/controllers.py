@@ -1,0 +1,212 @@
+"""Trigger endpoints (spec 21, DESIGN §3): create, list, read, change, delete, the
+executions, a manual fire, and the public webhook URL."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from litestar import Controller, Request, Response, delete, get, patch, post
+from litestar.datastructures import State
+from litestar.openapi import ResponseSpec
+from litestar.params import Body, JSONBody, QueryParameter
+from litestar.status_codes import (
+    HTTP_202_ACCEPTED,
+    HTTP_401_UNAUTHORIZED,
+    HTTP_409_CONFLICT,
+    HTTP_413_REQUEST_ENTITY_TOO_LARGE,
+)
+
+from api.deps import Access, Config, DbSession, Page, PathId
+from shared.identity.access import PUBLIC, requires
+from shared.queue import RUN_TRIGGER, send_after_commit
+from shared.triggers import schemas, services
+from shared.triggers.schemas import ExecutionStatus, TriggerStatus, TriggerType
+
+
+class TriggerController(Controller):
+    path = "/orgs/{org_id:str}/triggers"
+    tags = ["triggers"]
+
+    @post("/", operation_id="createTrigger", access=requires("triggers:write"))
+    async def create_trigger(
+        self,
+        db_session: DbSession,
+        settings: Config,
+        access: Access,
+        org_id: PathId,
+        data: JSONBody[schemas.TriggerCreate],
+    ) -> schemas.TriggerCreated:
+        """Create a trigger, `active`: the only response that carries `webhook_secret`."""
+        trigger, secret = await services.create_trigger(
+            db_session, settings=settings, access=access, body=data
+        )
+        return services.trigger_read(trigger, settings, secret=secret)  # type: ignore[return-value]
+
+    @get("/", operation_id="listTriggers", access=requires("triggers:read"))
+    async def list_triggers(
+        self,
+        db_session: DbSession,
+        settings: Config,
+        access: Access,
+        org_id: PathId,
+        paging: Page,
+        trigger_type: Annotated[TriggerType | None, QueryParameter()] = None,
+        status: Annotated[TriggerStatus | None, QueryParameter()] = None,
+    ) -> schemas.TriggerList:
+        """The organization's triggers, paged; filter by `trigger_type` and `status`."""
+        rows, total = await services.list_triggers(
+            db_session, access=access, paging=paging, trigger_type=trigger_type, status=status
+        )
+        return schemas.TriggerList(
+            triggers=[services.trigger_read(t, settings) for t in rows], total=total
+        )
+
+    @get("/{trigger_id:str}", operation_id="getTrigger", access=requires("triggers:read"))
+    async def get_trigger(
+        self,
+        db_session: DbSession,
+        settings: Config,
+        access: Access,
+        org_id: PathId,
+        trigger_id: PathId,
+    ) -> schemas.TriggerRead:
+        """One trigger, with its next slot when it is an active scheduled one."""
+        trigger = await services.get_trigger(db_session, access=access, trigger_id=trigger_id)
+        return services.trigger_read(trigger, settings)
+
+    @patch("/{trigger_id:str}", operation_id="updateTrigger", access=requires("triggers:write"))
+    async def update_trigger(
+        self,
+        db_session: DbSession,
+        settings: Config,
+        access: Access,
+        org_id: PathId,
+        trigger_id: PathId,
+        data: JSONBody[schemas.TriggerUpdate],
+    ) -> schemas.TriggerRead:
+        """Change a trigger; `status` pauses (`inactive`) or resumes (`active`) it."""
+        trigger = await services.update_trigger(
+            db_session, access=access, trigger_id=trigger_id, body=data
+        )
+        return services.trigger_read(trigger, settings)
+
+    @delete("/{trigger_id:str}", operation_id="deleteTrigger", access=requires("triggers:write"))
+    async def delete_trigger(
+        self, db_session: DbSession, access: Access, org_id: PathId, trigger_id: PathId
+    ) -> None:
+        """Delete a trigger and its executions; its webhook URL answers 404 from then on."""
+        await services.delete_trigger(db_session, access=access, trigger_id=trigger_id)
+
+    @get(
+        "/{trigger_id:str}/executions",
+        operation_id="listTriggerExecutions",
+        access=requires("triggers:read"),
+    )
+    async def list_executions(
+        self,
+        db_session: DbSession,
+        access: Access,
+        org_id: PathId,
+        trigger_id: PathId,
+        paging: Page,
+        status: Annotated[ExecutionStatus | None, QueryParameter()] = None,
+    ) -> schemas.ExecutionList:
+        """The trigger's executions, newest first; `status` keeps those in that state."""
+        rows, total = await services.list_executions(
+            db_session, access=access, trigger_id=trigger_id, paging=paging, status=status
+        )
+        return schemas.ExecutionList(
+            executions=[schemas.ExecutionRead.from_row(e) for e in rows], total=total
+        )
+
+    @get(
+        "/{trigger_id:str}/executions/{execution_id:str}",
+        operation_id="getTriggerExecution",
+        access=requires("triggers:read"),
+    )
+    async def get_execution(
+        self,
+        db_session: DbSession,
+        access: Access,
+        org_id: PathId,
+        trigger_id: PathId,
+        execution_id: PathId,
+    ) -> schemas.ExecutionRead:
+        """One execution: its status, timings, the message sent and the reply or batch."""
+        execution = await services.get_execution(
+            db_session, access=access, trigger_id=trigger_id, execution_id=execution_id
+        )
+        return schemas.ExecutionRead.from_row(execution)
+
+    @post(
+        "/{trigger_id:str}/fire",
+        operation_id="fireTrigger",
+        access=requires("triggers:write"),
+        status_code=HTTP_202_ACCEPTED,
+    )
+    async def fire(
+        self,
+        db_session: DbSession,
+        state: State,
+        access: Access,
+        org_id: PathId,
+        trigger_id: PathId,
+        data: Annotated[schemas.FireBody | None, Body()] = None,
+    ) -> schemas.ExecutionRead:
+        """Fire now, as a test: an execution `queued`, whatever the trigger's status; the
+        optional `payload` is what the message template sees as `payload`."""
+        execution = await services.fire(
+            db_session,
+            access=access,
+            trigger_id=trigger_id,
+            payload=data.payload if data is not None else None,
+        )
+        send_after_commit(db_session, state.broker, RUN_TRIGGER, str(execution.id))
+        return schemas.ExecutionRead.from_row(execution)
+
+
+class HookController(Controller):
+    path = "/hooks/triggers"
+    tags = ["webhooks"]
+
+    @post(
+        "/{trigger_id:str}",
+        operation_id="receiveTriggerWebhook",
+        access=PUBLIC,
+        status_code=HTTP_202_ACCEPTED,
+        request_max_body_size=services.MAX_WEBHOOK_BODY,
+        responses={
+            HTTP_401_UNAUTHORIZED: ResponseSpec(
+                None, description="Missing or invalid signature, or a timestamp off by 5 min."
+            ),
+            HTTP_409_CONFLICT: ResponseSpec(None, description="The trigger is inactive."),
+            HTTP_413_REQUEST_ENTITY_TOO_LARGE: ResponseSpec(
+                None, description="The body is larger than 256 KiB."
+            ),
+        },
+    )
+    async def receive(
+        self,
+        request: Request[Any, Any, Any],
+        db_session: DbSession,
+        settings: Config,
+        state: State,
+        trigger_id: PathId,
+    ) -> Response[schemas.HookAccepted]:
+        """A signed delivery starts one execution: 202 with its id.  Signed by the Standard
+        Webhooks scheme: `webhook-id`, `webhook-timestamp` (Unix seconds, within 5 minutes
+        of Spar's clock) and `webhook-signature` (`v1,` and the base64 HMAC-SHA256 of
+        `id.timestamp.body` under the trigger's `whsec_` secret).  A `webhook-id` already
+        delivered answers with its original execution and starts nothing."""
+        body = await request.body()
+        execution_id, new = await services.receive_webhook(
+            db_session, settings=settings, trigger_id=trigger_id, body=body, headers=request.headers
+        )
+        if new:
+            send_after_commit(db_session, state.broker, RUN_TRIGGER, str(execution_id))
+        return Response(
+            schemas.HookAccepted(execution_id=execution_id), status_code=HTTP_202_ACCEPTED
+        )
+
+
+CONTROLLERS = [TriggerController, HookController]

@@ -1,0 +1,225 @@
+"""What an execution does, on the ``triggers`` queue (DESIGN §5.7): send the trigger's
+message to its agent and record the reply, or start a batch run of its suite.
+
+At least once, never twice where it counts:
+
+* the claim moves an execution ``queued``/``running`` -> ``running`` and counts the
+  attempt; a finished or missed one is left alone, so a redelivered message does nothing;
+* a reply is recorded in the statement that ends the execution, and only if it is still
+  ``running``: once the agent's answer is committed, no delivery sends the message again
+  (a worker dying between the answer and that commit is the one case that sends it twice,
+  under the same ``session_id``, which an agent can deduplicate on);
+* a batch is created under a lock on the execution row, in the transaction that records
+  its id: a second delivery finds the id and creates nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+from uuid import UUID
+
+import aiohttp
+from sqlalchemy import func, select, update
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from shared.batches.schemas import BatchRunCreate
+from shared.batches.services import start_batch
+from shared.db.base import utcnow
+from shared.db.models import Organization, Trigger, TriggerExecution
+from shared.errors import InvalidInput, NotFound
+from shared.outbound.agents import call_agent
+from shared.outbound.egress import EgressClient, EgressError
+from shared.outbound.services import load_outbound
+from shared.queue import DISPATCH_BATCH, send_after_commit
+from shared.runtime import provide_session
+from shared.scenarios.runner import RunAborted, render_message
+from shared.settings import Settings
+from shared.triggers.schemas import OPEN_EXECUTION_STATUSES, ExecutionStatus
+from shared.triggers.services import local_now, template_trigger
+
+log = logging.getLogger("spar.triggers")
+MAX_RESPONSE_CHARS = 100_000
+# Deliveries after which an execution that never got to an end is failed, not retried:
+# the actor's own retries and the sweeper's re-sends both count.
+MAX_ATTEMPTS = 10
+
+
+@dataclass(frozen=True, slots=True)
+class _Claimed:
+    execution: TriggerExecution
+    trigger: Trigger
+    outbound_version: int
+
+
+async def _claim(factory: async_sessionmaker[AsyncSession], execution_id: UUID) -> _Claimed | None:
+    async with provide_session(factory) as session:
+        now = utcnow()
+        claimed = await session.scalar(
+            update(TriggerExecution)
+            .where(
+                TriggerExecution.id == execution_id,
+                TriggerExecution.status.in_(OPEN_EXECUTION_STATUSES),
+            )
+            .values(
+                status=ExecutionStatus.RUNNING,
+                attempts=TriggerExecution.attempts + 1,
+                started_at=func.coalesce(TriggerExecution.started_at, now),
+                updated_at=now,
+            )
+            .returning(TriggerExecution.id)
+        )
+        if claimed is None:
+            return None
+        row = (
+            await session.execute(
+                select(TriggerExecution, Trigger, Organization.outbound_version)
+                .join(Trigger, Trigger.id == TriggerExecution.trigger_id)
+                .join(Organization, Organization.id == Trigger.organization_id)
+                .where(TriggerExecution.id == execution_id)
+            )
+        ).one()
+        return _Claimed(execution=row[0], trigger=row[1], outbound_version=row[2])
+
+
+async def execute(
+    factory: async_sessionmaker[AsyncSession],
+    settings: Settings,
+    execution_id: UUID,
+    *,
+    broker: Any,
+    http: aiohttp.ClientSession | None = None,
+) -> None:
+    """Carry out the execution ``execution_id`` (the ``triggers`` actor's body)."""
+    claimed = await _claim(factory, execution_id)
+    if claimed is None:
+        return
+    if claimed.execution.attempts > MAX_ATTEMPTS:
+        await _finish(
+            factory,
+            execution_id,
+            ExecutionStatus.FAILED,
+            error=f"gave up after {MAX_ATTEMPTS} deliveries that did not finish",
+        )
+        return
+    if claimed.trigger.action == "batch_run":
+        await _start_suite(factory, claimed, broker=broker)
+    else:
+        await _send_message(factory, settings, claimed, http=http)
+
+
+async def _finish(
+    factory: async_sessionmaker[AsyncSession],
+    execution_id: UUID,
+    status: ExecutionStatus,
+    **fields: Any,
+) -> bool:
+    """End a ``running`` execution; ``False`` if another delivery ended it first."""
+    async with provide_session(factory) as session:
+        now = utcnow()
+        ended = await session.scalar(
+            update(TriggerExecution)
+            .where(
+                TriggerExecution.id == execution_id,
+                TriggerExecution.status == ExecutionStatus.RUNNING,
+            )
+            .values(status=status, completed_at=now, updated_at=now, **fields)
+            .returning(TriggerExecution.id)
+        )
+    return ended is not None
+
+
+async def _send_message(
+    factory: async_sessionmaker[AsyncSession],
+    settings: Settings,
+    claimed: _Claimed,
+    *,
+    http: aiohttp.ClientSession | None,
+) -> None:
+    execution, trigger = claimed.execution, claimed.trigger
+    try:
+        message = render_message(
+            trigger.message,
+            {
+                "trigger": template_trigger(trigger),
+                "now": local_now(trigger),
+                "payload": execution.payload,
+            },
+        )
+    except RunAborted as exc:
+        await _finish(factory, execution.id, ExecutionStatus.FAILED, error=str(exc))
+        return
+    try:
+        outbound = await load_outbound(
+            factory, settings, trigger.organization_id, trigger.agent_id, claimed.outbound_version
+        )
+        egress = EgressClient(outbound.policy, http=http, timeout_s=settings.egress_timeout_s)
+        reply = await call_agent(
+            egress,
+            outbound.agent,
+            session_id=f"spar-trigger-{execution.id}",
+            message=message,
+            history=[],
+            metadata={
+                "trigger_id": str(trigger.id),
+                "trigger_execution_id": str(execution.id),
+                "source": execution.source,
+            },
+        )
+    except (NotFound, EgressError) as exc:
+        detail = exc.detail if isinstance(exc, NotFound) else str(exc)
+        await _finish(
+            factory, execution.id, ExecutionStatus.FAILED, message=message, error=detail[:2000]
+        )
+        return
+    await _finish(
+        factory,
+        execution.id,
+        ExecutionStatus.SUCCEEDED,
+        message=message,
+        response=reply.content[:MAX_RESPONSE_CHARS],
+    )
+
+
+async def _start_suite(
+    factory: async_sessionmaker[AsyncSession], claimed: _Claimed, *, broker: Any
+) -> None:
+    trigger = claimed.trigger
+    async with provide_session(factory) as session:
+        execution = await session.scalar(
+            select(TriggerExecution)
+            .where(TriggerExecution.id == claimed.execution.id)
+            .with_for_update()
+        )
+        if (
+            execution is None
+            or execution.status != ExecutionStatus.RUNNING
+            or execution.batch_run_id is not None
+        ):
+            return  # another delivery started the suite, or ended the execution
+        now = utcnow()
+        body = BatchRunCreate(
+            agent_id=trigger.agent_id,
+            scenario_ids=[UUID(i) for i in trigger.scenario_ids],
+            tags=list(trigger.tags),
+            max_concurrency=trigger.max_concurrency,
+        )
+        try:
+            async with session.begin_nested():
+                batch = await start_batch(
+                    session,
+                    organization_id=trigger.organization_id,
+                    user_id=trigger.created_by_user_id,
+                    body=body,
+                )
+        except (NotFound, InvalidInput) as exc:
+            execution.status = ExecutionStatus.FAILED
+            execution.error = f"could not start the batch run: {exc.detail}"
+        else:
+            execution.status = ExecutionStatus.SUCCEEDED
+            execution.batch_run_id = batch.id
+            execution.response = f"batch run {batch.id} of {batch.total_scenarios} scenarios"
+            send_after_commit(session, broker, DISPATCH_BATCH, str(batch.id))
+        execution.completed_at = now
+        execution.updated_at = now

@@ -1,0 +1,157 @@
+"""Request and response bodies of triggers and their executions (spec 21, DESIGN §5.7)."""
+
+from __future__ import annotations
+
+import enum
+from datetime import datetime
+from typing import Annotated, Any, Literal
+from uuid import UUID
+
+import msgspec
+
+from shared.batches.schemas import MAX_BATCH_SCENARIOS
+from shared.scenarios.schemas import Tag
+from shared.schemas import STORABLE, Input, Name255, Output, TimezoneName, text
+
+UNSET = msgspec.UNSET
+UnsetType = msgspec.UnsetType
+
+TriggerType = Literal["scheduled", "webhook"]
+TriggerAction = Literal["message", "batch_run"]
+
+
+class TriggerStatus(enum.StrEnum):
+    ACTIVE = "active"
+    INACTIVE = "inactive"
+
+
+class ExecutionStatus(enum.StrEnum):
+    """``queued`` -> ``running`` -> ``succeeded`` or ``failed``; a slot older than the
+    grace time when a scheduler first saw it is recorded ``missed`` and never runs."""
+
+    QUEUED = "queued"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    MISSED = "missed"
+
+
+class ExecutionSource(enum.StrEnum):
+    SCHEDULE = "schedule"
+    WEBHOOK = "webhook"
+    MANUAL = "manual"
+
+
+OPEN_EXECUTION_STATUSES = (ExecutionStatus.QUEUED, ExecutionStatus.RUNNING)
+
+Message = Annotated[
+    str,
+    text(
+        1,
+        100_000,
+        description="Sent to the agent: a sandboxed Jinja template with `trigger`, `now` and "
+        "(webhooks, manual fires) `payload`.",
+    ),
+]
+CronExpression = Annotated[
+    str,
+    text(
+        1,
+        255,
+        description="Standard 5-field cron: minute hour day-of-month month day-of-week "
+        "(0 and 7 are Sunday).",
+    ),
+]
+ScenarioIds = Annotated[list[UUID], msgspec.Meta(max_length=MAX_BATCH_SCENARIOS)]
+Tags = Annotated[list[Tag], msgspec.Meta(max_length=50)]
+Concurrency = Annotated[int, msgspec.Meta(ge=1, le=100)]
+
+
+class TriggerCreate(Input):
+    name: Name255
+    trigger_type: TriggerType
+    agent_id: UUID
+    message: Message
+    cron_expression: CronExpression | None = None
+    timezone: TimezoneName | None = None
+    action: TriggerAction = "message"
+    scenario_ids: ScenarioIds = []
+    tags: Tags = []
+    max_concurrency: Concurrency = 10
+
+
+class TriggerUpdate(Input):
+    name: Name255 | UnsetType = UNSET
+    agent_id: UUID | UnsetType = UNSET
+    message: Message | UnsetType = UNSET
+    cron_expression: CronExpression | UnsetType = UNSET
+    timezone: TimezoneName | UnsetType = UNSET
+    status: TriggerStatus | UnsetType = UNSET
+    action: TriggerAction | UnsetType = UNSET
+    scenario_ids: ScenarioIds | UnsetType = UNSET
+    tags: Tags | UnsetType = UNSET
+    max_concurrency: Concurrency | UnsetType = UNSET
+
+
+class TriggerRead(Output):
+    id: UUID
+    organization_id: UUID
+    name: str
+    trigger_type: str
+    status: str
+    agent_id: UUID
+    message: str
+    cron_expression: str | None
+    timezone: str | None
+    action: str
+    scenario_ids: list[UUID]
+    tags: list[str]
+    max_concurrency: int
+    webhook_url: str
+    # The next slot of an active scheduled trigger.
+    next_run_at: datetime | None
+    created_at: datetime
+    updated_at: datetime
+
+
+class TriggerCreated(TriggerRead):
+    """The create response: the only one that carries the signing secret."""
+
+    webhook_secret: str
+
+
+class TriggerList(Output):
+    triggers: list[TriggerRead]
+    total: int
+
+
+class FireBody(Input):
+    # What the message template sees as ``payload`` (a webhook's body, when one fires it).
+    payload: Annotated[Any, STORABLE] = None
+
+
+class ExecutionRead(Output):
+    id: UUID
+    trigger_id: UUID
+    source: str
+    status: str
+    scheduled_for: datetime | None
+    webhook_id: str | None
+    payload: Any | None
+    message: str | None
+    response: str | None
+    batch_run_id: UUID | None
+    error: str | None
+    attempts: int
+    created_at: datetime
+    started_at: datetime | None
+    completed_at: datetime | None
+
+
+class ExecutionList(Output):
+    executions: list[ExecutionRead]
+    total: int
+
+
+class HookAccepted(Output):
+    execution_id: UUID

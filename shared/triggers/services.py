@@ -1,0 +1,369 @@
+"""Trigger rules (DESIGN §5.7 and §5.8): what a trigger may hold, its webhook secret, the
+executions a manual fire or a signed webhook starts, and reading them back.
+
+The scheduler's side (which slots are due, exactly once each) is
+:mod:`shared.triggers.firing`; what an execution does, :mod:`shared.triggers.executions`.
+Every function here runs in its caller's transaction; the callers send the execution's
+message after commit.
+"""
+
+from __future__ import annotations
+
+import base64
+import secrets
+import uuid
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from typing import Any
+from uuid import UUID
+from zoneinfo import ZoneInfo
+
+import msgspec
+from sqlalchemy import select
+from sqlalchemy.dialects.postgresql import insert
+from sqlalchemy.ext.asyncio import AsyncSession
+from standardwebhooks import Webhook, WebhookVerificationError
+
+from shared.crypto import secret_box
+from shared.db.base import utcnow
+from shared.db.models import Scenario, Trigger, TriggerExecution
+from shared.db.queries import one_in_org
+from shared.errors import Conflict, InvalidInput, NotFound, Unauthorized
+from shared.identity.access import OrgAccess
+from shared.identity.services import check_timezone
+from shared.outbound.services import agent_in_org
+from shared.paging import Paging, paginate
+from shared.scenarios import templates
+from shared.schemas import UnstorableJson, check_json
+from shared.settings import Settings
+from shared.triggers import schemas
+from shared.triggers.schedule import Schedule, ScheduleError, check
+from shared.triggers.schemas import ExecutionSource, ExecutionStatus, TriggerStatus
+
+SECRET_PREFIX = "whsec_"  # noqa: S105 - the scheme's prefix, not a secret
+SECRET_BYTES = 32
+MAX_WEBHOOK_BODY = 256 * 1024
+# What a message template may name.  ``payload`` is the webhook's body (or a manual fire's),
+# whose shape only the sender knows: its paths are not checked at save.
+TEMPLATE_VARIABLES = ("trigger", "now", "payload")
+
+
+def new_webhook_secret() -> str:
+    """A Standard Webhooks secret: ``whsec_`` and 32 random bytes in base64."""
+    return SECRET_PREFIX + base64.b64encode(secrets.token_bytes(SECRET_BYTES)).decode()
+
+
+def webhook_url(settings: Settings, trigger_id: UUID) -> str:
+    return f"{settings.public_base_url}/v1/hooks/triggers/{trigger_id}"
+
+
+def template_trigger(trigger: Trigger) -> dict[str, Any]:
+    """What a message template sees as ``trigger``."""
+    return {
+        "id": str(trigger.id),
+        "name": trigger.name,
+        "type": trigger.trigger_type,
+        "agent_id": str(trigger.agent_id),
+        "cron_expression": trigger.cron_expression,
+        "timezone": trigger.timezone or "UTC",
+    }
+
+
+def schedule_of(trigger: Trigger) -> Schedule | None:
+    """The schedule of a scheduled trigger (checked at save, so it parses)."""
+    if trigger.trigger_type != "scheduled" or not trigger.cron_expression:
+        return None
+    return Schedule(trigger.cron_expression, trigger.timezone or "UTC")
+
+
+def trigger_read(
+    trigger: Trigger, settings: Settings, *, secret: str | None = None
+) -> schemas.TriggerRead:
+    """The trigger's body; with ``secret``, the create response's."""
+    schedule = schedule_of(trigger)
+    next_run_at = None
+    if schedule is not None and trigger.status == TriggerStatus.ACTIVE:
+        next_run_at = schedule.next_after(max(utcnow(), trigger.schedule_from))
+    fields = {
+        name: getattr(trigger, name)
+        for name in schemas.TriggerRead.__struct_fields__
+        if name not in ("webhook_url", "next_run_at")
+    }
+    fields |= {"webhook_url": webhook_url(settings, trigger.id), "next_run_at": next_run_at}
+    if secret is not None:
+        return msgspec.convert({**fields, "webhook_secret": secret}, schemas.TriggerCreated)
+    return msgspec.convert(fields, schemas.TriggerRead)
+
+
+# --- the rules a trigger's fields obey ------------------------------------------------------------
+
+
+async def _check(session: AsyncSession, trigger: Trigger) -> None:
+    """Refuse a trigger that could never fire as asked (422), or that names another
+    organization's agent or scenario (404).  Runs on the fields as they will be stored."""
+    if trigger.trigger_type == "scheduled":
+        for field in ("cron_expression", "timezone"):
+            if not getattr(trigger, field):
+                raise InvalidInput(
+                    ("body", field), f"{field} is required for scheduled triggers", type="missing"
+                )
+    elif trigger.cron_expression is not None:
+        raise InvalidInput(
+            ("body", "cron_expression"),
+            "cron_expression is only for scheduled triggers",
+            input=trigger.cron_expression,
+        )
+    if trigger.timezone is not None:
+        check_timezone(trigger.timezone)
+    if trigger.cron_expression is not None:
+        try:
+            check(trigger.cron_expression, trigger.timezone or "UTC")
+        except ScheduleError as exc:
+            raise InvalidInput(
+                ("body", "cron_expression"), str(exc), input=trigger.cron_expression
+            ) from None
+    await agent_in_org(session, trigger.organization_id, trigger.agent_id)
+    if trigger.action == "batch_run":
+        if not trigger.scenario_ids and not trigger.tags:
+            raise InvalidInput(
+                ("body", "scenario_ids"),
+                "a batch_run trigger needs scenario_ids and/or tags",
+                type="missing",
+            )
+        await _check_scenarios(session, trigger.organization_id, trigger.scenario_ids)
+    elif trigger.scenario_ids or trigger.tags:
+        raise InvalidInput(
+            ("body", "action"),
+            "scenario_ids and tags are only for batch_run triggers",
+            input=trigger.action,
+        )
+    context = {"trigger": template_trigger(trigger), "now": "", "payload": None}
+    problem = templates.problem(trigger.message, context)
+    if problem is not None:
+        raise InvalidInput(("body", "message"), problem, input=trigger.message)
+
+
+async def _check_scenarios(session: AsyncSession, org_id: UUID, ids: list[str]) -> None:
+    if not ids:
+        return
+    wanted = {UUID(i) for i in ids}
+    found = set(
+        await session.scalars(
+            select(Scenario.id).where(Scenario.organization_id == org_id, Scenario.id.in_(wanted))
+        )
+    )
+    missing = wanted - found
+    if missing:
+        raise NotFound(f"scenario not found: {', '.join(sorted(map(str, missing)))}")
+
+
+# --- create, read, change, delete ----------------------------------------------------------------
+
+
+async def create_trigger(
+    session: AsyncSession, *, settings: Settings, access: OrgAccess, body: schemas.TriggerCreate
+) -> tuple[Trigger, str]:
+    """The trigger, ``active``, and its webhook secret (only ever returned here)."""
+    secret = new_webhook_secret()
+    now = utcnow()
+    trigger = Trigger(
+        id=uuid.uuid4(),
+        organization_id=access.organization_id,
+        agent_id=body.agent_id,
+        name=body.name,
+        trigger_type=body.trigger_type,
+        status=TriggerStatus.ACTIVE,
+        message=body.message,
+        cron_expression=body.cron_expression,
+        timezone=body.timezone,
+        action=body.action,
+        scenario_ids=[str(i) for i in dict.fromkeys(body.scenario_ids)],
+        tags=list(dict.fromkeys(body.tags)),
+        max_concurrency=body.max_concurrency,
+        webhook_secret_encrypted=secret_box(settings.secret_key).encrypt(secret),
+        schedule_from=now,
+        created_by_user_id=access.principal.user_id,
+        created_at=now,
+        updated_at=now,
+    )
+    await _check(session, trigger)
+    session.add(trigger)
+    await session.flush()
+    return trigger, secret
+
+
+async def get_trigger(session: AsyncSession, *, access: OrgAccess, trigger_id: UUID) -> Trigger:
+    return await one_in_org(session, Trigger, access.organization_id, trigger_id, "trigger")
+
+
+async def list_triggers(
+    session: AsyncSession,
+    *,
+    access: OrgAccess,
+    paging: Paging,
+    trigger_type: str | None = None,
+    status: str | None = None,
+) -> tuple[list[Trigger], int]:
+    query = select(Trigger).where(Trigger.organization_id == access.organization_id)
+    if trigger_type:
+        query = query.where(Trigger.trigger_type == trigger_type)
+    if status:
+        query = query.where(Trigger.status == status)
+    return await paginate(session, query, paging, Trigger.created_at, Trigger.id)
+
+
+async def update_trigger(
+    session: AsyncSession, *, access: OrgAccess, trigger_id: UUID, body: schemas.TriggerUpdate
+) -> Trigger:
+    """Apply the fields sent.  Activating a trigger or changing its schedule starts its
+    slots afresh: the time it was paused is not caught up."""
+    trigger = await get_trigger(session, access=access, trigger_id=trigger_id)
+    was = (trigger.status, trigger.cron_expression, trigger.timezone)
+    for name in body.__struct_fields__:
+        value = getattr(body, name)
+        if value is schemas.UNSET:
+            continue
+        if name == "scenario_ids":
+            value = [str(i) for i in dict.fromkeys(value)]
+        elif name == "tags":
+            value = list(dict.fromkeys(value))
+        setattr(trigger, name, value)
+    await _check(session, trigger)
+    if (trigger.status, trigger.cron_expression, trigger.timezone) != was:
+        trigger.schedule_from = utcnow()
+    await session.flush()
+    return trigger
+
+
+async def delete_trigger(session: AsyncSession, *, access: OrgAccess, trigger_id: UUID) -> None:
+    """Delete it and its executions; its webhook URL answers 404 from now on."""
+    await session.delete(await get_trigger(session, access=access, trigger_id=trigger_id))
+    await session.flush()
+
+
+# --- executions -----------------------------------------------------------------------------------
+
+
+async def list_executions(
+    session: AsyncSession,
+    *,
+    access: OrgAccess,
+    trigger_id: UUID,
+    paging: Paging,
+    status: str | None = None,
+) -> tuple[list[TriggerExecution], int]:
+    """The trigger's executions, newest first."""
+    await get_trigger(session, access=access, trigger_id=trigger_id)
+    query = select(TriggerExecution).where(TriggerExecution.trigger_id == trigger_id)
+    if status:
+        query = query.where(TriggerExecution.status == status)
+    return await paginate(
+        session, query, paging, TriggerExecution.created_at.desc(), TriggerExecution.id.desc()
+    )
+
+
+async def get_execution(
+    session: AsyncSession, *, access: OrgAccess, trigger_id: UUID, execution_id: UUID
+) -> TriggerExecution:
+    execution = await session.scalar(
+        select(TriggerExecution).where(
+            TriggerExecution.id == execution_id,
+            TriggerExecution.trigger_id == trigger_id,
+            TriggerExecution.organization_id == access.organization_id,
+        )
+    )
+    if execution is None:
+        raise NotFound("trigger execution not found")
+    return execution
+
+
+def _new_execution(trigger: Trigger, source: ExecutionSource, **fields: Any) -> dict[str, Any]:
+    now = utcnow()
+    return {
+        "id": uuid.uuid4(),
+        "trigger_id": trigger.id,
+        "organization_id": trigger.organization_id,
+        "source": source,
+        "status": ExecutionStatus.QUEUED,
+        "attempts": 0,
+        "created_at": now,
+        "updated_at": now,
+        **fields,
+    }
+
+
+async def fire(
+    session: AsyncSession, *, access: OrgAccess, trigger_id: UUID, payload: Any = None
+) -> TriggerExecution:
+    """A manual test: an execution now, whatever the trigger's status or type."""
+    trigger = await get_trigger(session, access=access, trigger_id=trigger_id)
+    execution = TriggerExecution(**_new_execution(trigger, ExecutionSource.MANUAL, payload=payload))
+    session.add(execution)
+    await session.flush()
+    return execution
+
+
+async def receive_webhook(
+    session: AsyncSession,
+    *,
+    settings: Settings,
+    trigger_id: UUID,
+    body: bytes,
+    headers: Mapping[str, str],
+) -> tuple[UUID, bool]:
+    """A delivery to the trigger's webhook URL: ``(execution id, whether it is new)``.
+
+    Checked in this order: the trigger exists (404), the Standard Webhooks signature and
+    timestamp (401), the trigger is active (409), the body is JSON (422).  A ``webhook-id``
+    this trigger has seen answers with that delivery's execution and starts nothing."""
+    trigger = await session.get(Trigger, trigger_id)
+    if trigger is None:
+        raise NotFound("trigger not found")
+    secret = secret_box(settings.secret_key).decrypt(trigger.webhook_secret_encrypted)
+    try:
+        Webhook(secret).verify(body, dict(headers), json_parse=False)
+    except (WebhookVerificationError, ValueError):  # ValueError: malformed headers, bad UTF-8
+        raise Unauthorized("invalid webhook signature or timestamp") from None
+    if trigger.status != TriggerStatus.ACTIVE:
+        raise Conflict("trigger is inactive")
+    webhook_id = headers["webhook-id"]
+    if len(webhook_id) > 255:
+        raise InvalidInput(("header", "webhook-id"), "webhook-id is longer than 255 characters")
+    payload = _payload(body)
+    inserted = await session.scalar(
+        insert(TriggerExecution)
+        .values(_new_execution(trigger, ExecutionSource.WEBHOOK, webhook_id=webhook_id))
+        .values(payload=payload)
+        .on_conflict_do_nothing(index_elements=["trigger_id", "webhook_id"])
+        .returning(TriggerExecution.id)
+    )
+    if inserted is not None:
+        return inserted, True
+    original = await session.scalar(
+        select(TriggerExecution.id).where(
+            TriggerExecution.trigger_id == trigger_id, TriggerExecution.webhook_id == webhook_id
+        )
+    )
+    assert original is not None  # the conflicting row: executions are never deleted alone
+    return original, False
+
+
+def _payload(body: bytes) -> Any:
+    if not body.strip():
+        return None
+    try:
+        payload = msgspec.json.decode(body)
+    except msgspec.DecodeError as exc:
+        raise InvalidInput(
+            ("body",), f"the webhook body is not JSON: {exc}", type="json_invalid"
+        ) from None
+    try:
+        check_json(payload, ("body",))
+    except UnstorableJson as exc:
+        raise InvalidInput(exc.path, exc.message, type=exc.type, ctx=exc.ctx) from None
+    return payload
+
+
+def local_now(trigger: Trigger, at: datetime | None = None) -> str:
+    """``now`` for a message template: ISO 8601 in the trigger's time zone."""
+    return (at or datetime.now(UTC)).astimezone(ZoneInfo(trigger.timezone or "UTC")).isoformat()

@@ -1,0 +1,266 @@
+"""The public webhook URL of a trigger (DESIGN §5.8), called the way a sender would: every
+delivery signed with the ``standardwebhooks`` reference library under the secret the
+create response gave, never with Spar's own code."""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from typing import Any
+from uuid import UUID, uuid4
+
+import pytest
+from litestar import Litestar
+from litestar.testing import AsyncTestClient
+from sqlalchemy import func, select
+from sqlalchemy.ext.asyncio import AsyncSession
+from standardwebhooks import Webhook
+
+from shared.db.models import TriggerExecution
+from shared.settings import Settings
+from shared.triggers.executions import execute
+from tests.integration.test_triggers import stub_broker
+from tests.support.factories import Tenant, single_validation_entry, tenant
+from tests.support.fakes import FakeAgent
+from tests.support.scenario_setup import outbound_setup
+
+
+@pytest.fixture
+def agent() -> Iterator[FakeAgent]:
+    with FakeAgent(reply=lambda body: f"ack {body['message']}") as fake:
+        yield fake
+
+
+async def webhook_trigger(
+    client: AsyncTestClient, t: Tenant, agent_url: str, **fields: Any
+) -> dict[str, Any]:
+    setup = await outbound_setup(client, t, agent_url)
+    response = await client.post(
+        f"/v1/orgs/{t.id}/triggers/",
+        json={
+            "name": "deploys",
+            "trigger_type": "webhook",
+            "agent_id": setup.agent_id,
+            "message": "Deployed {{ payload.service }} at {{ payload.sha }}",
+            **fields,
+        },
+        headers=t.owner.headers,
+    )
+    assert response.status_code == 201, response.text
+    return response.json()
+
+
+def signed(
+    secret: str,
+    body: bytes,
+    *,
+    msg_id: str | None = None,
+    at: datetime | None = None,
+) -> dict[str, str]:
+    """The three Standard Webhooks headers, made by the reference library."""
+    msg_id = msg_id or f"msg_{uuid4().hex}"
+    at = at or datetime.now(UTC)
+    signature = Webhook(secret).sign(msg_id, at, body.decode())
+    return {
+        "webhook-id": msg_id,
+        "webhook-timestamp": str(int(at.timestamp())),
+        "webhook-signature": signature,
+        "content-type": "application/json",
+    }
+
+
+def hook(trigger: dict[str, Any]) -> str:
+    assert trigger["webhook_url"].startswith("http://testserver.local")
+    return trigger["webhook_url"].removeprefix("http://testserver.local")
+
+
+async def executions(db: AsyncSession) -> int:
+    count = await db.scalar(select(func.count()).select_from(TriggerExecution))
+    await db.commit()
+    return int(count or 0)
+
+
+BODY = json.dumps({"service": "checkout", "sha": "4f2a9c1"}).encode()
+
+
+async def test_a_signed_delivery_answers_202_and_runs_the_message_with_its_payload(
+    client: AsyncTestClient, app: Litestar, settings: Settings, agent: FakeAgent
+) -> None:
+    t = await tenant(client)
+    trigger = await webhook_trigger(client, t, agent.url)
+    response = await client.post(
+        hook(trigger), content=BODY, headers=signed(trigger["webhook_secret"], BODY)
+    )
+    assert response.status_code == 202, response.text
+    assert set(response.json()) == {"execution_id"}
+    execution_id = response.json()["execution_id"]
+
+    await execute(app.state.session_factory, settings, UUID(execution_id), broker=stub_broker())
+    done = await client.get(
+        f"/v1/orgs/{t.id}/triggers/{trigger['id']}/executions/{execution_id}",
+        headers=t.owner.headers,
+    )
+    body = done.json()
+    assert (body["status"], body["source"]) == ("succeeded", "webhook")
+    assert body["payload"] == {"service": "checkout", "sha": "4f2a9c1"}
+    assert body["message"] == "Deployed checkout at 4f2a9c1"
+    assert body["response"] == "ack Deployed checkout at 4f2a9c1"
+    assert body["webhook_id"].startswith("msg_")
+
+
+async def test_a_repeated_webhook_id_answers_with_the_original_execution(
+    client: AsyncTestClient, agent: FakeAgent, db: AsyncSession
+) -> None:
+    t = await tenant(client)
+    trigger = await webhook_trigger(client, t, agent.url)
+    headers = signed(trigger["webhook_secret"], BODY, msg_id="msg_retry_1")
+    first = await client.post(hook(trigger), content=BODY, headers=headers)
+    # The sender retries: the same id, signed again a little later.
+    again = signed(
+        trigger["webhook_secret"],
+        BODY,
+        msg_id="msg_retry_1",
+        at=datetime.now(UTC) + timedelta(seconds=30),
+    )
+    second = await client.post(hook(trigger), content=BODY, headers=again)
+    assert first.status_code == second.status_code == 202
+    assert second.json() == first.json()
+    assert await executions(db) == 1
+    # Another id is another delivery.
+    other = await client.post(
+        hook(trigger), content=BODY, headers=signed(trigger["webhook_secret"], BODY)
+    )
+    assert other.status_code == 202 and other.json() != first.json()
+    assert await executions(db) == 2
+
+
+@pytest.mark.parametrize(
+    "forge",
+    [
+        "tampered body",
+        "wrong secret",
+        "stale timestamp",
+        "future timestamp",
+        "no signature",
+        "no id",
+        "no timestamp",
+        "garbled signature",
+        "signature of another id",
+        "non-numeric timestamp",
+    ],
+)
+async def test_a_bad_signature_or_timestamp_answers_401_and_starts_nothing(
+    client: AsyncTestClient, agent: FakeAgent, db: AsyncSession, forge: str
+) -> None:
+    t = await tenant(client)
+    trigger = await webhook_trigger(client, t, agent.url)
+    secret = trigger["webhook_secret"]
+    body = BODY
+    if forge == "tampered body":
+        headers = signed(secret, BODY)
+        body = BODY.replace(b"checkout", b"payments")
+    elif forge == "wrong secret":
+        headers = signed("whsec_" + base64.b64encode(b"x" * 32).decode(), BODY)
+    elif forge == "stale timestamp":
+        headers = signed(secret, BODY, at=datetime.now(UTC) - timedelta(minutes=6))
+    elif forge == "future timestamp":
+        headers = signed(secret, BODY, at=datetime.now(UTC) + timedelta(minutes=6))
+    elif forge.startswith("no "):
+        headers = signed(secret, BODY)
+        del headers[
+            {"no signature": "webhook-signature", "no id": "webhook-id"}.get(
+                forge, "webhook-timestamp"
+            )
+        ]
+    elif forge == "garbled signature":
+        headers = {**signed(secret, BODY), "webhook-signature": "v1;not-base64!"}
+    elif forge == "signature of another id":
+        headers = {**signed(secret, BODY), "webhook-id": "msg_someone_else"}
+    else:
+        headers = {**signed(secret, BODY), "webhook-timestamp": "yesterday"}
+    response = await client.post(hook(trigger), content=body, headers=headers)
+    assert response.status_code == 401, response.text
+    assert response.json() == {"detail": "invalid webhook signature or timestamp"}
+    assert await executions(db) == 0
+
+
+async def test_an_inactive_trigger_answers_409_and_an_unknown_or_deleted_one_404(
+    client: AsyncTestClient, agent: FakeAgent, db: AsyncSession
+) -> None:
+    t = await tenant(client)
+    trigger = await webhook_trigger(client, t, agent.url)
+    one = f"/v1/orgs/{t.id}/triggers/{trigger['id']}"
+    await client.patch(one, json={"status": "inactive"}, headers=t.owner.headers)
+    response = await client.post(
+        hook(trigger), content=BODY, headers=signed(trigger["webhook_secret"], BODY)
+    )
+    assert response.status_code == 409
+    assert response.json() == {"detail": "trigger is inactive"}
+    # Unsigned, an inactive trigger still answers 401: its state is not told to strangers.
+    response = await client.post(hook(trigger), content=BODY)
+    assert response.status_code == 401
+
+    response = await client.post(
+        f"/v1/hooks/triggers/{uuid4()}",
+        content=BODY,
+        headers=signed(trigger["webhook_secret"], BODY),
+    )
+    assert response.status_code == 404
+    await client.delete(one, headers=t.owner.headers)
+    response = await client.post(
+        hook(trigger), content=BODY, headers=signed(trigger["webhook_secret"], BODY)
+    )
+    assert response.status_code == 404
+    assert await executions(db) == 0
+
+
+async def test_a_body_over_256_kib_answers_413(
+    client: AsyncTestClient, agent: FakeAgent, db: AsyncSession
+) -> None:
+    t = await tenant(client)
+    trigger = await webhook_trigger(client, t, agent.url)
+    big = json.dumps({"service": "x" * (256 * 1024), "sha": "1"}).encode()
+    response = await client.post(
+        hook(trigger), content=big, headers=signed(trigger["webhook_secret"], big)
+    )
+    assert response.status_code == 413, response.text
+    # Exactly at the limit is accepted.
+    filler = 256 * 1024 - len(json.dumps({"service": "", "sha": "1"}))
+    edge = json.dumps({"service": "y" * filler, "sha": "1"}).encode()
+    assert len(edge) == 256 * 1024
+    response = await client.post(
+        hook(trigger), content=edge, headers=signed(trigger["webhook_secret"], edge)
+    )
+    assert response.status_code == 202, response.text
+    assert await executions(db) == 1
+
+
+async def test_a_signed_body_that_is_not_json_answers_422(
+    client: AsyncTestClient, agent: FakeAgent, db: AsyncSession
+) -> None:
+    t = await tenant(client)
+    trigger = await webhook_trigger(client, t, agent.url)
+    for body, kind in [(b"service=checkout", "json_invalid"), (b'{"a": "\\u0000"}', None)]:
+        response = await client.post(
+            hook(trigger), content=body, headers=signed(trigger["webhook_secret"], body)
+        )
+        entry = single_validation_entry(response)
+        assert entry["loc"][0] == "body"
+        if kind:
+            assert entry["type"] == kind
+    assert await executions(db) == 0
+
+
+async def test_the_hook_needs_no_token_and_ignores_one(
+    client: AsyncTestClient, agent: FakeAgent
+) -> None:
+    t = await tenant(client)
+    trigger = await webhook_trigger(client, t, agent.url)
+    headers = {**signed(trigger["webhook_secret"], BODY), **t.owner.headers}
+    response = await client.post(hook(trigger), content=BODY, headers=headers)
+    assert response.status_code == 202
+    # A token does not stand in for the signature.
+    response = await client.post(hook(trigger), content=BODY, headers=t.owner.headers)
+    assert response.status_code == 401

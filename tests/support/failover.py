@@ -1,0 +1,252 @@
+"""The scheduler failover drill: two real ``spar scheduler`` processes and a ``* * * * *``
+trigger for at least three minutes, the active scheduler killed with SIGKILL part way.
+
+It takes minutes of wall-clock time and almost no CPU, so it runs in a thread of its own
+from the moment the test is collected (``tests/conftest.py``), beside the rest of the
+suite; the test (``tests/e2e/test_scheduler_failover.py``) waits for it to end and checks
+what it saw.  Everything it uses is its own: a database ``spar_failover_<pid>``, a
+private ``redis-server`` on a free port (``/14`` of the suite's Redis if there is no
+``redis-server``), a ``spar serve``, a ``spar worker`` on the ``triggers`` queue, the two
+schedulers and a loopback :class:`FakeAgent`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psycopg
+import redis
+from sqlalchemy import make_url
+
+from tests.support.fakes import FakeAgent
+from tests.support.processes import free_port, private_redis, spar_process, throwaway_database
+
+RUN_FOR_S = 190.0  # the trigger runs at least this long: over three minutes of slots
+KILL_AFTER_SLOTS = 2  # the leader dies this many slots in, mid-minute
+LEADER_RETRY_S = 1.0
+LEADING = "leading: starting the trigger jobs"
+
+
+@dataclass
+class DrillResult:
+    trigger_created_at: datetime | None = None
+    executions: list[dict[str, Any]] = field(default_factory=list)
+    agent_calls: list[dict[str, Any]] = field(default_factory=list)
+    killed_at: datetime | None = None
+    killed: str | None = None  # "a" or "b": which scheduler led and was killed
+    took_over_after_s: float | None = None
+    error: BaseException | None = None
+    logs: dict[str, str] = field(default_factory=dict)
+
+
+class FailoverDrill:
+    def __init__(self, database_url: str, redis_url: str) -> None:
+        self.database_url = (
+            make_url(database_url)
+            .set(database=f"spar_failover_{os.getpid()}")
+            .render_as_string(hide_password=False)
+        )
+        self.fallback_redis = redis_url.rsplit("/", 1)[0] + "/14"
+        self.result = DrillResult()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="failover-drill", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def wait(self, timeout_s: float) -> DrillResult:
+        self._thread.join(timeout_s)
+        if self._thread.is_alive():
+            raise AssertionError(f"the failover drill did not end within {timeout_s} s")
+        return self.result
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(30)
+
+    # --- the drill, in its thread ----------------------------------------------------------------
+
+    def _run(self) -> None:
+        try:
+            with contextlib.ExitStack() as stack:
+                self._drill(stack)
+        except BaseException as exc:  # reported by the test
+            self.result.error = exc
+
+    def _sleep(self, seconds: float) -> None:
+        if self._stop.wait(seconds):
+            raise RuntimeError("the drill was stopped before it ended")
+
+    def _drill(self, stack: contextlib.ExitStack) -> None:
+        url = stack.enter_context(throwaway_database(self.database_url))
+        redis_url = stack.enter_context(private_redis(self.fallback_redis))
+        redis.Redis.from_url(redis_url).flushdb()
+        agent = stack.enter_context(FakeAgent(reply=lambda body: f"tock {body['message']}"))
+        root = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="spar-failover-")))
+        stack.callback(self._keep_logs, root)
+        env = {
+            "SPAR_DATABASE_URL": url,
+            "SPAR_REDIS_URL": redis_url,
+            "SPAR_SECRET_KEY": "failover-drill-secret",
+            "SPAR_EGRESS_ALLOW_PRIVATE": "true",
+            "SPAR_LOG_LEVEL": "INFO",
+            "SPAR_LOG_FORMAT": "text",
+            "SPAR_LEADER_RETRY_S": str(LEADER_RETRY_S),
+            "SPAR_TRIGGER_POLL_S": "5",
+        }
+        port = free_port()
+        base = f"http://127.0.0.1:{port}"
+        for name in ("serve", "worker", "a", "b"):
+            (root / name).mkdir()
+        stack.enter_context(
+            spar_process(
+                ["serve", "--host", "127.0.0.1", "--port", str(port)],
+                env,
+                cwd=root / "serve",
+                health_url=f"{base}/health/live",
+                timeout=60,
+            )
+        )
+        stack.enter_context(
+            spar_process(
+                ["worker", "--processes", "1", "--threads", "4", "--queues", "triggers"],
+                env,
+                cwd=root / "worker",
+            )
+        )
+        schedulers = {
+            "a": stack.enter_context(spar_process(["scheduler"], env, cwd=root / "a")),
+        }
+        self._wait_for(lambda: self._leading(root / "a"), 60, "scheduler a to lead")
+        schedulers["b"] = stack.enter_context(spar_process(["scheduler"], env, cwd=root / "b"))
+        self._sleep(3)  # b is up and standing by
+
+        trigger = self._create_trigger(base, agent.url)
+        self.result.trigger_created_at = datetime.fromisoformat(trigger["created_at"])
+        started = time.monotonic()
+
+        # Let KILL_AFTER_SLOTS slots fire, then kill the leader mid-minute.
+        self._wait_for(lambda: self._fired(url) >= KILL_AFTER_SLOTS, 200, "the first slots")
+        while not 15 <= datetime.now(UTC).second <= 40:
+            self._sleep(0.5)
+        leader = "a" if self._leading(root / "a") and not self._leading(root / "b") else "b"
+        self.result.killed = leader
+        self.result.killed_at = datetime.now(UTC)
+        os.killpg(schedulers[leader].pid, signal.SIGKILL)
+        schedulers[leader].wait()
+        standby = "b" if leader == "a" else "a"
+        killed = time.monotonic()
+        self._wait_for(lambda: self._leading(root / standby), 30, f"scheduler {standby} to lead")
+        self.result.took_over_after_s = time.monotonic() - killed
+
+        # Two more slots at least, and over three minutes of the trigger in all.
+        after_kill = self._fired(url) + 2
+        self._wait_for(
+            lambda: self._fired(url) >= after_kill and time.monotonic() - started >= RUN_FOR_S,
+            RUN_FOR_S + 150,
+            "the slots after the kill",
+        )
+        self._sleep(3)  # the last execution's reply is recorded
+        self.result.executions = self._executions(url)
+        self.result.agent_calls = [r.json for r in agent.requests]
+
+    def _create_trigger(self, base: str, agent_url: str) -> dict[str, Any]:
+        with httpx.Client(base_url=base, timeout=30) as http:
+            registered = http.post(
+                "/v1/auth/register",
+                json={
+                    "email": "drill@example.com",
+                    "password": "drill-password",
+                    "first_name": "Fail",
+                    "last_name": "Over",
+                },
+            )
+            registered.raise_for_status()
+            h = {"Authorization": f"Bearer {registered.json()['access_token']}"}
+            org = http.post("/v1/organizations", json={"name": "drill"}, headers=h)
+            org.raise_for_status()
+            v1 = f"/v1/orgs/{org.json()['id']}"
+            http.post(
+                f"{v1}/allowed-domains/", json={"domain": "127.0.0.1"}, headers=h
+            ).raise_for_status()
+            made = http.post(
+                f"{v1}/agents",
+                json={"name": "clock", "kind": "http", "endpoint_url": f"{agent_url}/chat"},
+                headers=h,
+            )
+            made.raise_for_status()
+            trigger = http.post(
+                f"{v1}/triggers/",
+                json={
+                    "name": "every minute",
+                    "trigger_type": "scheduled",
+                    "agent_id": made.json()["id"],
+                    "message": "tick {{ trigger.name }}",
+                    "cron_expression": "* * * * *",
+                    "timezone": "UTC",
+                },
+                headers=h,
+            )
+            trigger.raise_for_status()
+            return trigger.json()
+
+    def _leading(self, cwd: Path) -> bool:
+        return any(LEADING in log.read_text(errors="replace") for log in cwd.glob("*.log"))
+
+    def _fired(self, url: str) -> int:
+        conninfo = make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
+        with psycopg.connect(conninfo) as conn:
+            row = conn.execute(
+                "SELECT count(*) FROM trigger_executions WHERE status = 'succeeded'"
+            ).fetchone()
+        return int(row[0]) if row else 0
+
+    def _executions(self, url: str) -> list[dict[str, Any]]:
+        conninfo = make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
+        with psycopg.connect(conninfo) as conn:
+            cursor = conn.execute(
+                "SELECT id::text, scheduled_for, status, source, created_at, response"
+                " FROM trigger_executions ORDER BY scheduled_for"
+            )
+            names = [c.name for c in cursor.description or []]
+            return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
+
+    def _wait_for(self, condition: Any, timeout_s: float, what: str) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not condition():
+            if time.monotonic() > deadline:
+                raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+            self._sleep(0.5)
+
+    def _keep_logs(self, root: Path) -> None:
+        for log in root.glob("*/*.log"):
+            self.result.logs[f"{log.parent.name}/{log.name}"] = log.read_text(errors="replace")[
+                -4000:
+            ]
+
+
+def summary(result: DrillResult) -> str:
+    """What the drill saw, for an assertion's message."""
+    return json.dumps(
+        {
+            "killed": result.killed,
+            "killed_at": str(result.killed_at),
+            "took_over_after_s": result.took_over_after_s,
+            "executions": [
+                {k: str(v) for k, v in e.items() if k != "response"} for e in result.executions
+            ],
+            "logs": result.logs,
+        },
+        indent=1,
+    )

@@ -1,0 +1,35 @@
+"""The actor for trigger executions (queue ``triggers``).
+
+Thin: the rules live in :mod:`shared.triggers.executions`.
+"""
+
+from __future__ import annotations
+
+from uuid import UUID
+
+import dramatiq
+
+from shared.queue import RUN_TRIGGER
+from shared.runtime import get_runtime
+from shared.triggers.executions import execute
+from workers.broker import broker
+
+
+@dramatiq.actor(
+    actor_name=RUN_TRIGGER[1],
+    queue_name=RUN_TRIGGER[0],
+    # Idempotent and resumable (see shared.triggers.executions): a retry is safe.
+    max_retries=5,
+    min_backoff=1_000,
+    max_backoff=60_000,
+    time_limit=10 * 60 * 1000,
+)
+async def run_trigger_execution(execution_id: str) -> None:
+    runtime = get_runtime()
+    await execute(
+        runtime.session_factory,
+        runtime.settings,
+        UUID(execution_id),
+        broker=broker,
+        http=runtime.http,
+    )
