@@ -33,19 +33,25 @@ FAILOVER_TEST = "test_two_schedulers_fire_every_slot_exactly_once_through_a_kill
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Start the failover drill if its test is selected, and run that test last."""
+    """Run the failover drill's test last: it waits for the drill."""
     drill_tests = [item for item in items if item.name == FAILOVER_TEST]
-    if not drill_tests:
+    items[:] = [item for item in items if item.name != FAILOVER_TEST] + drill_tests
+
+
+def pytest_runtestloop(session: pytest.Session) -> None:
+    """Start the failover drill before the first test, if its test is to run."""
+    if session.config.option.collectonly or not any(
+        item.name == FAILOVER_TEST for item in session.items
+    ):
         return
     from tests.e2e.test_scheduler_failover import DRILL_KEY
     from tests.support.failover import FailoverDrill
 
-    items[:] = [item for item in items if item.name != FAILOVER_TEST] + drill_tests
     drill = FailoverDrill(
         os.environ.get("SPAR_DATABASE_URL") or DEFAULT_TEST_DATABASE_URL,
         os.environ.get("SPAR_REDIS_URL") or DEFAULT_TEST_REDIS_URL,
     )
-    config.stash[DRILL_KEY] = drill
+    session.config.stash[DRILL_KEY] = drill
     drill.start()
 
 

@@ -8,7 +8,7 @@ from alembic.migration import MigrationContext
 from sqlalchemy import create_engine, make_url
 
 from shared.db.models import Base
-from tests.conftest import _admin
+from tests.support.processes import admin_sql
 
 
 def test_migrated_schema_matches_the_models(database_url):
@@ -28,9 +28,9 @@ def empty_database_url(database_url: str) -> Iterator[str]:
     url = make_url(database_url)
     fresh = url.set(database=f"{url.database}_migrations").render_as_string(hide_password=False)
     drop = 'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'
-    _admin(fresh, drop, 'CREATE DATABASE "{name}"')
+    admin_sql(fresh, drop, 'CREATE DATABASE "{name}"')
     yield fresh
-    _admin(fresh, drop)
+    admin_sql(fresh, drop)
 
 
 def test_the_window_counter_is_backfilled_from_the_runs_handed_out(empty_database_url):
