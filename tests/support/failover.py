@@ -16,6 +16,7 @@ import contextlib
 import json
 import os
 import signal
+import subprocess
 import tempfile
 import threading
 import time
@@ -30,7 +31,13 @@ import redis
 from sqlalchemy import make_url
 
 from tests.support.fakes import FakeAgent
-from tests.support.processes import free_port, private_redis, spar_process, throwaway_database
+from tests.support.processes import (
+    admin_sql,
+    free_port,
+    private_redis,
+    spar_executable,
+    spar_process,
+)
 
 RUN_FOR_S = 190.0  # the trigger runs at least this long: over three minutes of slots
 KILL_AFTER_SLOTS = 2  # the leader dies this many slots in, mid-minute
@@ -89,7 +96,19 @@ class FailoverDrill:
             raise RuntimeError("the drill was stopped before it ended")
 
     def _drill(self, stack: contextlib.ExitStack) -> None:
-        url = stack.enter_context(throwaway_database(self.database_url))
+        url = self.database_url
+        drop = 'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'
+        admin_sql(url, drop, 'CREATE DATABASE "{name}"')
+        stack.callback(admin_sql, url, drop)
+        # Migrated by ``spar migrate``, not in this process: Alembic's context is global,
+        # and the suite's own database may be migrating in the main thread right now.
+        subprocess.run(
+            [spar_executable(), "migrate"],
+            env={**os.environ, "SPAR_DATABASE_URL": url},
+            check=True,
+            capture_output=True,
+            timeout=120,
+        )
         redis_url = stack.enter_context(private_redis(self.fallback_redis))
         redis.Redis.from_url(redis_url).flushdb()
         agent = stack.enter_context(FakeAgent(reply=lambda body: f"tock {body['message']}"))
