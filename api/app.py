@@ -16,6 +16,7 @@ from api.exceptions import EXCEPTION_HANDLERS
 from api.health import HealthController
 from api.http import complete_allow_headers, declare_query_params, reject_unknown_query
 from api.identity.controllers import CONTROLLERS as IDENTITY_CONTROLLERS
+from api.knowledge.controllers import CONTROLLERS as KNOWLEDGE_CONTROLLERS
 from api.observability import ObservabilityMiddleware, metrics
 from api.openapi import docs_assets, finish_openapi, openapi_config
 from api.outbound.controllers import CONTROLLERS as OUTBOUND_CONTROLLERS
@@ -35,6 +36,7 @@ V1_CONTROLLERS: list[Any] = [
     *OUTBOUND_CONTROLLERS,
     *SCENARIO_CONTROLLERS,
     *BATCH_CONTROLLERS,
+    *KNOWLEDGE_CONTROLLERS,
     *TRIGGER_CONTROLLERS,
 ]
 

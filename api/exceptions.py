@@ -18,6 +18,8 @@ from litestar.status_codes import (
     HTTP_403_FORBIDDEN,
     HTTP_404_NOT_FOUND,
     HTTP_409_CONFLICT,
+    HTTP_413_REQUEST_ENTITY_TOO_LARGE,
+    HTTP_415_UNSUPPORTED_MEDIA_TYPE,
     HTTP_422_UNPROCESSABLE_ENTITY,
     HTTP_429_TOO_MANY_REQUESTS,
     HTTP_500_INTERNAL_SERVER_ERROR,
@@ -30,8 +32,10 @@ from shared.errors import (
     NotFound,
     PermissionDenied,
     SparError,
+    TooLarge,
     TooManyRequests,
     Unauthorized,
+    UnsupportedMediaType,
 )
 from shared.schemas import UnstorableJson, within_depth
 
@@ -62,6 +66,8 @@ _STATUS = {
     PermissionDenied: HTTP_403_FORBIDDEN,
     Unauthorized: HTTP_401_UNAUTHORIZED,
     TooManyRequests: HTTP_429_TOO_MANY_REQUESTS,
+    TooLarge: HTTP_413_REQUEST_ENTITY_TOO_LARGE,
+    UnsupportedMediaType: HTTP_415_UNSUPPORTED_MEDIA_TYPE,
 }
 
 

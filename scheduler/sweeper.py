@@ -8,7 +8,9 @@ Each pass, in the active scheduler:
 * every active batch is offered a dispatch, which hands out runs only if its window has
   room (after a lost refill message, for instance);
 * a trigger execution ``queued`` for a minute, or ``running`` without progress for
-  ``SPAR_RUN_STALL_S``, is sent again (the execution actor is idempotent).
+  ``SPAR_RUN_STALL_S``, is sent again (the execution actor is idempotent);
+* a knowledge document ``queued`` or ``processing`` without progress for
+  ``SPAR_RUN_STALL_S`` is sent again (processing starts it over).
 
 Runs of a batch that were never dispatched are the window's to hand out, not the sweeper's.
 """
@@ -21,7 +23,8 @@ import dramatiq
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from shared.batches import window
-from shared.queue import RUN_SCENARIO, RUN_TRIGGER, send
+from shared.knowledge import processing
+from shared.queue import PROCESS_DOCUMENT, RUN_SCENARIO, RUN_TRIGGER, send
 from shared.runtime import provide_session
 from shared.scenarios import store
 from shared.triggers import firing
@@ -42,13 +45,18 @@ async def sweep(
         send(broker, RUN_SCENARIO, str(run_id))
     async with provide_session(factory) as session:
         executions = await firing.take_stalled(session, stall_s=stall_s, limit=MAX_PER_PASS)
+        documents = await processing.take_stalled(session, stall_s=stall_s, limit=MAX_PER_PASS)
     for execution_id in executions:
         send(broker, RUN_TRIGGER, str(execution_id))
-    if stalled or dispatched or executions:
+    for document_id in documents:
+        send(broker, PROCESS_DOCUMENT, str(document_id))
+    if stalled or dispatched or executions or documents:
         log.info(
-            "sweeper re-sent %d stalled runs and %d trigger executions, dispatched %d",
+            "sweeper re-sent %d stalled runs, %d trigger executions and %d documents, "
+            "dispatched %d",
             len(stalled),
             len(executions),
+            len(documents),
             len(dispatched),
         )
     return len(stalled), len(dispatched)

@@ -29,6 +29,14 @@ class Unauthorized(SparError):
     """No usable credentials: missing, malformed, unknown, expired or revoked token."""
 
 
+class TooLarge(SparError):
+    """The request carries more than Spar accepts (413)."""
+
+
+class UnsupportedMediaType(SparError):
+    """The request's content is of a type Spar does not take (415)."""
+
+
 class TooManyRequests(SparError):
     """The caller must wait ``retry_after`` seconds before trying again (429)."""
 

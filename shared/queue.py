@@ -35,6 +35,7 @@ QUEUES = ("runs", "batches", "documents", "calibration", "triggers")
 RUN_SCENARIO = ("runs", "run_scenario")
 DISPATCH_BATCH = ("batches", "dispatch_batch")
 RUN_TRIGGER = ("triggers", "run_trigger_execution")
+PROCESS_DOCUMENT = ("documents", "process_document")
 
 
 class _AsyncIO(AsyncIO):

@@ -32,6 +32,10 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     trigger_grace_s: float = 300.0
     leader_retry_s: float = 2.0
     trigger_poll_s: float = 10.0
+    # Knowledge: the largest document content taken (UTF-8 bytes), and how long a run of
+    # an llm agent waits for its bookmarked documents to be ready before it errors.
+    knowledge_max_bytes: int = 5 * 1024 * 1024
+    knowledge_wait_s: float = 60.0
     db_pool_size: int = 10
     work_poll_ms: int = 50
     log_level: str = "INFO"
@@ -107,6 +111,8 @@ _VARIABLES = {
     "SPAR_TRIGGER_GRACE_S": ("trigger_grace_s", _positive_float),
     "SPAR_LEADER_RETRY_S": ("leader_retry_s", _positive_float),
     "SPAR_TRIGGER_POLL_S": ("trigger_poll_s", _positive_float),
+    "SPAR_KNOWLEDGE_MAX_BYTES": ("knowledge_max_bytes", _positive_int),
+    "SPAR_KNOWLEDGE_WAIT_S": ("knowledge_wait_s", _positive_float),
     "SPAR_DB_POOL_SIZE": ("db_pool_size", _positive_int),
     "SPAR_WORK_POLL_MS": ("work_poll_ms", _positive_int),
     "SPAR_LOG_LEVEL": ("log_level", str.upper),

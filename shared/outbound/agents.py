@@ -50,14 +50,18 @@ async def call_agent(
     history: list[dict[str, str]],
     customer_context: dict[str, Any] | None = None,
     metadata: dict[str, Any] | None = None,
+    system_context: str | None = None,
 ) -> AgentReply:
-    """Send ``message`` after ``history`` (earlier user/assistant turns) and return the reply."""
+    """Send ``message`` after ``history`` (earlier user/assistant turns) and return the reply.
+    ``system_context`` (an ``llm`` agent's knowledge for this turn) follows its system
+    prompt."""
     messages = [*history, {"role": "user", "content": message}]
     if agent.kind == "llm":
         if agent.provider is None:
             raise AgentError(f"agent {agent.name!r} has no LLM provider")
+        system = "\n\n".join(part for part in (agent.system_prompt, system_context) if part)
         result = await chat(
-            egress, agent.provider, messages, model=agent.model, system=agent.system_prompt
+            egress, agent.provider, messages, model=agent.model, system=system or None
         )
         return AgentReply(
             result.content, result.input_tokens, result.output_tokens, result.latency_ms

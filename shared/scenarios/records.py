@@ -80,6 +80,8 @@ class TurnRecord(msgspec.Struct, frozen=True):
     response_content: str
     passed: bool
     stopped_early: bool
+    # What an llm agent was given from its knowledge (GivenKnowledge), if anything.
+    knowledge: list[Any] | None = None
 
 
 class CriterionRecord(msgspec.Struct, frozen=True):

@@ -29,6 +29,8 @@ from jinja2 import Template, TemplateError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from shared.errors import NotFound
+from shared.knowledge.context import AgentKnowledge, KnowledgeNotReady
+from shared.knowledge.context import load as load_knowledge
 from shared.llm.judge import Judgement, judge
 from shared.metrics import RUNS_IN_FLIGHT, in_flight, run_finished
 from shared.outbound.agents import AgentConfig, AgentReply, call_agent
@@ -104,6 +106,7 @@ class _Context:
     judge_model: str | None
     business_information: str
     cost: CostSummary  # the run's cost_summary as committed so far
+    knowledge: AgentKnowledge | None = None  # an llm agent's bookmarked documents
 
 
 def _price(provider: ProviderConfig | None, tokens_in: int, tokens_out: int) -> float:
@@ -131,6 +134,14 @@ async def _claim(
         )
     except NotFound as exc:
         raise RunAborted(f"cannot start: {exc.detail}") from None
+    knowledge = None
+    if outbound.agent.kind == "llm":  # only Spar's own llm agents are given documents
+        try:
+            knowledge = await load_knowledge(
+                factory, run.organization_id, run.agent_id, wait_s=settings.knowledge_wait_s
+            )
+        except KnowledgeNotReady as exc:
+            raise RunAborted(f"cannot start: {exc}") from None
     context = _Context(
         run_id=run_id,
         session_id=run.session_id or f"spar-{run_id}",
@@ -141,6 +152,7 @@ async def _claim(
         judge_model=outbound.agent.judge_model,
         business_information=run.business_information,
         cost=run.cost_summary,
+        knowledge=None if knowledge is None or knowledge.empty else knowledge,
     )
     return context, run.done
 
@@ -296,6 +308,9 @@ async def _play(context: _Context, turn: SnapshotTurn, history: list[dict[str, s
     """Render the turn's message, send it to the agent, judge every criterion at once."""
     customer_context = context.snapshot.customer_context or {}
     message = render_message(turn.user_message, customer_context)
+    system_context, given = None, None
+    if context.knowledge is not None:
+        system_context, given = await context.knowledge.for_message(message)
     try:
         reply = await call_agent(
             context.egress,
@@ -305,6 +320,7 @@ async def _play(context: _Context, turn: SnapshotTurn, history: list[dict[str, s
             history=history,
             customer_context=customer_context,
             metadata={"run_id": str(context.run_id), "turn_index": turn.order_index},
+            system_context=system_context,
         )
     except EgressError as exc:
         raise RunAborted(f"agent: {exc}") from None
@@ -324,6 +340,7 @@ async def _play(context: _Context, turn: SnapshotTurn, history: list[dict[str, s
         response_content=reply.content,
         passed=passed,
         stopped_early=turn.required and not passed,
+        knowledge=given,
     )
     results = [
         CriterionRecord(

@@ -161,6 +161,9 @@ class ScenarioTurnResultRead(Output):
     user_message: str
     # ``skipped``: not played, because an earlier required turn failed.
     status: TurnStatus
+    # What an llm agent was given from its knowledge documents in this turn (documents
+    # bookmarked ``always``, chunks retrieved ``on_demand``); null for other agents.
+    knowledge: list[dict[str, Any]] | None = None
 
 
 class ScenarioRunRead(Output):

@@ -367,6 +367,7 @@ def run_read(run: ScenarioRun, *, with_results: bool) -> schemas.ScenarioRunRead
                 criteria_results=[_criterion_result_read(c) for c in turn.criteria_results],
                 user_message=turn.user_message,
                 status="skipped" if turn.skipped else "passed" if turn.passed else "failed",
+                knowledge=turn.knowledge,
             )
             for turn in run.turn_results
         ]

@@ -45,6 +45,7 @@ from sqlalchemy import (
     insert,
     literal,
     literal_column,
+    null,
     or_,
     select,
     true,
@@ -206,6 +207,7 @@ _TURN_COLUMNS = (
     "stopped_early",
     "skipped",
     "created_at",
+    "knowledge",
 )
 _RESULT_COLUMNS = (
     "id",
@@ -262,7 +264,14 @@ def _in_one(run_change: Update, *, turn: bool, end: bool) -> Statement:
             insert(_turns)
             .from_select(
                 _TURN_COLUMNS,
-                select(_turn_values[0], run.c.id, *_turn_values[1:], false(), NOW),
+                select(
+                    _turn_values[0],
+                    run.c.id,
+                    *_turn_values[1:],
+                    false(),
+                    NOW,
+                    bindparam("p_knowledge", type_=JSONB()),
+                ),
             )
             .returning(_turns.c.id, _turns.c.run_id)
             .cte("turn")
@@ -297,6 +306,7 @@ def _in_one(run_change: Update, *, turn: bool, end: bool) -> Statement:
                     false(),
                     true(),
                     NOW,
+                    null(),
                 ).select_from(written.join(_skipped_given, true())),
             )
             .returning(_turns.c.id)
@@ -341,6 +351,7 @@ async def record_turn(
         "p_passed": turn.passed,
         "p_stopped": turn.stopped_early,
         "p_results": results,
+        "p_knowledge": turn.knowledge,
     }
     if end is None:
         if skipped:
@@ -436,6 +447,7 @@ async def rehearse(connection: AsyncConnection[Any]) -> None:
         "p_passed": True,
         "p_stopped": False,
         "p_results": [],
+        "p_knowledge": None,
     }
     await _CLAIM_IN_ONE.rows(connection, **nobody)
     await _RECORD_IN_ONE.rows(connection, **turn)

@@ -43,11 +43,11 @@ from shared.db.engine import (
 )
 from shared.db.models import BatchRun, Criterion, Scenario, ScenarioRun, ScenarioTurn
 from shared.identity.access import OrgAccess, Principal
-from shared.queue import QUEUES, RUN_SCENARIO
+from shared.queue import RUN_SCENARIO
 from shared.scenarios import runner
 from shared.scenarios.runner import execute_run
 from shared.settings import Settings
-from tests.support.factories import Tenant, create_token, tenant
+from tests.support.factories import Tenant, create_token, stub_broker, tenant
 from tests.support.fakes import FakeAgent
 from tests.support.sse import parse_sse
 
@@ -215,13 +215,6 @@ async def in_flight(db: AsyncSession, batch_id: str | UUID) -> int:
     )
     await db.commit()
     return int(count or 0)
-
-
-def stub_broker() -> StubBroker:
-    broker = StubBroker()
-    for queue in QUEUES:
-        broker.declare_queue(queue)
-    return broker
 
 
 def sent_runs(broker: StubBroker) -> list[str]:

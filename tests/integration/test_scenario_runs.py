@@ -69,6 +69,7 @@ TURN_RESULT_FIELDS = {
     "criteria_results",
     "user_message",
     "status",
+    "knowledge",
 }
 JUDGE_TOKENS = (11, 7)  # FakeOpenAI's default usage per call
 AGENT_TOKENS = (17, 3)  # FakeAgent's default usage per call

@@ -29,8 +29,8 @@ from shared.runtime import provide_session
 from shared.settings import Settings
 from shared.triggers.executions import execute
 from shared.triggers.firing import fire_due, scheduled_trigger
-from tests.integration.test_triggers import create, path, scheduled, stub_broker
-from tests.support.factories import Tenant, tenant
+from tests.integration.test_triggers import create, path, scheduled
+from tests.support.factories import Tenant, stub_broker, tenant
 from tests.support.fakes import FakeAgent
 from tests.support.scenario_setup import create_scenario, outbound_setup
 

@@ -21,8 +21,7 @@ from standardwebhooks import Webhook
 from shared.db.models import TriggerExecution
 from shared.settings import Settings
 from shared.triggers.executions import execute
-from tests.integration.test_triggers import stub_broker
-from tests.support.factories import Tenant, single_validation_entry, tenant
+from tests.support.factories import Tenant, single_validation_entry, stub_broker, tenant
 from tests.support.fakes import FakeAgent
 from tests.support.scenario_setup import outbound_setup
 

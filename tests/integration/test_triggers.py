@@ -13,17 +13,22 @@ from typing import Any
 from uuid import UUID, uuid4
 
 import pytest
-from dramatiq.brokers.stub import StubBroker
 from litestar import Litestar
 from litestar.testing import AsyncTestClient
 from sqlalchemy import func, select, text
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from shared.db.models import BatchRun, TriggerExecution
-from shared.queue import DISPATCH_BATCH, QUEUES
+from shared.queue import DISPATCH_BATCH
 from shared.settings import Settings
 from shared.triggers.executions import execute
-from tests.support.factories import Tenant, create_token, single_validation_entry, tenant
+from tests.support.factories import (
+    Tenant,
+    create_token,
+    single_validation_entry,
+    stub_broker,
+    tenant,
+)
 from tests.support.fakes import FakeAgent, Reply
 from tests.support.scenario_setup import create_scenario, outbound_setup
 
@@ -69,13 +74,6 @@ EXECUTION_FIELDS = {
 def agent() -> Iterator[FakeAgent]:
     with FakeAgent(reply=lambda body: f"got: {body['message']}") as fake:
         yield fake
-
-
-def stub_broker() -> StubBroker:
-    broker = StubBroker()
-    for queue in QUEUES:
-        broker.declare_queue(queue)
-    return broker
 
 
 def path(t: Tenant, *rest: str) -> str:

@@ -1,4 +1,5 @@
-"""Test setup through the public API: users, organizations, members with a role, tokens."""
+"""Test setup through the public API: users, organizations, members with a role, tokens;
+and a stub broker to read back what was sent."""
 
 from __future__ import annotations
 
@@ -6,7 +7,10 @@ import itertools
 from dataclasses import dataclass, field
 from typing import Any
 
+from dramatiq.brokers.stub import StubBroker
 from litestar.testing import AsyncTestClient
+
+from shared.queue import QUEUES
 
 PASSWORD = "correct-horse-battery"
 _counter = itertools.count(1)
@@ -120,3 +124,11 @@ def single_validation_entry(response: Any) -> dict[str, Any]:
     assert isinstance(entry["msg"], str) and entry["msg"], entry
     assert isinstance(entry["ctx"], dict), entry
     return entry
+
+
+def stub_broker() -> StubBroker:
+    """An in-memory broker with Spar's queues: what services send can be read back."""
+    broker = StubBroker()
+    for queue in QUEUES:
+        broker.declare_queue(queue)
+    return broker

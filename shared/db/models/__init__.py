@@ -10,6 +10,12 @@ from shared.db.models.identity import (
     User,
     UserToken,
 )
+from shared.db.models.knowledge import (
+    KnowledgeBookmarkAgent,
+    KnowledgeChunk,
+    KnowledgeCollection,
+    KnowledgeDocument,
+)
 from shared.db.models.outbound import Agent, AllowedDomain, Credential, LLMProvider
 from shared.db.models.scenarios import (
     Criterion,
@@ -29,6 +35,10 @@ __all__ = [
     "Credential",
     "Criterion",
     "CriterionResult",
+    "KnowledgeBookmarkAgent",
+    "KnowledgeChunk",
+    "KnowledgeCollection",
+    "KnowledgeDocument",
     "LLMProvider",
     "Membership",
     "Organization",

@@ -133,6 +133,8 @@ class TurnResult(IdMixin, Base):
     stopped_early: Mapped[bool] = mapped_column(Boolean, default=False)
     # Not played: an earlier required turn failed (no message sent, no criterion results).
     skipped: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+    # The knowledge an llm agent was given for this turn (documents and chunks), if any.
+    knowledge: Mapped[list[dict[str, Any]] | None] = mapped_column(JSONType)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
     criteria_results: Mapped[list[CriterionResult]] = relationship(
