@@ -11,6 +11,7 @@ from litestar.handlers import HTTPRouteHandler
 
 from api.auth import ACCESS_KEY, authorize
 from api.batches.controllers import CONTROLLERS as BATCH_CONTROLLERS
+from api.calibration.controllers import CONTROLLERS as CALIBRATION_CONTROLLERS
 from api.deps import DEPENDENCIES
 from api.exceptions import EXCEPTION_HANDLERS
 from api.health import HealthController
@@ -36,6 +37,7 @@ V1_CONTROLLERS: list[Any] = [
     *OUTBOUND_CONTROLLERS,
     *SCENARIO_CONTROLLERS,
     *BATCH_CONTROLLERS,
+    *CALIBRATION_CONTROLLERS,
     *KNOWLEDGE_CONTROLLERS,
     *TRIGGER_CONTROLLERS,
 ]

@@ -188,6 +188,11 @@ def _msgspec_error(exc: BaseException) -> msgspec.ValidationError | None:
     return None
 
 
+_MISSING_PARAMETER = re.compile(
+    r"^Missing required (?P<source>query|header|cookie|path) parameter '(?P<name>[^']+)'"
+)
+
+
 def _items_from_validation(
     request: Request[Any, Any, Any], exc: ValidationException
 ) -> list[ValidationErrorItem]:
@@ -199,6 +204,18 @@ def _items_from_validation(
         message, _, at = str(cause).partition(" - at `")
     else:
         message, at = str(first.get("message") or exc.detail), ""
+    absent = _MISSING_PARAMETER.match(message)
+    if absent is not None:  # Litestar names a missing required parameter only in its text
+        source = absent["source"]
+        return [
+            ValidationErrorItem(
+                loc=[source, absent["name"]],
+                msg=f"Missing required {source} parameter",
+                type="missing",
+                input=None,
+                ctx={},
+            )
+        ]
     tokens = [a or b for a, b in _PATH_TOKEN.findall(at.rstrip("`")) if a or b]
     # msgspec sees the body as the handler's ``data`` argument: "$.data.name" is body.name,
     # and a message about "$" itself (no path) concerns the body as a whole.

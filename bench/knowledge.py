@@ -25,7 +25,6 @@ import os
 import random
 import statistics
 import sys
-import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -38,14 +37,9 @@ import psycopg  # noqa: E402
 from sqlalchemy import make_url  # noqa: E402
 from sqlalchemy.dialects import postgresql  # noqa: E402
 
-from bench.batch import FALLBACK_REDIS_URL, ok, owner_and_org  # noqa: E402
+from bench.batch import ok  # noqa: E402
+from bench.stack import spar_stack  # noqa: E402
 from shared.knowledge.services import ranked_chunks  # noqa: E402
-from tests.support.processes import (  # noqa: E402
-    free_port,
-    private_redis,
-    spar_process,
-    throwaway_database,
-)
 
 DEFAULT_DATABASE_URL = (
     f"postgresql+psycopg://postgres@127.0.0.1:5432/spar_bench_knowledge_{os.getpid()}"
@@ -149,55 +143,29 @@ def main() -> None:
     queries = [" ".join(rng.sample(words, rng.choice((2, 3)))) for _ in range(args.queries)]
     database_url = os.environ.get("SPAR_BENCH_DATABASE_URL", DEFAULT_DATABASE_URL)
     dsn = make_url(database_url).set(drivername="postgresql").render_as_string(False)
-    port = free_port()
-    base = f"http://127.0.0.1:{port}"
-    with (
-        throwaway_database(database_url),
-        private_redis(FALLBACK_REDIS_URL) as redis_url,
-        tempfile.TemporaryDirectory(prefix="spar-bench-knowledge-") as logs,
-    ):
-        env = {
-            "SPAR_DATABASE_URL": database_url,
-            "SPAR_REDIS_URL": redis_url,
-            "SPAR_SECRET_KEY": "bench-secret-key-not-for-production",
-            "SPAR_LOG_LEVEL": "WARNING",
-        }
-        with (
-            spar_process(
-                ["serve", "--host", "127.0.0.1", "--port", str(port)],
-                env,
-                cwd=Path(logs),
-                health_url=f"{base}/health/live",
-            ),
-            spar_process(
-                ["worker", "--processes", "1", "--threads", "8", "--queues", "documents"],
-                env,
-                cwd=Path(logs),
-            ),
-            httpx.Client(base_url=base, timeout=30) as http,
-        ):
-            token, org = owner_and_org(http)
-            headers = {"Authorization": f"Bearer {token}"}
-            cid = ok(
-                http.post(
-                    f"/v1/orgs/{org}/knowledge/collections", json={"name": "bench"}, headers=headers
-                )
-            )["id"]
-            size = sum(len(t.encode()) for t in texts) / len(texts)
-            print(
-                f"knowledge benchmark: {args.documents} documents of {size / 1024:.1f} KB, "
-                f"{SECTIONS} chunks each; 1 spar serve, 1 spar worker (8 threads); "
-                f"{os.cpu_count()} CPUs"
+    worker = ["--processes", "1", "--threads", "8", "--queues", "documents"]
+    with spar_stack(database_url, worker_args=worker) as spar:
+        base, org, headers = spar.base, spar.org_id, spar.headers
+        cid = ok(
+            spar.http.post(
+                f"/v1/orgs/{org}/knowledge/collections", json={"name": "bench"}, headers=headers
             )
-            for stage in (texts[: args.first], texts[args.first :]):
-                seconds = asyncio.run(ingest(base, headers, org, cid, stage, dsn))
-                with psycopg.connect(dsn) as conn:
-                    chunks = conn.execute("SELECT count(*) FROM knowledge_chunks").fetchone()
-                print(
-                    f"ingested {len(stage)} documents in {seconds:.1f} s: "
-                    f"{len(stage) / seconds:.0f} documents/s; {chunks[0] if chunks else 0} chunks"
-                )
-                search_pass(base, headers, org, queries, dsn)
+        )["id"]
+        size = sum(len(t.encode()) for t in texts) / len(texts)
+        print(
+            f"knowledge benchmark: {args.documents} documents of {size / 1024:.1f} KB, "
+            f"{SECTIONS} chunks each; 1 spar serve, 1 spar worker (8 threads); "
+            f"{os.cpu_count()} CPUs"
+        )
+        for stage in (texts[: args.first], texts[args.first :]):
+            seconds = asyncio.run(ingest(base, headers, org, cid, stage, dsn))
+            with psycopg.connect(dsn) as conn:
+                chunks = conn.execute("SELECT count(*) FROM knowledge_chunks").fetchone()
+            print(
+                f"ingested {len(stage)} documents in {seconds:.1f} s: "
+                f"{len(stage) / seconds:.0f} documents/s; {chunks[0] if chunks else 0} chunks"
+            )
+            search_pass(base, headers, org, queries, dsn)
 
 
 if __name__ == "__main__":

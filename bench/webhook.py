@@ -26,7 +26,6 @@ import json
 import os
 import statistics
 import sys
-import tempfile
 import time
 import uuid
 from datetime import UTC, datetime
@@ -38,13 +37,8 @@ sys.path.insert(0, str(ROOT))
 import httpx  # noqa: E402
 from standardwebhooks import Webhook  # noqa: E402
 
-from bench.batch import FALLBACK_REDIS_URL, ok, owner_and_org  # noqa: E402
-from tests.support.processes import (  # noqa: E402
-    free_port,
-    private_redis,
-    spar_process,
-    throwaway_database,
-)
+from bench.batch import ok  # noqa: E402
+from bench.stack import spar_stack  # noqa: E402
 
 DEFAULT_DATABASE_URL = (
     f"postgresql+psycopg://postgres@127.0.0.1:5432/spar_bench_webhook_{os.getpid()}"
@@ -127,69 +121,45 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=20)
     args = parser.parse_args()
     database_url = os.environ.get("SPAR_BENCH_DATABASE_URL", DEFAULT_DATABASE_URL)
-    port = free_port()
-    base = f"http://127.0.0.1:{port}"
-    with (
-        throwaway_database(database_url),
-        private_redis(FALLBACK_REDIS_URL) as redis_url,
-        tempfile.TemporaryDirectory(prefix="spar-bench-webhook-") as logs,
-    ):
-        env = {
-            "SPAR_DATABASE_URL": database_url,
-            "SPAR_REDIS_URL": redis_url,
-            "SPAR_SECRET_KEY": "bench-secret-key-not-for-production",
-            "SPAR_PUBLIC_BASE_URL": base,
-            "SPAR_LOG_LEVEL": "WARNING",
-        }
-        with (
-            spar_process(
-                ["serve", "--host", "127.0.0.1", "--port", str(port)],
-                env,
-                cwd=Path(logs),
-                health_url=f"{base}/health/live",
-            ),
-            httpx.Client(base_url=base, timeout=30) as http,
-        ):
-            token, org_id = owner_and_org(http)
-            h = {"Authorization": f"Bearer {token}"}
-            agent = ok(
-                http.post(
-                    f"/v1/orgs/{org_id}/agents",
-                    json={"name": "a", "kind": "http", "endpoint_url": "http://127.0.0.1:9/"},
-                    headers=h,
-                )
+    with spar_stack(database_url) as spar:
+        http, org_id, h = spar.http, spar.org_id, spar.headers
+        agent = ok(
+            http.post(
+                f"/v1/orgs/{org_id}/agents",
+                json={"name": "a", "kind": "http", "endpoint_url": "http://127.0.0.1:9/"},
+                headers=h,
             )
-            trigger = ok(
-                http.post(
-                    f"/v1/orgs/{org_id}/triggers/",
-                    json={
-                        "name": "deploys",
-                        "trigger_type": "webhook",
-                        "agent_id": agent["id"],
-                        "message": "Deployed {{ payload.version }}",
-                    },
-                    headers=h,
-                )
+        )
+        trigger = ok(
+            http.post(
+                f"/v1/orgs/{org_id}/triggers/",
+                json={
+                    "name": "deploys",
+                    "trigger_type": "webhook",
+                    "agent_id": agent["id"],
+                    "message": "Deployed {{ payload.version }}",
+                },
+                headers=h,
             )
-            path = trigger["webhook_url"].removeprefix(base)
-            warm = signed_deliveries(trigger["webhook_secret"], 50)
-            for body, headers in warm:
-                http.post(path, content=body, headers=headers)
-            print(f"webhook benchmark: spar serve (1 process), {os.cpu_count()} CPUs")
-            one_at_a_time(
-                http,
+        )
+        path = trigger["webhook_url"].removeprefix(spar.base)
+        for body, headers in signed_deliveries(trigger["webhook_secret"], 50):  # warm-up
+            http.post(path, content=body, headers=headers)
+        print(f"webhook benchmark: spar serve (1 process), {os.cpu_count()} CPUs")
+        one_at_a_time(
+            http,
+            path,
+            signed_deliveries(trigger["webhook_secret"], args.sequential),
+            "/health/live",
+        )
+        asyncio.run(
+            concurrently(
+                spar.base,
                 path,
-                signed_deliveries(trigger["webhook_secret"], args.sequential),
-                "/health/live",
+                signed_deliveries(trigger["webhook_secret"], args.concurrent),
+                args.concurrency,
             )
-            asyncio.run(
-                concurrently(
-                    base,
-                    path,
-                    signed_deliveries(trigger["webhook_secret"], args.concurrent),
-                    args.concurrency,
-                )
-            )
+        )
 
 
 if __name__ == "__main__":

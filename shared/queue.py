@@ -36,6 +36,7 @@ RUN_SCENARIO = ("runs", "run_scenario")
 DISPATCH_BATCH = ("batches", "dispatch_batch")
 RUN_TRIGGER = ("triggers", "run_trigger_execution")
 PROCESS_DOCUMENT = ("documents", "process_document")
+CALIBRATE = ("calibration", "calibrate")
 
 
 class _AsyncIO(AsyncIO):

@@ -22,7 +22,11 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     egress_allow_private: bool = False
     allow_registration: bool = True
     user_token_ttl_s: int = 7 * 24 * 3600
+    # Calibration: how long the endpoint waits for the verdicts before answering 202, the
+    # most examples in one calibration, and how many the actor judges at once.
     calibration_wait_s: float = 30.0
+    calibration_max_examples: int = 1000
+    calibration_concurrency: int = 8
     egress_timeout_s: float = 60.0
     sweep_interval_s: float = 15.0
     run_stall_s: float = 300.0
@@ -105,6 +109,8 @@ _VARIABLES = {
     "SPAR_ALLOW_REGISTRATION": ("allow_registration", _bool),
     "SPAR_USER_TOKEN_TTL_S": ("user_token_ttl_s", _positive_int),
     "SPAR_CALIBRATION_WAIT_S": ("calibration_wait_s", _positive_float),
+    "SPAR_CALIBRATION_MAX_EXAMPLES": ("calibration_max_examples", _positive_int),
+    "SPAR_CALIBRATION_CONCURRENCY": ("calibration_concurrency", _positive_int),
     "SPAR_EGRESS_TIMEOUT_S": ("egress_timeout_s", _positive_float),
     "SPAR_SWEEP_INTERVAL_S": ("sweep_interval_s", _positive_float),
     "SPAR_RUN_STALL_S": ("run_stall_s", _positive_float),

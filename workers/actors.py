@@ -1,7 +1,14 @@
 """Every actor, for ``spar worker`` (``dramatiq workers.actors``)."""
 
+from workers.calibration import calibrate
 from workers.documents import process_document
 from workers.runs import dispatch_batch, run_scenario
 from workers.triggers import run_trigger_execution
 
-__all__ = ["dispatch_batch", "process_document", "run_scenario", "run_trigger_execution"]
+__all__ = [
+    "calibrate",
+    "dispatch_batch",
+    "process_document",
+    "run_scenario",
+    "run_trigger_execution",
+]

@@ -25,12 +25,13 @@ from datetime import timedelta
 from typing import Any
 from uuid import UUID
 
-from sqlalchemy import delete, exists, insert, select, update
+from sqlalchemy import and_, delete, exists, insert, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from shared.db.base import utcnow
 from shared.db.models import KnowledgeChunk, KnowledgeDocument
+from shared.db.queries import touch_stalled
 from shared.knowledge.chunking import MAX_LISTED_HEADINGS, Parsed, TooManyChunks, parse
 from shared.knowledge.schemas import ProcessingStatus
 from shared.knowledge.services import search_config
@@ -231,23 +232,13 @@ async def _make_ready(
 
 async def take_stalled(session: AsyncSession, *, stall_s: float, limit: int) -> list[UUID]:
     """Documents ``queued`` or ``processing`` without a change for ``stall_s`` (a lost
-    message, a killed worker), to send again; touched, so the next pass waits as long."""
+    message, a killed worker), to send again."""
     now = utcnow()
-    stalled = (
-        select(_docs.id)
-        .where(
-            _docs.processing_status.in_((ProcessingStatus.QUEUED, ProcessingStatus.PROCESSING)),
-            _docs.updated_at < now - timedelta(seconds=stall_s),
-        )
-        .order_by(_docs.updated_at)
-        .limit(limit)
-        .with_for_update(skip_locked=True)
-        .scalar_subquery()
+    stalled = and_(
+        _docs.processing_status.in_((ProcessingStatus.QUEUED, ProcessingStatus.PROCESSING)),
+        _docs.updated_at < now - timedelta(seconds=stall_s),
     )
-    taken = await session.scalars(
-        update(_docs).where(_docs.id.in_(stalled)).values(updated_at=now).returning(_docs.id)
-    )
-    return list(taken)
+    return await touch_stalled(session, _docs, stalled, now=now, limit=limit)
 
 
 async def _fail(factory: async_sessionmaker[AsyncSession], document_id: UUID, reason: str) -> None:

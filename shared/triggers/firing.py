@@ -20,12 +20,13 @@ from datetime import datetime, timedelta
 from typing import Any
 from uuid import UUID
 
-from sqlalchemy import and_, func, or_, select, update
+from sqlalchemy import and_, func, or_, select
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from shared.db.base import utcnow
 from shared.db.models import Trigger, TriggerExecution
+from shared.db.queries import touch_stalled
 from shared.queue import RUN_TRIGGER, send_after_commit
 from shared.triggers.schedule import Schedule
 from shared.triggers.schemas import ExecutionSource, ExecutionStatus, TriggerStatus
@@ -162,32 +163,16 @@ def _execution(
 
 async def take_stalled(session: AsyncSession, *, stall_s: float, limit: int) -> list[UUID]:
     """Executions to send again: ``queued`` for a minute (a lost message), ``running`` with
-    no progress for ``stall_s`` (a killed worker).  Their ``updated_at`` moves, so the next
-    pass leaves them for another while."""
+    no progress for ``stall_s`` (a killed worker)."""
     now = utcnow()
-    stalled = (
-        select(TriggerExecution.id)
-        .where(
-            or_(
-                and_(
-                    TriggerExecution.status == ExecutionStatus.QUEUED,
-                    TriggerExecution.updated_at < now - QUEUED_STALL,
-                ),
-                and_(
-                    TriggerExecution.status == ExecutionStatus.RUNNING,
-                    TriggerExecution.updated_at < now - timedelta(seconds=stall_s),
-                ),
-            )
-        )
-        .order_by(TriggerExecution.updated_at)
-        .limit(limit)
-        .with_for_update(skip_locked=True)
-        .scalar_subquery()
+    stalled = or_(
+        and_(
+            TriggerExecution.status == ExecutionStatus.QUEUED,
+            TriggerExecution.updated_at < now - QUEUED_STALL,
+        ),
+        and_(
+            TriggerExecution.status == ExecutionStatus.RUNNING,
+            TriggerExecution.updated_at < now - timedelta(seconds=stall_s),
+        ),
     )
-    taken = await session.scalars(
-        update(TriggerExecution)
-        .where(TriggerExecution.id.in_(stalled))
-        .values(updated_at=now)
-        .returning(TriggerExecution.id)
-    )
-    return list(taken)
+    return await touch_stalled(session, TriggerExecution, stalled, now=now, limit=limit)

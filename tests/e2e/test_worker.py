@@ -225,3 +225,30 @@ async def test_a_worker_killed_mid_run_is_resumed_by_the_next(
     assert [m["content"] for m in resumed["messages"] if m["role"] == "user"] == [
         f"message {n}" for n in range(4)
     ]
+
+
+async def test_calibrate_answers_200_with_the_metrics_a_worker_judged_while_it_waited(
+    client, worker_env, tmp_path: Path
+):
+    from tests.integration.test_calibration import EXAMPLES, verdict_from_marker
+
+    with (
+        FakeAgent() as agent,
+        FakeOpenAI(reply=verdict_from_marker) as judge,
+        spar_process(
+            ["worker", "--processes", "1", "--threads", "2", "--queues", "calibration"],
+            worker_env,
+            cwd=tmp_path,
+        ),
+    ):
+        t, agent_id, _ = await _setup(client, agent.url, judge.url)
+        response = await client.post(
+            f"/v1/orgs/{t.id}/scenarios/calibrate?agent_id={agent_id}",
+            json={"examples": EXAMPLES},
+            headers=t.owner.headers,
+        )
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert body["status"] == "completed"
+    assert (body["total"], body["agreements"], body["undecided"]) == (6, 3, 1)
+    assert len(body["results"]) == 6

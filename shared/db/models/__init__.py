@@ -2,6 +2,7 @@
 
 from shared.db.base import Base
 from shared.db.models.batches import BatchRun
+from shared.db.models.calibration import Calibration
 from shared.db.models.identity import (
     Membership,
     Organization,
@@ -32,6 +33,7 @@ __all__ = [
     "AllowedDomain",
     "Base",
     "BatchRun",
+    "Calibration",
     "Credential",
     "Criterion",
     "CriterionResult",

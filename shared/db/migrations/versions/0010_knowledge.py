@@ -176,6 +176,7 @@ def upgrade() -> None:
         ["search_vector"],
         unique=False,
         postgresql_using="gin",
+        postgresql_with={"fastupdate": "off"},
     )
     op.add_column(
         "turn_results",

@@ -1,0 +1,116 @@
+"""Request and response bodies of judge calibration (spec 16, DESIGN §5.6)."""
+
+from __future__ import annotations
+
+import enum
+from datetime import datetime
+from typing import Annotated, Literal
+from uuid import UUID
+
+import msgspec
+
+from shared.scenarios.schemas import LongText, Tag
+from shared.schemas import Input, Output, text
+
+Verdict = Literal["PASS", "FAIL"]
+
+
+class CalibrationStatus(enum.StrEnum):
+    QUEUED = "queued"
+    RUNNING = "running"
+    COMPLETED = "completed"
+    FAILED = "failed"
+
+
+class LabeledExample(Input):
+    id: Annotated[str, text(1, 255)]
+    user_message: LongText
+    agent_response: LongText
+    criterion_question: Annotated[str, text(1, 10_000)]
+    human_verdict: Verdict
+    human_critique: LongText = ""
+    tags: Annotated[list[Tag], msgspec.Meta(max_length=50)] = []
+
+
+class CalibrateBody(Input):
+    # At least 1; at most SPAR_CALIBRATION_MAX_EXAMPLES (checked by the service).
+    examples: Annotated[list[LabeledExample], msgspec.Meta(min_length=1)]
+
+
+class CalibrationResultItem(Output):
+    example_id: str
+    criterion: str
+    human_verdict: str
+    # None when the judge could not decide (counted apart as ``undecided``).
+    judge_verdict: str | None
+    agrees: bool
+    judge_critique: str
+
+
+class Interval(Output):
+    low: float
+    high: float
+
+
+class Agreement(Output):
+    """The spec's aggregate metrics, over the examples the judge decided."""
+
+    total: int
+    agreements: int
+    agreement_rate: float
+    true_positives: int
+    true_negatives: int
+    false_positives: int
+    false_negatives: int
+    tpr: float
+    tnr: float
+    kappa: float
+    undecided: int
+    agreement_rate_interval: Interval
+    tpr_interval: Interval
+    tnr_interval: Interval
+
+
+class CalibrationMetrics(Agreement):
+    results: list[CalibrationResultItem]
+    by_tag: dict[str, Agreement]
+
+
+class CalibrationRead(Output):
+    """A calibration: its metrics (spec 16's fields at the top level) once ``completed``."""
+
+    id: UUID
+    status: str
+    agent_id: UUID | None
+    example_count: int
+    created_at: datetime
+    completed_at: datetime | None
+    error: str | None = None
+    total: int | msgspec.UnsetType = msgspec.UNSET
+    agreements: int | msgspec.UnsetType = msgspec.UNSET
+    agreement_rate: float | msgspec.UnsetType = msgspec.UNSET
+    true_positives: int | msgspec.UnsetType = msgspec.UNSET
+    true_negatives: int | msgspec.UnsetType = msgspec.UNSET
+    false_positives: int | msgspec.UnsetType = msgspec.UNSET
+    false_negatives: int | msgspec.UnsetType = msgspec.UNSET
+    tpr: float | msgspec.UnsetType = msgspec.UNSET
+    tnr: float | msgspec.UnsetType = msgspec.UNSET
+    kappa: float | msgspec.UnsetType = msgspec.UNSET
+    undecided: int | msgspec.UnsetType = msgspec.UNSET
+    agreement_rate_interval: Interval | msgspec.UnsetType = msgspec.UNSET
+    tpr_interval: Interval | msgspec.UnsetType = msgspec.UNSET
+    tnr_interval: Interval | msgspec.UnsetType = msgspec.UNSET
+    results: list[CalibrationResultItem] | msgspec.UnsetType = msgspec.UNSET
+    by_tag: dict[str, Agreement] | msgspec.UnsetType = msgspec.UNSET
+
+
+class CalibrationPending(Output):
+    """The 202 answer: still judging; poll ``GET …/scenarios/calibrations/{id}``."""
+
+    id: UUID
+    status: str
+
+
+class CalibrationList(Output):
+    calibrations: list[CalibrationRead]
+    total: int

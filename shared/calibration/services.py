@@ -1,0 +1,315 @@
+"""Judge calibration (DESIGN §5.6): labelled examples judged by the agent's judge through
+the runs' own judge module (:mod:`shared.llm.judge`), and the agreement measured.
+
+The endpoint records the calibration, sends it to the ``calibration`` actor and waits up
+to ``SPAR_CALIBRATION_WAIT_S`` for it.  Recording commits on its own (``start``), ahead of
+the request's transaction: the actor must see the row while the request still waits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import Sequence
+from typing import Any
+from uuid import UUID
+
+import aiohttp
+import msgspec
+from sqlalchemy import select, update
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from shared.calibration import schemas
+from shared.calibration.schemas import CalibrationStatus
+from shared.calibration.stats import Confusion, wilson
+from shared.db.base import utcnow
+from shared.db.models import Calibration, Organization
+from shared.db.queries import one_in_org
+from shared.errors import Conflict, InvalidInput, NotFound
+from shared.identity.access import OrgAccess
+from shared.llm.judge import JudgeError, judge
+from shared.outbound.egress import EgressClient, EgressError
+from shared.outbound.services import agent_in_org, default_judge_provider_id, load_outbound
+from shared.paging import Paging, paginate
+from shared.queue import CALIBRATE, send_after_commit
+from shared.runtime import provide_session
+from shared.settings import Settings
+
+WAIT_POLL_S = 0.1
+MAX_ATTEMPTS = 5
+
+
+# --- starting and reading ---------------------------------------------------------------------
+
+
+async def start(
+    factory: async_sessionmaker[AsyncSession],
+    *,
+    settings: Settings,
+    access: OrgAccess,
+    agent_id: UUID,
+    body: schemas.CalibrateBody,
+    broker: Any,
+) -> UUID:
+    """Record the calibration ``queued`` and send it to the actor, committed."""
+    if len(body.examples) > settings.calibration_max_examples:
+        raise InvalidInput(
+            ("body", "examples"),
+            f"at most {settings.calibration_max_examples} examples per calibration",
+            type="too_long",
+            ctx={"max_length": settings.calibration_max_examples},
+        )
+    seen: set[str] = set()
+    for index, example in enumerate(body.examples):
+        if example.id in seen:
+            raise InvalidInput(
+                ("body", "examples", str(index), "id"),
+                f"example id {example.id!r} is used twice",
+                input=example.id,
+            )
+        seen.add(example.id)
+    async with provide_session(factory) as session:
+        agent = await agent_in_org(session, access.organization_id, agent_id)
+        if agent.judge_provider_id is None and (
+            await default_judge_provider_id(session, access.organization_id) is None
+        ):
+            raise Conflict(
+                "the agent has no judge: set its judge_provider_id or an LLM provider with "
+                "is_default_judge"
+            )
+        calibration = Calibration(
+            id=uuid.uuid4(),
+            organization_id=access.organization_id,
+            agent_id=agent.id,
+            status=CalibrationStatus.QUEUED,
+            examples=[msgspec.to_builtins(e) for e in body.examples],
+            example_count=len(body.examples),
+            attempts=0,
+            created_by_user_id=access.principal.user_id,
+        )
+        session.add(calibration)
+        await session.flush()
+        send_after_commit(session, broker, CALIBRATE, str(calibration.id))
+    return calibration.id
+
+
+async def wait(
+    factory: async_sessionmaker[AsyncSession], calibration_id: UUID, *, seconds: float
+) -> Calibration | None:
+    """The calibration once it is over (``completed`` or ``failed``), or ``None`` if it
+    is still judging after ``seconds``."""
+    deadline = time.monotonic() + seconds
+    while True:
+        async with provide_session(factory) as session:
+            calibration = await session.get(Calibration, calibration_id)
+        if calibration is not None and calibration.status in (
+            CalibrationStatus.COMPLETED,
+            CalibrationStatus.FAILED,
+        ):
+            return calibration
+        if time.monotonic() >= deadline:
+            return None
+        await asyncio.sleep(WAIT_POLL_S)
+
+
+async def get_calibration(
+    session: AsyncSession, *, access: OrgAccess, calibration_id: UUID
+) -> Calibration:
+    return await one_in_org(
+        session, Calibration, access.organization_id, calibration_id, "calibration"
+    )
+
+
+async def list_calibrations(
+    session: AsyncSession, *, access: OrgAccess, paging: Paging
+) -> tuple[list[Calibration], int]:
+    query = select(Calibration).where(Calibration.organization_id == access.organization_id)
+    return await paginate(session, query, paging, Calibration.created_at.desc(), Calibration.id)
+
+
+def calibration_read(
+    calibration: Calibration, *, with_results: bool = True
+) -> schemas.CalibrationRead:
+    fields: dict[str, Any] = {
+        "id": calibration.id,
+        "status": calibration.status,
+        "agent_id": calibration.agent_id,
+        "example_count": calibration.example_count,
+        "created_at": calibration.created_at,
+        "completed_at": calibration.completed_at,
+        "error": calibration.error,
+    }
+    if calibration.metrics is not None:
+        metrics = dict(calibration.metrics)
+        if not with_results:
+            metrics.pop("results", None)
+            metrics.pop("by_tag", None)
+        fields |= metrics
+    return msgspec.convert(fields, schemas.CalibrationRead)
+
+
+# --- judging (the calibration actor) ----------------------------------------------------------
+
+
+def _agreement(decided: Sequence[tuple[str, str]], undecided: int) -> schemas.Agreement:
+    confusion = Confusion.of(decided)
+
+    def interval(successes: int, trials: int) -> schemas.Interval:
+        low, high = wilson(successes, trials)
+        return schemas.Interval(low=round(low, 6), high=round(high, 6))
+
+    return schemas.Agreement(
+        total=confusion.total + undecided,
+        agreements=confusion.agreements,
+        agreement_rate=confusion.agreement_rate,
+        true_positives=confusion.true_positives,
+        true_negatives=confusion.true_negatives,
+        false_positives=confusion.false_positives,
+        false_negatives=confusion.false_negatives,
+        tpr=confusion.tpr,
+        tnr=confusion.tnr,
+        kappa=confusion.kappa,
+        undecided=undecided,
+        agreement_rate_interval=interval(confusion.agreements, confusion.total),
+        tpr_interval=interval(confusion.true_positives, confusion.positives),
+        tnr_interval=interval(confusion.true_negatives, confusion.negatives),
+    )
+
+
+def measure(
+    examples: Sequence[schemas.LabeledExample], verdicts: Sequence[tuple[str | None, str]]
+) -> schemas.CalibrationMetrics:
+    """The metrics of examples and the judge's (verdict, critique) on each (verdict
+    ``None``: undecided, counted apart, never as agreement)."""
+    results = [
+        schemas.CalibrationResultItem(
+            example_id=example.id,
+            criterion=example.criterion_question,
+            human_verdict=example.human_verdict,
+            judge_verdict=verdict,
+            agrees=verdict == example.human_verdict,
+            judge_critique=critique,
+        )
+        for example, (verdict, critique) in zip(examples, verdicts, strict=True)
+    ]
+
+    def of(items: Sequence[schemas.CalibrationResultItem]) -> schemas.Agreement:
+        decided = [(r.human_verdict, r.judge_verdict) for r in items if r.judge_verdict]
+        return _agreement(decided, sum(1 for r in items if r.judge_verdict is None))
+
+    tags = sorted({tag for example in examples for tag in example.tags})
+    by_tag = {
+        tag: of([r for r, e in zip(results, examples, strict=True) if tag in e.tags])
+        for tag in tags
+    }
+    overall = of(results)
+    return schemas.CalibrationMetrics(
+        **msgspec.structs.asdict(overall), results=results, by_tag=by_tag
+    )
+
+
+async def _claim(
+    factory: async_sessionmaker[AsyncSession], calibration_id: UUID
+) -> tuple[Calibration, str, int] | None:
+    async with provide_session(factory) as session:
+        claimed = await session.scalar(
+            update(Calibration)
+            .where(
+                Calibration.id == calibration_id,
+                Calibration.status.in_((CalibrationStatus.QUEUED, CalibrationStatus.RUNNING)),
+            )
+            .values(
+                status=CalibrationStatus.RUNNING,
+                attempts=Calibration.attempts + 1,
+                updated_at=utcnow(),
+            )
+            .returning(Calibration)
+        )
+        if claimed is None:
+            return None
+        row = (
+            await session.execute(
+                select(Organization.business_information, Organization.outbound_version).where(
+                    Organization.id == claimed.organization_id
+                )
+            )
+        ).one()
+        return claimed, row.business_information or "", row.outbound_version
+
+
+async def _end(
+    factory: async_sessionmaker[AsyncSession], calibration_id: UUID, **fields: Any
+) -> None:
+    async with provide_session(factory) as session:
+        now = utcnow()
+        await session.execute(
+            update(Calibration)
+            .where(
+                Calibration.id == calibration_id, Calibration.status == CalibrationStatus.RUNNING
+            )
+            .values(completed_at=now, updated_at=now, **fields)
+        )
+
+
+async def judge_examples(
+    factory: async_sessionmaker[AsyncSession],
+    settings: Settings,
+    calibration_id: UUID,
+    *,
+    http: aiohttp.ClientSession | None = None,
+) -> None:
+    """Judge every example (at most ``SPAR_CALIBRATION_CONCURRENCY`` at once) with the
+    agent's judge and store the metrics.  Idempotent: an ended calibration is left alone,
+    and a redelivered one is judged again from the start."""
+    claimed = await _claim(factory, calibration_id)
+    if claimed is None:
+        return
+    calibration, business_information, version = claimed
+    if calibration.attempts > MAX_ATTEMPTS or calibration.agent_id is None:
+        reason = "the agent was deleted" if calibration.agent_id is None else "too many attempts"
+        await _end(factory, calibration_id, status=CalibrationStatus.FAILED, error=reason)
+        return
+    try:
+        outbound = await load_outbound(
+            factory, settings, calibration.organization_id, calibration.agent_id, version
+        )
+    except NotFound as exc:
+        await _end(factory, calibration_id, status=CalibrationStatus.FAILED, error=exc.detail)
+        return
+    if outbound.judge is None:
+        await _end(
+            factory, calibration_id, status=CalibrationStatus.FAILED, error="the agent has no judge"
+        )
+        return
+    examples = msgspec.convert(calibration.examples, list[schemas.LabeledExample])
+    egress = EgressClient(outbound.policy, http=http, timeout_s=settings.egress_timeout_s)
+    gate = asyncio.Semaphore(settings.calibration_concurrency)
+
+    async def one(example: schemas.LabeledExample) -> tuple[str | None, str]:
+        async with gate:
+            try:
+                result = await judge(
+                    egress,
+                    outbound.judge,  # type: ignore[arg-type]
+                    question=example.criterion_question,
+                    conversation=[
+                        {"role": "user", "content": example.user_message},
+                        {"role": "assistant", "content": example.agent_response},
+                    ],
+                    few_shot_examples=[],
+                    business_information=business_information,
+                    model=outbound.agent.judge_model,
+                )
+            except (JudgeError, EgressError) as exc:
+                return None, f"undecided: {exc}"[:2000]
+            return result.verdict, result.critique
+
+    verdicts = await asyncio.gather(*(one(example) for example in examples))
+    metrics = measure(examples, verdicts)
+    await _end(
+        factory,
+        calibration_id,
+        status=CalibrationStatus.COMPLETED,
+        metrics=msgspec.to_builtins(metrics),
+    )

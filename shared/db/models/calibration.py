@@ -1,0 +1,34 @@
+"""Judge calibrations (DESIGN §5.6): labelled examples judged as the runs' judge would, and
+how far the judge agreed with the humans."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import ForeignKey, Index, Integer, String, Text
+from sqlalchemy.orm import Mapped, mapped_column
+
+from shared.db.base import Base, IdMixin, JSONType, TimestampMixin
+
+
+class Calibration(IdMixin, TimestampMixin, Base):
+    __tablename__ = "calibrations"
+    __table_args__ = (Index("ix_calibrations_org_created", "organization_id", "created_at"),)
+
+    organization_id: Mapped[uuid.UUID] = mapped_column(
+        ForeignKey("organizations.id", ondelete="CASCADE")
+    )
+    agent_id: Mapped[uuid.UUID | None] = mapped_column(ForeignKey("agents.id", ondelete="SET NULL"))
+    status: Mapped[str] = mapped_column(String(16), default="queued")
+    examples: Mapped[list[dict[str, Any]]] = mapped_column(JSONType)
+    example_count: Mapped[int] = mapped_column(Integer)
+    # The metrics and per-example results, once every example is judged.
+    metrics: Mapped[dict[str, Any] | None] = mapped_column(JSONType)
+    error: Mapped[str | None] = mapped_column(Text)
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    completed_at: Mapped[datetime | None]
+    created_by_user_id: Mapped[uuid.UUID | None] = mapped_column(
+        ForeignKey("users.id", ondelete="SET NULL")
+    )

@@ -1,0 +1,215 @@
+"""Judge calibration over REST (spec 16, DESIGN §5.6): validation, the record, the 202
+answer while judging, and the metrics the ``calibration`` actor stores, judged by a
+loopback :class:`FakeOpenAI` through the runs' own judge module.  The 200 answer, with a
+real worker judging while the request waits, is in ``tests/e2e/test_worker.py``."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+from uuid import UUID
+
+import msgspec
+import pytest
+from litestar import Litestar
+from litestar.testing import AsyncTestClient
+
+from api.app import create_app
+from shared.calibration.services import judge_examples
+from shared.db.direct import close_direct_pool
+from shared.settings import Settings
+from tests.support.factories import Tenant, single_validation_entry, tenant
+from tests.support.fakes import FakeAgent, FakeOpenAI
+from tests.support.scenario_setup import outbound_setup
+
+
+def verdict_from_marker(body: dict[str, Any]) -> str:
+    """The fake judge's answer: the verdict the question asks for ([judge:PASS] or
+    [judge:FAIL]); garbage for [judge:garbage] (the judge module retries, then gives up)."""
+    prompt = "\n".join(str(m.get("content", "")) for m in body["messages"])
+    if "[judge:garbage]" in prompt:
+        return "I refuse to answer in JSON."
+    verdict = "PASS" if "[judge:PASS]" in prompt else "FAIL"
+    return json.dumps({"verdict": verdict, "critique": f"judged {verdict}", "evidence": "-"})
+
+
+@pytest.fixture
+def judge() -> Iterator[FakeOpenAI]:
+    with FakeOpenAI(reply=verdict_from_marker) as fake:
+        yield fake
+
+
+@pytest.fixture
+def agent() -> Iterator[FakeAgent]:
+    with FakeAgent() as fake:
+        yield fake
+
+
+@pytest.fixture
+async def impatient(settings: Settings, app: Litestar) -> AsyncIterator[AsyncTestClient]:
+    """A client of an app that waits only 0.2 s for a calibration: no worker runs here."""
+    quick = create_app(msgspec.structs.replace(settings, calibration_wait_s=0.2))
+    async with AsyncTestClient(app=quick, base_url="http://testserver.local") as client:
+        yield client
+        await close_direct_pool(quick.state.engine)
+
+
+def example(n: int, human: str, judged: str, *tags: str) -> dict[str, Any]:
+    return {
+        "id": f"ex-{n}",
+        "user_message": f"question {n}",
+        "agent_response": f"answer {n}",
+        "criterion_question": f"Is answer {n} correct? [judge:{judged}]",
+        "human_verdict": human,
+        "human_critique": "",
+        "tags": list(tags),
+    }
+
+
+EXAMPLES = [
+    example(1, "PASS", "PASS", "billing"),
+    example(2, "PASS", "PASS", "billing"),
+    example(3, "PASS", "FAIL", "refunds"),  # false negative
+    example(4, "FAIL", "FAIL", "refunds"),
+    example(5, "FAIL", "PASS", "billing"),  # false positive
+    example(6, "FAIL", "garbage"),  # undecided
+]
+
+
+def calibrate_path(t: Tenant, agent_id: str | None) -> str:
+    query = f"?agent_id={agent_id}" if agent_id else ""
+    return f"/v1/orgs/{t.id}/scenarios/calibrate{query}"
+
+
+async def test_a_calibration_is_recorded_judged_and_measured(
+    client: AsyncTestClient,
+    impatient: AsyncTestClient,
+    app: Litestar,
+    settings: Settings,
+    agent: FakeAgent,
+    judge: FakeOpenAI,
+) -> None:
+    t = await tenant(client)
+    setup = await outbound_setup(client, t, agent.url, judge.url)
+    response = await impatient.post(
+        calibrate_path(t, setup.agent_id), json={"examples": EXAMPLES}, headers=t.owner.headers
+    )
+    assert response.status_code == 202, response.text
+    pending = response.json()
+    assert set(pending) == {"id", "status"}
+    one = f"/v1/orgs/{t.id}/scenarios/calibrations/{pending['id']}"
+    before = (await client.get(one, headers=t.owner.headers)).json()
+    assert before["status"] == "queued" and "results" not in before
+
+    await judge_examples(app.state.session_factory, settings, UUID(pending["id"]))
+    body = (await client.get(one, headers=t.owner.headers)).json()
+    assert body["status"] == "completed", body
+    counts = {
+        k: body[k]
+        for k in (
+            "total",
+            "agreements",
+            "true_positives",
+            "true_negatives",
+            "false_positives",
+            "false_negatives",
+            "undecided",
+        )
+    }
+    assert counts == {
+        "total": 6,
+        "agreements": 3,
+        "true_positives": 2,
+        "true_negatives": 1,
+        "false_positives": 1,
+        "false_negatives": 1,
+        "undecided": 1,
+    }
+    assert body["agreement_rate"] == pytest.approx(3 / 5)  # of the 5 decided
+    assert body["tpr"] == pytest.approx(2 / 3) and body["tnr"] == pytest.approx(1 / 2)
+    assert body["kappa"] == pytest.approx((0.6 - 0.52) / 0.48)
+    low, high = body["agreement_rate_interval"]["low"], body["agreement_rate_interval"]["high"]
+    assert low < 0.6 < high
+    results = {r["example_id"]: r for r in body["results"]}
+    assert set(results) == {f"ex-{n}" for n in range(1, 7)}
+    assert results["ex-3"] == {
+        "example_id": "ex-3",
+        "criterion": EXAMPLES[2]["criterion_question"],
+        "human_verdict": "PASS",
+        "judge_verdict": "FAIL",
+        "agrees": False,
+        "judge_critique": "judged FAIL",
+    }
+    assert results["ex-6"]["judge_verdict"] is None and results["ex-6"]["agrees"] is False
+    assert results["ex-6"]["judge_critique"].startswith("undecided")
+    billing = body["by_tag"]["billing"]
+    assert (billing["total"], billing["true_positives"], billing["false_positives"]) == (3, 2, 1)
+    assert body["by_tag"]["refunds"]["agreements"] == 1
+
+    await judge_examples(app.state.session_factory, settings, UUID(pending["id"]))  # redelivered
+    again = (await client.get(one, headers=t.owner.headers)).json()
+    assert again == body
+    listed = (
+        await client.get(f"/v1/orgs/{t.id}/scenarios/calibrations", headers=t.owner.headers)
+    ).json()
+    assert listed["total"] == 1 and listed["calibrations"][0]["agreements"] == 3
+    assert "results" not in listed["calibrations"][0]
+
+
+async def test_bad_calibration_requests_answer_422_or_404(
+    client: AsyncTestClient, agent: FakeAgent, judge: FakeOpenAI
+) -> None:
+    t, other = await tenant(client), await tenant(client)
+    setup = await outbound_setup(client, t, agent.url, judge.url)
+    theirs = await outbound_setup(client, other, agent.url, judge.url)
+    h = t.owner.headers
+    missing = await client.post(calibrate_path(t, None), json={"examples": EXAMPLES}, headers=h)
+    assert single_validation_entry(missing)["loc"] == ["query", "agent_id"]
+    empty = await client.post(calibrate_path(t, setup.agent_id), json={"examples": []}, headers=h)
+    assert single_validation_entry(empty)["loc"] == ["body", "examples"]
+    twice = [EXAMPLES[0], {**EXAMPLES[1], "id": "ex-1"}]
+    dup = await client.post(calibrate_path(t, setup.agent_id), json={"examples": twice}, headers=h)
+    assert single_validation_entry(dup)["loc"] == ["body", "examples", "1", "id"]
+    many = [{**EXAMPLES[0], "id": f"e{i}"} for i in range(1001)]
+    over = await client.post(calibrate_path(t, setup.agent_id), json={"examples": many}, headers=h)
+    assert single_validation_entry(over)["loc"] == ["body", "examples"]
+    bad = [{**EXAMPLES[0], "human_verdict": "MAYBE"}]
+    verdict = await client.post(
+        calibrate_path(t, setup.agent_id), json={"examples": bad}, headers=h
+    )
+    assert single_validation_entry(verdict)["loc"] == ["body", "examples", "0", "human_verdict"]
+    foreign = await client.post(
+        calibrate_path(t, theirs.agent_id), json={"examples": EXAMPLES}, headers=h
+    )
+    assert foreign.status_code == 404
+    listed = await client.get(f"/v1/orgs/{t.id}/scenarios/calibrations", headers=h)
+    assert listed.json()["total"] == 0  # nothing recorded
+    viewer_t = await tenant(client, with_roles=("VIEWER",))
+    response = await client.post(
+        calibrate_path(viewer_t, setup.agent_id),
+        json={"examples": EXAMPLES},
+        headers=viewer_t.members["VIEWER"].headers,
+    )
+    assert response.status_code == 403
+
+
+async def test_an_agent_without_a_judge_answers_409_and_others_calibrations_404(
+    client: AsyncTestClient, impatient: AsyncTestClient, agent: FakeAgent, judge: FakeOpenAI
+) -> None:
+    t, other = await tenant(client), await tenant(client)
+    no_judge = await outbound_setup(client, t, agent.url)
+    response = await client.post(
+        calibrate_path(t, no_judge.agent_id), json={"examples": EXAMPLES}, headers=t.owner.headers
+    )
+    assert response.status_code == 409 and "judge" in response.json()["detail"]
+    theirs = await outbound_setup(client, other, agent.url, judge.url)
+    made = await impatient.post(
+        calibrate_path(other, theirs.agent_id),
+        json={"examples": EXAMPLES},
+        headers=other.owner.headers,
+    )
+    response = await client.get(
+        f"/v1/orgs/{t.id}/scenarios/calibrations/{made.json()['id']}", headers=t.owner.headers
+    )
+    assert response.status_code == 404
