@@ -123,6 +123,9 @@ class FailoverDrill:
             "SPAR_LOG_FORMAT": "text",
             "SPAR_LEADER_RETRY_S": str(LEADER_RETRY_S),
             "SPAR_TRIGGER_POLL_S": "5",
+            # Small pools: the drill runs beside the whole suite, within one PostgreSQL's
+            # max_connections (100 by default).
+            "SPAR_DB_POOL_SIZE": "2",
         }
         port = free_port()
         base = f"http://127.0.0.1:{port}"
