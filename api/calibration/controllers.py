@@ -34,6 +34,7 @@ class CalibrationController(Controller):
     )
     async def calibrate(
         self,
+        db_session: DbSession,
         state: State,
         settings: Config,
         access: Access,
@@ -59,7 +60,7 @@ class CalibrationController(Controller):
                 schemas.CalibrationPending(id=calibration_id, status="running"),
                 status_code=HTTP_202_ACCEPTED,
             )
-        return Response(services.calibration_read(done), status_code=HTTP_200_OK)
+        return Response(await services.calibration_read(db_session, done), status_code=HTTP_200_OK)
 
     @get(
         "/calibrations/{calibration_id:str}",
@@ -70,9 +71,10 @@ class CalibrationController(Controller):
         self, db_session: DbSession, access: Access, org_id: PathId, calibration_id: PathId
     ) -> schemas.CalibrationRead:
         """A calibration: its status, and its metrics and results once completed."""
-        return services.calibration_read(
-            await services.get_calibration(db_session, access=access, calibration_id=calibration_id)
+        calibration = await services.get_calibration(
+            db_session, access=access, calibration_id=calibration_id
         )
+        return await services.calibration_read(db_session, calibration)
 
     @get("/calibrations", operation_id="listCalibrations", access=requires("scenarios:read"))
     async def list_calibrations(
@@ -81,7 +83,9 @@ class CalibrationController(Controller):
         """The organization's calibrations, newest first, without per-example results."""
         rows, total = await services.list_calibrations(db_session, access=access, paging=paging)
         return schemas.CalibrationList(
-            calibrations=[services.calibration_read(c, with_results=False) for c in rows],
+            calibrations=[
+                await services.calibration_read(db_session, c, with_results=False) for c in rows
+            ],
             total=total,
         )
 

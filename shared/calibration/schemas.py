@@ -23,13 +23,31 @@ class CalibrationStatus(enum.StrEnum):
 
 
 class LabeledExample(Input):
+    """One labelled example.  Its criterion is a free ``criterion_question``, or a
+    scenario criterion named by ``criteria_id`` (its question and few-shot examples are
+    used, and the calibration is tied to that criterion's version)."""
+
     id: Annotated[str, text(1, 255)]
     user_message: LongText
     agent_response: LongText
-    criterion_question: Annotated[str, text(1, 10_000)]
     human_verdict: Verdict
+    criterion_question: Annotated[str, text(1, 10_000)] | None = None
+    criteria_id: UUID | None = None
     human_critique: LongText = ""
     tags: Annotated[list[Tag], msgspec.Meta(max_length=50)] = []
+
+
+class StoredExample(msgspec.Struct, frozen=True):
+    """An example as the calibration keeps it: its criterion resolved."""
+
+    id: str
+    user_message: str
+    agent_response: str
+    human_verdict: str
+    criterion_question: str
+    criteria_id: UUID | None = None
+    few_shot_examples: list[dict[str, str]] = []
+    tags: list[str] = []
 
 
 class CalibrateBody(Input):
@@ -76,6 +94,17 @@ class CalibrationMetrics(Agreement):
     by_tag: dict[str, Agreement]
 
 
+class CriterionCalibration(Output):
+    """A scenario criterion the calibration measured, and whether it still describes it:
+    ``stale`` once the criterion's question or few-shot examples, or the agent's judge,
+    changed since (``reason`` says which), or the criterion is gone."""
+
+    criteria_id: UUID
+    version: str
+    stale: bool
+    reason: str | None = None
+
+
 class CalibrationRead(Output):
     """A calibration: its metrics (spec 16's fields at the top level) once ``completed``."""
 
@@ -86,6 +115,7 @@ class CalibrationRead(Output):
     created_at: datetime
     completed_at: datetime | None
     error: str | None = None
+    criteria: list[CriterionCalibration] = []
     total: int | msgspec.UnsetType = msgspec.UNSET
     agreements: int | msgspec.UnsetType = msgspec.UNSET
     agreement_rate: float | msgspec.UnsetType = msgspec.UNSET

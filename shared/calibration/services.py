@@ -9,6 +9,7 @@ the request's transaction: the actor must see the row while the request still wa
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import time
 import uuid
 from collections.abc import Sequence
@@ -24,7 +25,7 @@ from shared.calibration import schemas
 from shared.calibration.schemas import CalibrationStatus
 from shared.calibration.stats import Confusion, wilson
 from shared.db.base import utcnow
-from shared.db.models import Calibration, Organization
+from shared.db.models import Agent, Calibration, Criterion, Organization, Scenario, ScenarioTurn
 from shared.db.queries import one_in_org
 from shared.errors import Conflict, InvalidInput, NotFound
 from shared.identity.access import OrgAccess
@@ -69,22 +70,42 @@ async def start(
                 input=example.id,
             )
         seen.add(example.id)
+        if (example.criterion_question is None) == (example.criteria_id is None):
+            raise InvalidInput(
+                ("body", "examples", str(index), "criterion_question"),
+                "give criterion_question or criteria_id, not both",
+                type="missing" if example.criterion_question is None else "value_error",
+            )
     async with provide_session(factory) as session:
         agent = await agent_in_org(session, access.organization_id, agent_id)
-        if agent.judge_provider_id is None and (
-            await default_judge_provider_id(session, access.organization_id) is None
-        ):
+        judge_id = agent.judge_provider_id or await default_judge_provider_id(
+            session, access.organization_id
+        )
+        if judge_id is None:
             raise Conflict(
                 "the agent has no judge: set its judge_provider_id or an LLM provider with "
                 "is_default_judge"
             )
+        criteria = await _criteria(
+            session,
+            access.organization_id,
+            {e.criteria_id for e in body.examples if e.criteria_id is not None},
+        )
+        missing = {e.criteria_id for e in body.examples if e.criteria_id} - criteria.keys()
+        if missing:
+            raise NotFound(f"criterion not found: {', '.join(sorted(map(str, missing)))}")
+        examples = [_stored(example, criteria) for example in body.examples]
         calibration = Calibration(
             id=uuid.uuid4(),
             organization_id=access.organization_id,
             agent_id=agent.id,
             status=CalibrationStatus.QUEUED,
-            examples=[msgspec.to_builtins(e) for e in body.examples],
-            example_count=len(body.examples),
+            examples=msgspec.to_builtins(examples),
+            example_count=len(examples),
+            criterion_versions={
+                str(c.id): criterion_version(c, judge_id, agent.judge_model)
+                for c in criteria.values()
+            },
             attempts=0,
             created_by_user_id=access.principal.user_id,
         )
@@ -92,6 +113,42 @@ async def start(
         await session.flush()
         send_after_commit(session, broker, CALIBRATE, str(calibration.id))
     return calibration.id
+
+
+async def _criteria(session: AsyncSession, org_id: UUID, ids: set[UUID]) -> dict[UUID, Criterion]:
+    """The organization's scenario criteria among ``ids``."""
+    if not ids:
+        return {}
+    rows = await session.scalars(
+        select(Criterion)
+        .join(ScenarioTurn, ScenarioTurn.id == Criterion.turn_id)
+        .join(Scenario, Scenario.id == ScenarioTurn.scenario_id)
+        .where(Criterion.id.in_(ids), Scenario.organization_id == org_id)
+    )
+    return {c.id: c for c in rows}
+
+
+def criterion_version(criterion: Criterion, judge_id: UUID | None, judge_model: str | None) -> str:
+    """What a calibration of ``criterion`` measured: a hash of its question, its few-shot
+    examples and the judge (provider and model) that judged it."""
+    identity = [criterion.question, criterion.few_shot_examples, str(judge_id), judge_model]
+    return hashlib.sha256(msgspec.json.encode(identity)).hexdigest()[:16]
+
+
+def _stored(
+    example: schemas.LabeledExample, criteria: dict[UUID, Criterion]
+) -> schemas.StoredExample:
+    criterion = criteria.get(example.criteria_id) if example.criteria_id else None
+    return schemas.StoredExample(
+        id=example.id,
+        user_message=example.user_message,
+        agent_response=example.agent_response,
+        human_verdict=example.human_verdict,
+        criterion_question=criterion.question if criterion else example.criterion_question or "",
+        criteria_id=example.criteria_id,
+        few_shot_examples=list(criterion.few_shot_examples) if criterion else [],
+        tags=list(example.tags),
+    )
 
 
 async def wait(
@@ -128,8 +185,40 @@ async def list_calibrations(
     return await paginate(session, query, paging, Calibration.created_at.desc(), Calibration.id)
 
 
-def calibration_read(
-    calibration: Calibration, *, with_results: bool = True
+async def criterion_status(
+    session: AsyncSession, calibration: Calibration
+) -> list[schemas.CriterionCalibration]:
+    """Each criterion the calibration measured, stale if it or the agent's judge changed."""
+    if not calibration.criterion_versions:
+        return []
+    ids = {UUID(i) for i in calibration.criterion_versions}
+    current = await _criteria(session, calibration.organization_id, ids)
+    agent = await session.get(Agent, calibration.agent_id) if calibration.agent_id else None
+    judge_id = None
+    if agent is not None:
+        judge_id = agent.judge_provider_id or await default_judge_provider_id(
+            session, calibration.organization_id
+        )
+    statuses = []
+    for raw_id, version in sorted(calibration.criterion_versions.items()):
+        criterion = current.get(UUID(raw_id))
+        reason = None
+        if criterion is None:
+            reason = "the criterion no longer exists (its scenario was edited or deleted)"
+        elif agent is None:
+            reason = "the agent was deleted"
+        elif criterion_version(criterion, judge_id, agent.judge_model) != version:
+            reason = "the criterion's question or few-shot examples, or the judge, changed"
+        statuses.append(
+            schemas.CriterionCalibration(
+                criteria_id=UUID(raw_id), version=version, stale=reason is not None, reason=reason
+            )
+        )
+    return statuses
+
+
+async def calibration_read(
+    session: AsyncSession, calibration: Calibration, *, with_results: bool = True
 ) -> schemas.CalibrationRead:
     fields: dict[str, Any] = {
         "id": calibration.id,
@@ -139,6 +228,7 @@ def calibration_read(
         "created_at": calibration.created_at,
         "completed_at": calibration.completed_at,
         "error": calibration.error,
+        "criteria": await criterion_status(session, calibration),
     }
     if calibration.metrics is not None:
         metrics = dict(calibration.metrics)
@@ -178,7 +268,7 @@ def _agreement(decided: Sequence[tuple[str, str]], undecided: int) -> schemas.Ag
 
 
 def measure(
-    examples: Sequence[schemas.LabeledExample], verdicts: Sequence[tuple[str | None, str]]
+    examples: Sequence[schemas.StoredExample], verdicts: Sequence[tuple[str | None, str]]
 ) -> schemas.CalibrationMetrics:
     """The metrics of examples and the judge's (verdict, critique) on each (verdict
     ``None``: undecided, counted apart, never as agreement)."""
@@ -282,11 +372,11 @@ async def judge_examples(
             factory, calibration_id, status=CalibrationStatus.FAILED, error="the agent has no judge"
         )
         return
-    examples = msgspec.convert(calibration.examples, list[schemas.LabeledExample])
+    examples = msgspec.convert(calibration.examples, list[schemas.StoredExample])
     egress = EgressClient(outbound.policy, http=http, timeout_s=settings.egress_timeout_s)
     gate = asyncio.Semaphore(settings.calibration_concurrency)
 
-    async def one(example: schemas.LabeledExample) -> tuple[str | None, str]:
+    async def one(example: schemas.StoredExample) -> tuple[str | None, str]:
         async with gate:
             try:
                 result = await judge(
@@ -297,7 +387,7 @@ async def judge_examples(
                         {"role": "user", "content": example.user_message},
                         {"role": "assistant", "content": example.agent_response},
                     ],
-                    few_shot_examples=[],
+                    few_shot_examples=list(example.few_shot_examples),
                     business_information=business_information,
                     model=outbound.agent.judge_model,
                 )

@@ -21,7 +21,7 @@ from shared.db.direct import close_direct_pool
 from shared.settings import Settings
 from tests.support.factories import Tenant, single_validation_entry, tenant
 from tests.support.fakes import FakeAgent, FakeOpenAI
-from tests.support.scenario_setup import outbound_setup
+from tests.support.scenario_setup import create_scenario, criterion, outbound_setup, turn
 
 
 def verdict_from_marker(body: dict[str, Any]) -> str:
@@ -211,5 +211,100 @@ async def test_an_agent_without_a_judge_answers_409_and_others_calibrations_404(
     )
     response = await client.get(
         f"/v1/orgs/{t.id}/scenarios/calibrations/{made.json()['id']}", headers=t.owner.headers
+    )
+    assert response.status_code == 404
+
+
+async def test_examples_naming_a_criterion_use_it_and_its_calibration_goes_stale(
+    client: AsyncTestClient,
+    impatient: AsyncTestClient,
+    app: Litestar,
+    settings: Settings,
+    agent: FakeAgent,
+    judge: FakeOpenAI,
+) -> None:
+    t, other = await tenant(client), await tenant(client)
+    setup = await outbound_setup(client, t, agent.url, judge.url)
+    question = "Is the answer polite? [judge:PASS]"
+    few_shot = [{"response": "Get lost.", "verdict": "FAIL", "critique": "rude"}]
+    turns = [turn("Hello", criterion(question, few_shot_examples=few_shot))]
+    scenario = await create_scenario(client, t, turns=turns)
+    criteria_id = scenario["turns"][0]["criteria"][0]["id"]
+    named = [
+        {
+            **{k: v for k, v in EXAMPLES[0].items() if k != "criterion_question"},
+            "criteria_id": criteria_id,
+        },
+        {
+            **{k: v for k, v in EXAMPLES[2].items() if k != "criterion_question"},
+            "criteria_id": criteria_id,
+        },
+        EXAMPLES[3],  # a free question beside them
+    ]
+    response = await impatient.post(
+        calibrate_path(t, setup.agent_id), json={"examples": named}, headers=t.owner.headers
+    )
+    assert response.status_code == 202, response.text
+    calibration_id = response.json()["id"]
+    await judge_examples(app.state.session_factory, settings, UUID(calibration_id))
+    one = f"/v1/orgs/{t.id}/scenarios/calibrations/{calibration_id}"
+    body = (await client.get(one, headers=t.owner.headers)).json()
+    # Judged with the criterion's own question (PASS marker) and its few-shot examples.
+    prompts = ["\n".join(str(m["content"]) for m in r.json["messages"]) for r in judge.requests]
+    assert sum("Get lost." in p for p in prompts) == 2
+    assert [r["judge_verdict"] for r in body["results"]] == ["PASS", "PASS", "FAIL"]
+    assert body["results"][0]["criterion"] == question
+    (entry,) = body["criteria"]
+    assert entry["criteria_id"] == criteria_id
+    assert (entry["stale"], entry["reason"]) == (False, None)
+
+    # Another judge model: stale; back to the same: fresh again.
+    agent_url = f"/v1/orgs/{t.id}/agents/{setup.agent_id}"
+    await client.patch(agent_url, json={"judge_model": "stricter-judge"}, headers=t.owner.headers)
+    stale = (await client.get(one, headers=t.owner.headers)).json()["criteria"][0]
+    assert stale["stale"] is True and "judge" in stale["reason"]
+    await client.patch(agent_url, json={"judge_model": None}, headers=t.owner.headers)
+    assert (await client.get(one, headers=t.owner.headers)).json()["criteria"][0]["stale"] is False
+    # The scenario's turns replaced: the criterion is gone.
+    replaced = await client.put(
+        f"/v1/orgs/{t.id}/scenarios/{scenario['id']}",
+        json={"turns": [turn("Hello", criterion("Is it kind?"))]},
+        headers=t.owner.headers,
+    )
+    assert replaced.status_code == 200, replaced.text
+    gone = (await client.get(one, headers=t.owner.headers)).json()["criteria"][0]
+    assert gone["stale"] is True and "no longer exists" in gone["reason"]
+
+    # Both or neither of criterion_question and criteria_id: 422; another tenant's: 404.
+    h = t.owner.headers
+    both = [{**EXAMPLES[0], "criteria_id": criteria_id}]
+    response = await client.post(
+        calibrate_path(t, setup.agent_id), json={"examples": both}, headers=h
+    )
+    assert single_validation_entry(response)["loc"] == [
+        "body",
+        "examples",
+        "0",
+        "criterion_question",
+    ]
+    neither = [{k: v for k, v in EXAMPLES[0].items() if k != "criterion_question"}]
+    response = await client.post(
+        calibrate_path(t, setup.agent_id), json={"examples": neither}, headers=h
+    )
+    assert single_validation_entry(response)["loc"] == [
+        "body",
+        "examples",
+        "0",
+        "criterion_question",
+    ]
+    theirs = await create_scenario(client, other)
+    foreign = [
+        {
+            **{k: v for k, v in EXAMPLES[0].items() if k != "criterion_question"},
+            "criteria_id": theirs["turns"][0]["criteria"][0]["id"],
+        }
+    ]
+    response = await client.post(
+        calibrate_path(t, setup.agent_id), json={"examples": foreign}, headers=h
     )
     assert response.status_code == 404

@@ -24,6 +24,8 @@ class Calibration(IdMixin, TimestampMixin, Base):
     status: Mapped[str] = mapped_column(String(16), default="queued")
     examples: Mapped[list[dict[str, Any]]] = mapped_column(JSONType)
     example_count: Mapped[int] = mapped_column(Integer)
+    # Scenario criteria the examples named: criteria_id -> version when calibrated.
+    criterion_versions: Mapped[dict[str, str]] = mapped_column(JSONType, default=dict)
     # The metrics and per-example results, once every example is judged.
     metrics: Mapped[dict[str, Any] | None] = mapped_column(JSONType)
     error: Mapped[str | None] = mapped_column(Text)

@@ -27,6 +27,7 @@ def upgrade() -> None:
         sa.Column("status", sa.String(length=16), nullable=False),
         sa.Column("examples", postgresql.JSONB(astext_type=sa.Text()), nullable=False),
         sa.Column("example_count", sa.Integer(), nullable=False),
+        sa.Column("criterion_versions", postgresql.JSONB(astext_type=sa.Text()), nullable=False),
         sa.Column("metrics", postgresql.JSONB(astext_type=sa.Text()), nullable=True),
         sa.Column("error", sa.Text(), nullable=True),
         sa.Column("attempts", sa.Integer(), nullable=False),
