@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from datetime import datetime
 from typing import Any, TypeVar
 from uuid import UUID
@@ -27,6 +28,24 @@ async def one_in_org(
     if row is None:
         raise NotFound(f"{what} not found")
     return row
+
+
+async def all_in_org(
+    session: AsyncSession, model: Any, org_id: UUID, ids: Iterable[UUID], what: str
+) -> None:
+    """404 naming every id of ``ids`` that is not a row of ``model`` in ``org_id``: another
+    organization's ids read exactly like missing ones."""
+    wanted = set(ids)
+    if not wanted:
+        return
+    found = set(
+        await session.scalars(
+            select(model.id).where(model.id.in_(wanted), model.organization_id == org_id)
+        )
+    )
+    missing = wanted - found
+    if missing:
+        raise NotFound(f"{what} not found: {', '.join(sorted(map(str, missing)))}")
 
 
 async def flush_unique(session: AsyncSession, message: str) -> None:

@@ -36,7 +36,7 @@ from shared.db.models import (
     KnowledgeCollection,
     KnowledgeDocument,
 )
-from shared.db.queries import flush_unique, one_in_org
+from shared.db.queries import all_in_org, flush_unique, one_in_org
 from shared.errors import InvalidInput, NotFound, TooLarge, UnsupportedMediaType
 from shared.identity.access import OrgAccess
 from shared.knowledge import schemas
@@ -254,17 +254,7 @@ async def put_bookmark(
     this organization: another's answers 404)."""
     document = await get_document(session, access=access, document_id=document_id)
     wanted = list(dict.fromkeys(body.agent_ids))
-    if wanted:
-        found = set(
-            await session.scalars(
-                select(Agent.id).where(
-                    Agent.organization_id == access.organization_id, Agent.id.in_(wanted)
-                )
-            )
-        )
-        missing = [str(a) for a in wanted if a not in found]
-        if missing:
-            raise NotFound(f"agent not found: {', '.join(missing)}")
+    await all_in_org(session, Agent, access.organization_id, wanted, "agent")
     document.bookmark_mode = body.bookmark_mode
     document.usage_description = body.usage_description
     await session.execute(
@@ -364,19 +354,13 @@ def hit(row: Any) -> schemas.SearchHit:
 async def search(
     session: AsyncSession, *, access: OrgAccess, body: schemas.SearchBody
 ) -> schemas.SearchResults:
-    if body.collection_ids:
-        wanted = set(body.collection_ids)
-        found = set(
-            await session.scalars(
-                select(KnowledgeCollection.id).where(
-                    KnowledgeCollection.organization_id == access.organization_id,
-                    KnowledgeCollection.id.in_(wanted),
-                )
-            )
-        )
-        missing = wanted - found
-        if missing:
-            raise NotFound(f"collection not found: {', '.join(sorted(map(str, missing)))}")
+    await all_in_org(
+        session,
+        KnowledgeCollection,
+        access.organization_id,
+        body.collection_ids or (),
+        "collection",
+    )
     configs = await search_configs(session, access.organization_id)
     rows = await session.execute(
         ranked_chunks(

@@ -27,7 +27,7 @@ from standardwebhooks import Webhook, WebhookVerificationError
 from shared.crypto import secret_box
 from shared.db.base import utcnow
 from shared.db.models import Scenario, Trigger, TriggerExecution
-from shared.db.queries import one_in_org
+from shared.db.queries import all_in_org, one_in_org
 from shared.errors import Conflict, InvalidInput, NotFound, Unauthorized
 from shared.identity.access import OrgAccess
 from shared.identity.services import check_timezone
@@ -130,7 +130,13 @@ async def _check(session: AsyncSession, trigger: Trigger) -> None:
                 "a batch_run trigger needs scenario_ids and/or tags",
                 type="missing",
             )
-        await _check_scenarios(session, trigger.organization_id, trigger.scenario_ids)
+        await all_in_org(
+            session,
+            Scenario,
+            trigger.organization_id,
+            (UUID(i) for i in trigger.scenario_ids),
+            "scenario",
+        )
     elif trigger.scenario_ids or trigger.tags:
         raise InvalidInput(
             ("body", "action"),
@@ -141,20 +147,6 @@ async def _check(session: AsyncSession, trigger: Trigger) -> None:
     problem = templates.problem(trigger.message, context)
     if problem is not None:
         raise InvalidInput(("body", "message"), problem, input=trigger.message)
-
-
-async def _check_scenarios(session: AsyncSession, org_id: UUID, ids: list[str]) -> None:
-    if not ids:
-        return
-    wanted = {UUID(i) for i in ids}
-    found = set(
-        await session.scalars(
-            select(Scenario.id).where(Scenario.organization_id == org_id, Scenario.id.in_(wanted))
-        )
-    )
-    missing = wanted - found
-    if missing:
-        raise NotFound(f"scenario not found: {', '.join(sorted(map(str, missing)))}")
 
 
 # --- create, read, change, delete ----------------------------------------------------------------
