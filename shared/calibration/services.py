@@ -31,7 +31,7 @@ from shared.errors import Conflict, InvalidInput, NotFound
 from shared.identity.access import OrgAccess
 from shared.llm.judge import JudgeError, judge
 from shared.outbound.egress import EgressClient, EgressError
-from shared.outbound.services import agent_in_org, default_judge_provider_id, load_outbound
+from shared.outbound.services import agent_in_org, judge_provider_of, load_outbound
 from shared.paging import Paging, paginate
 from shared.queue import CALIBRATE, send_after_commit
 from shared.runtime import provide_session
@@ -78,9 +78,7 @@ async def start(
             )
     async with provide_session(factory) as session:
         agent = await agent_in_org(session, access.organization_id, agent_id)
-        judge_id = agent.judge_provider_id or await default_judge_provider_id(
-            session, access.organization_id
-        )
+        judge_id = await judge_provider_of(session, access.organization_id, agent.judge_provider_id)
         if judge_id is None:
             raise Conflict(
                 "the agent has no judge: set its judge_provider_id or an LLM provider with "
@@ -196,8 +194,8 @@ async def criterion_status(
     agent = await session.get(Agent, calibration.agent_id) if calibration.agent_id else None
     judge_id = None
     if agent is not None:
-        judge_id = agent.judge_provider_id or await default_judge_provider_id(
-            session, calibration.organization_id
+        judge_id = await judge_provider_of(
+            session, calibration.organization_id, agent.judge_provider_id
         )
     statuses = []
     for raw_id, version in sorted(calibration.criterion_versions.items()):

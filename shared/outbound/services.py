@@ -520,6 +520,12 @@ async def default_judge_provider_id(session: AsyncSession, org_id: UUID) -> UUID
     )
 
 
+async def judge_provider_of(session: AsyncSession, org_id: UUID, own: UUID | None) -> UUID | None:
+    """The judge an agent uses: its own ``judge_provider_id``, else the organization's
+    default judge; ``None`` when there is neither."""
+    return own or await default_judge_provider_id(session, org_id)
+
+
 @dataclass(frozen=True, slots=True)
 class OutboundConfig:
     """What a run calls out with: its agent, the organization's egress policy, its judge
@@ -570,7 +576,7 @@ async def _load_outbound(
     session: AsyncSession, settings: Settings, org_id: UUID, agent_id: UUID
 ) -> OutboundConfig:
     agent = await load_agent(session, settings, org_id, agent_id)
-    judge_id = agent.judge_provider_id or await default_judge_provider_id(session, org_id)
+    judge_id = await judge_provider_of(session, org_id, agent.judge_provider_id)
     return OutboundConfig(
         agent=agent,
         policy=await load_egress_policy(session, settings, org_id),
