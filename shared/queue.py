@@ -37,6 +37,7 @@ DISPATCH_BATCH = ("batches", "dispatch_batch")
 RUN_TRIGGER = ("triggers", "run_trigger_execution")
 PROCESS_DOCUMENT = ("documents", "process_document")
 CALIBRATE = ("calibration", "calibrate")
+JUDGE_TRUST = ("calibration", "judge_trust")
 
 
 class _AsyncIO(AsyncIO):

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 from collections.abc import AsyncIterator, Iterator
 
+import msgspec
 import pytest
 from litestar import Litestar
 from litestar.testing import AsyncTestClient
@@ -98,6 +99,16 @@ async def client(app: Litestar) -> AsyncIterator[AsyncTestClient]:
         yield test_client
         # Tests run the workers' code in this loop: the direct pool it opened is this loop's.
         await close_direct_pool(app.state.engine)
+
+
+@pytest.fixture
+async def impatient(settings: Settings, app: Litestar) -> AsyncIterator[AsyncTestClient]:
+    """A client of an app that waits only 0.2 s for a calibration (it answers 202 at
+    once where no worker runs) and otherwise like ``client``."""
+    quick = create_app(msgspec.structs.replace(settings, calibration_wait_s=0.2))
+    async with AsyncTestClient(app=quick, base_url="http://testserver.local") as client:
+        yield client
+        await close_direct_pool(quick.state.engine)
 
 
 @pytest.fixture(autouse=True)

@@ -1,6 +1,6 @@
 """Every actor, for ``spar worker`` (``dramatiq workers.actors``)."""
 
-from workers.calibration import calibrate
+from workers.calibration import calibrate, judge_trust
 from workers.documents import process_document
 from workers.runs import dispatch_batch, run_scenario
 from workers.triggers import run_trigger_execution
@@ -8,6 +8,7 @@ from workers.triggers import run_trigger_execution
 __all__ = [
     "calibrate",
     "dispatch_batch",
+    "judge_trust",
     "process_document",
     "run_scenario",
     "run_trigger_execution",

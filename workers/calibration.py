@@ -1,4 +1,5 @@
-"""The actor that judges calibration examples (queue ``calibration``).
+"""The actors of queue ``calibration``: judging calibration examples, and a batch's pass
+rates with the judge's measured error taken out.
 
 Thin: the rules live in :mod:`shared.calibration.services`.
 """
@@ -9,8 +10,9 @@ from uuid import UUID
 
 import dramatiq
 
+from shared.calibration import trust
 from shared.calibration.services import judge_examples
-from shared.queue import CALIBRATE
+from shared.queue import CALIBRATE, JUDGE_TRUST
 from shared.runtime import get_runtime
 from workers.broker import broker  # noqa: F401 - the broker the actor is declared on
 
@@ -28,3 +30,15 @@ async def calibrate(calibration_id: str) -> None:
     await judge_examples(
         runtime.session_factory, runtime.settings, UUID(calibration_id), http=runtime.http
     )
+
+
+@dramatiq.actor(
+    actor_name=JUDGE_TRUST[1],
+    queue_name=JUDGE_TRUST[0],
+    max_retries=3,
+    min_backoff=1_000,
+    max_backoff=30_000,
+    time_limit=10 * 60 * 1000,
+)
+async def judge_trust(batch_id: str) -> None:
+    await trust.compute(get_runtime().session_factory, UUID(batch_id))

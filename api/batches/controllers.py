@@ -18,8 +18,9 @@ from litestar.status_codes import HTTP_200_OK
 
 from api.deps import Access, DbSession, Page, PathId
 from shared.batches import schemas, services
+from shared.calibration import trust
 from shared.identity.access import OrgAccess, requires
-from shared.queue import DISPATCH_BATCH, send_after_commit
+from shared.queue import DISPATCH_BATCH, JUDGE_TRUST, send_after_commit
 
 EVENT_POLL_S = 0.5
 RECENT = timedelta(seconds=30)
@@ -58,12 +59,21 @@ class BatchRunController(Controller):
 
     @get("/{batch_run_id:str}", operation_id="getBatchRun", access=requires("scenarios:read"))
     async def get_batch(
-        self, db_session: DbSession, access: Access, org_id: PathId, batch_run_id: PathId
+        self,
+        db_session: DbSession,
+        state: State,
+        access: Access,
+        org_id: PathId,
+        batch_run_id: PathId,
     ) -> schemas.BatchRunRead:
-        """The batch with its counters and a summary of every run."""
+        """The batch with its counters, a summary of every run and, once it is over, its
+        judge trust: each LLM-judged criterion's pass rate with the judge's measured error
+        taken out (`computing` at first: the `calibration` queue works it out)."""
         batch = await services.get_batch(db_session, access, batch_run_id)
         runs = await services.run_summaries(db_session, batch.id)
-        return services.batch_read(batch, runs)
+        if await trust.request(db_session, batch):
+            send_after_commit(db_session, state.broker, JUDGE_TRUST, str(batch.id))
+        return services.batch_read(batch, runs, detail=True)
 
     @post(
         "/{batch_run_id:str}/cancel",

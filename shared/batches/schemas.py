@@ -9,6 +9,7 @@ from uuid import UUID
 
 import msgspec
 
+from shared.calibration.schemas import JudgeTrust
 from shared.scenarios.schemas import Tag
 from shared.schemas import Input, Output
 
@@ -61,6 +62,9 @@ class BatchRunRead(Output):
     updated_at: datetime
     error_message: str | None = None
     runs: list[BatchRunItemSummary] | msgspec.UnsetType = msgspec.UNSET
+    # The detail only: null while the batch runs; once it is over, each LLM-judged
+    # criterion's raw pass rate and, where calibrated, the corrected one.
+    judge_trust: JudgeTrust | None | msgspec.UnsetType = msgspec.UNSET
 
 
 class BatchRunList(Output):

@@ -37,6 +37,7 @@ from shared.batches import schemas, window
 from shared.batches.schemas import BatchStatus
 from shared.batches.window import ACTIVE
 from shared.batches.window import dispatch_committed as dispatch_committed  # its old home
+from shared.calibration import trust
 from shared.db.base import NOW, utcnow
 from shared.db.models import BatchRun, Scenario, ScenarioRun, TurnResult
 from shared.db.queries import one_in_org
@@ -269,7 +270,10 @@ async def progress(
 
 
 def batch_read(
-    batch: BatchRun, runs: list[schemas.BatchRunItemSummary] | None = None
+    batch: BatchRun,
+    runs: list[schemas.BatchRunItemSummary] | None = None,
+    *,
+    detail: bool = False,
 ) -> schemas.BatchRunRead:
     return schemas.BatchRunRead(
         id=batch.id,
@@ -289,4 +293,5 @@ def batch_read(
         updated_at=batch.updated_at,
         error_message=batch.error_message,
         runs=runs if runs is not None else msgspec.UNSET,
+        judge_trust=trust.read(batch) if detail else msgspec.UNSET,
     )

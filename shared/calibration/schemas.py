@@ -144,3 +144,46 @@ class CalibrationPending(Output):
 class CalibrationList(Output):
     calibrations: list[CalibrationRead]
     total: int
+
+
+# --- judge trust: a batch's pass rates with the judge's measured error taken out ---------------
+
+
+class UncalibratedCriterion(Output):
+    """An LLM-judged criterion of a batch: one question with its few-shot examples, however
+    many scenarios ask it (``criteria_ids``), and its raw pass rate over every verdict."""
+
+    question: str
+    criteria_ids: list[UUID]
+    scenarios: int
+    judged: int
+    passed: int
+    raw_pass_rate: float
+
+
+class TrustedCriterion(UncalibratedCriterion):
+    """A criterion a calibration measured the judge on: the corrected pass rate with its
+    95 % interval (the batch's sampling error and the calibration's both carried).
+    ``corrected_pass_rate`` is ``None`` where the judge is no better than chance (TPR + TNR
+    ≤ 1), and ``message`` says so.  ``stale``: the criterion or the judge changed since
+    the calibration (``stale_reason`` says which); the numbers are the stale ones."""
+
+    calibration_id: UUID
+    calibration_examples: int
+    tpr: float
+    tnr: float
+    corrected_pass_rate: float | None
+    interval: Interval | None
+    stale: bool
+    stale_reason: str | None = None
+    message: str | None = None
+
+
+class JudgeTrust(Output):
+    """``computing`` until the ``calibration`` queue has worked it out for a batch that is
+    over, then ``ready`` with each LLM-judged criterion, calibrated or not."""
+
+    status: Literal["computing", "ready"]
+    computed_at: datetime | None = None
+    criteria: list[TrustedCriterion] = []
+    uncalibrated: list[UncalibratedCriterion] = []

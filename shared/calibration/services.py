@@ -101,9 +101,14 @@ async def start(
             examples=msgspec.to_builtins(examples),
             example_count=len(examples),
             criterion_versions={
-                str(c.id): criterion_version(c, judge_id, agent.judge_model)
-                for c in criteria.values()
+                str(c.id): criterion_version(
+                    c.question, c.few_shot_examples, judge_id, agent.judge_model
+                )
+                for c, _ in criteria.values()
             },
+            criterion_places={str(c.id): place for c, place in criteria.values()},
+            judge_provider_id=judge_id,
+            judge_model=agent.judge_model,
             attempts=0,
             created_by_user_id=access.principal.user_id,
         )
@@ -113,30 +118,43 @@ async def start(
     return calibration.id
 
 
-async def _criteria(session: AsyncSession, org_id: UUID, ids: set[UUID]) -> dict[UUID, Criterion]:
-    """The organization's scenario criteria among ``ids``."""
+async def _criteria(
+    session: AsyncSession, org_id: UUID, ids: set[UUID]
+) -> dict[UUID, tuple[Criterion, str]]:
+    """The organization's scenario criteria among ``ids``, each with its place in its
+    scenario (:func:`place_of`)."""
     if not ids:
         return {}
-    rows = await session.scalars(
-        select(Criterion)
+    rows = await session.execute(
+        select(Criterion, ScenarioTurn.scenario_id, ScenarioTurn.order_index)
         .join(ScenarioTurn, ScenarioTurn.id == Criterion.turn_id)
         .join(Scenario, Scenario.id == ScenarioTurn.scenario_id)
         .where(Criterion.id.in_(ids), Scenario.organization_id == org_id)
     )
-    return {c.id: c for c in rows}
+    return {
+        c.id: (c, place_of(scenario_id, turn_index, c.order_index))
+        for c, scenario_id, turn_index in rows
+    }
 
 
-def criterion_version(criterion: Criterion, judge_id: UUID | None, judge_model: str | None) -> str:
-    """What a calibration of ``criterion`` measured: a hash of its question, its few-shot
+def place_of(scenario_id: UUID, turn_index: int, criterion_index: int) -> str:
+    """Where a criterion sits in its scenario: kept when an edit gives it a new id."""
+    return f"{scenario_id}/{turn_index}/{criterion_index}"
+
+
+def criterion_version(
+    question: str, few_shot_examples: Sequence[Any], judge_id: UUID | None, judge_model: str | None
+) -> str:
+    """What a calibration of a criterion measured: a hash of its question, its few-shot
     examples and the judge (provider and model) that judged it."""
-    identity = [criterion.question, criterion.few_shot_examples, str(judge_id), judge_model]
+    identity = [question, list(few_shot_examples or []), str(judge_id), judge_model]
     return hashlib.sha256(msgspec.json.encode(identity)).hexdigest()[:16]
 
 
 def _stored(
-    example: schemas.LabeledExample, criteria: dict[UUID, Criterion]
+    example: schemas.LabeledExample, criteria: dict[UUID, tuple[Criterion, str]]
 ) -> schemas.StoredExample:
-    criterion = criteria.get(example.criteria_id) if example.criteria_id else None
+    criterion = criteria[example.criteria_id][0] if example.criteria_id else None
     return schemas.StoredExample(
         id=example.id,
         user_message=example.user_message,
@@ -199,13 +217,18 @@ async def criterion_status(
         )
     statuses = []
     for raw_id, version in sorted(calibration.criterion_versions.items()):
-        criterion = current.get(UUID(raw_id))
+        criterion = current[UUID(raw_id)][0] if UUID(raw_id) in current else None
         reason = None
         if criterion is None:
             reason = "the criterion no longer exists (its scenario was edited or deleted)"
         elif agent is None:
             reason = "the agent was deleted"
-        elif criterion_version(criterion, judge_id, agent.judge_model) != version:
+        elif (
+            criterion_version(
+                criterion.question, criterion.few_shot_examples, judge_id, agent.judge_model
+            )
+            != version
+        ):
             reason = "the criterion's question or few-shot examples, or the judge, changed"
         statuses.append(
             schemas.CriterionCalibration(

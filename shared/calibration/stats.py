@@ -108,10 +108,24 @@ def corrected_rate(raw: float, tpr: float, tnr: float) -> float | None:
 
 
 def _binomial(rng: random.Random, n: int, p: float) -> int:
-    """One Binomial(n, p) draw: exact (a sum of Bernoulli draws) for small n, the normal
-    approximation with continuity for large n (both np and n(1-p) over 30)."""
-    if n <= 200 or n * p < 30 or n * (1 - p) < 30:
-        return sum(1 for _ in range(n) if rng.random() < p)
+    """One Binomial(n, p) draw.  Exact where the rarer outcome is expected under 30 times
+    or n is at most 200: the gaps between rare outcomes are geometric, so a draw costs
+    about n·min(p, 1-p) steps, not n.  Otherwise the normal approximation with
+    continuity (both np and n(1-p) are then at least 30)."""
+    if n <= 0 or p <= 0.0:
+        return 0
+    if p >= 1.0:
+        return n
+    rare = min(p, 1.0 - p)
+    if n <= 200 or n * rare < 30:
+        log_miss = math.log1p(-rare)
+        count, position = 0, 0
+        while True:
+            position += int(math.log(1.0 - rng.random()) / log_miss) + 1
+            if position > n:
+                break
+            count += 1
+        return count if rare == p else n - count
     draw = round(rng.gauss(n * p, math.sqrt(n * p * (1 - p))))
     return min(n, max(0, draw))
 

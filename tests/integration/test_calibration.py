@@ -5,33 +5,19 @@ real worker judging while the request waits, is in ``tests/e2e/test_worker.py``.
 
 from __future__ import annotations
 
-import json
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from typing import Any
 from uuid import UUID
 
-import msgspec
 import pytest
 from litestar import Litestar
 from litestar.testing import AsyncTestClient
 
-from api.app import create_app
 from shared.calibration.services import judge_examples
-from shared.db.direct import close_direct_pool
 from shared.settings import Settings
 from tests.support.factories import Tenant, single_validation_entry, tenant
-from tests.support.fakes import FakeAgent, FakeOpenAI
+from tests.support.fakes import FakeAgent, FakeOpenAI, verdict_from_marker
 from tests.support.scenario_setup import create_scenario, criterion, outbound_setup, turn
-
-
-def verdict_from_marker(body: dict[str, Any]) -> str:
-    """The fake judge's answer: the verdict the question asks for ([judge:PASS] or
-    [judge:FAIL]); garbage for [judge:garbage] (the judge module retries, then gives up)."""
-    prompt = "\n".join(str(m.get("content", "")) for m in body["messages"])
-    if "[judge:garbage]" in prompt:
-        return "I refuse to answer in JSON."
-    verdict = "PASS" if "[judge:PASS]" in prompt else "FAIL"
-    return json.dumps({"verdict": verdict, "critique": f"judged {verdict}", "evidence": "-"})
 
 
 @pytest.fixture
@@ -44,15 +30,6 @@ def judge() -> Iterator[FakeOpenAI]:
 def agent() -> Iterator[FakeAgent]:
     with FakeAgent() as fake:
         yield fake
-
-
-@pytest.fixture
-async def impatient(settings: Settings, app: Litestar) -> AsyncIterator[AsyncTestClient]:
-    """A client of an app that waits only 0.2 s for a calibration: no worker runs here."""
-    quick = create_app(msgspec.structs.replace(settings, calibration_wait_s=0.2))
-    async with AsyncTestClient(app=quick, base_url="http://testserver.local") as client:
-        yield client
-        await close_direct_pool(quick.state.engine)
 
 
 def example(n: int, human: str, judged: str, *tags: str) -> dict[str, Any]:

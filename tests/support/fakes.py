@@ -570,3 +570,13 @@ def loopback_only_http() -> aiohttp.ClientSession:
     it (``async with``) after use.
     """
     return new_http_session(_LoopbackOnlyConnector(use_dns_cache=False))
+
+
+def verdict_from_marker(body: dict[str, Any]) -> str:
+    """The fake judge's answer: the verdict the question asks for ([judge:PASS] or
+    [judge:FAIL]); garbage for [judge:garbage] (the judge module retries, then gives up)."""
+    prompt = "\n".join(str(m.get("content", "")) for m in body["messages"])
+    if "[judge:garbage]" in prompt:
+        return "I refuse to answer in JSON."
+    verdict = "PASS" if "[judge:PASS]" in prompt else "FAIL"
+    return json.dumps({"verdict": verdict, "critique": f"judged {verdict}", "evidence": "-"})

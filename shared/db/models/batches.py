@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import uuid
 from datetime import datetime
+from typing import Any
 
 from sqlalchemy import ForeignKey, Index, Integer, String, Text, text
 from sqlalchemy.orm import Mapped, mapped_column
 
-from shared.db.base import Base, IdMixin, TimestampMixin
+from shared.db.base import Base, IdMixin, JSONType, TimestampMixin
 
 
 class BatchRun(IdMixin, TimestampMixin, Base):
@@ -35,6 +36,9 @@ class BatchRun(IdMixin, TimestampMixin, Base):
     started_at: Mapped[datetime | None]
     completed_at: Mapped[datetime | None]
     error_message: Mapped[str | None] = mapped_column(Text)
+    # Pass rates with the judge's measured error taken out (shared.calibration.trust):
+    # NULL until asked for, once the batch is over.
+    judge_trust: Mapped[dict[str, Any] | None] = mapped_column(JSONType)
     created_by_user_id: Mapped[uuid.UUID | None] = mapped_column(
         ForeignKey("users.id", ondelete="SET NULL")
     )

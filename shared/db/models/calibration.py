@@ -7,7 +7,7 @@ import uuid
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import ForeignKey, Index, Integer, String, Text
+from sqlalchemy import ForeignKey, Index, Integer, String, Text, text
 from sqlalchemy.orm import Mapped, mapped_column
 
 from shared.db.base import Base, IdMixin, JSONType, TimestampMixin
@@ -15,7 +15,11 @@ from shared.db.base import Base, IdMixin, JSONType, TimestampMixin
 
 class Calibration(IdMixin, TimestampMixin, Base):
     __tablename__ = "calibrations"
-    __table_args__ = (Index("ix_calibrations_org_created", "organization_id", "created_at"),)
+    __table_args__ = (
+        Index("ix_calibrations_org_created", "organization_id", "created_at"),
+        # An agent's latest completed calibrations (shared.calibration.trust).
+        Index("ix_calibrations_agent_completed", "agent_id", "completed_at"),
+    )
 
     organization_id: Mapped[uuid.UUID] = mapped_column(
         ForeignKey("organizations.id", ondelete="CASCADE")
@@ -26,6 +30,14 @@ class Calibration(IdMixin, TimestampMixin, Base):
     example_count: Mapped[int] = mapped_column(Integer)
     # Scenario criteria the examples named: criteria_id -> version when calibrated.
     criterion_versions: Mapped[dict[str, str]] = mapped_column(JSONType, default=dict)
+    # ... and where each sat in its scenario ("scenario_id/turn/criterion"), which an edit
+    # keeps while it gives the criterion a new id.
+    criterion_places: Mapped[dict[str, str]] = mapped_column(
+        JSONType, default=dict, server_default=text("'{}'::jsonb")
+    )
+    # The judge that judged it, as started: a calibration of another judge is stale.
+    judge_provider_id: Mapped[uuid.UUID | None]
+    judge_model: Mapped[str | None] = mapped_column(String(255))
     # The metrics and per-example results, once every example is judged.
     metrics: Mapped[dict[str, Any] | None] = mapped_column(JSONType)
     error: Mapped[str | None] = mapped_column(Text)
