@@ -136,6 +136,21 @@ def _classify(message: str) -> tuple[str, dict[str, Any], str | None]:
     return "value_error", {}, None
 
 
+def path_tokens(at: str) -> list[str]:
+    """The keys and indexes of a msgspec error path (``$.turns[0].question``)."""
+    return [a or b for a, b in _PATH_TOKEN.findall(at.rstrip("`")) if a or b]
+
+
+def locate(error: msgspec.ValidationError) -> tuple[list[str], str]:
+    """Where in the decoded document a msgspec error is (the tokens of the API's ``loc``
+    after its source, a missing field named last) and its message: the API's 422 and the
+    CLI's local checks of the same bodies say the same."""
+    message, _, at = str(error).partition(" - at `")
+    tokens = path_tokens(at)
+    _, _, field = _classify(message)
+    return ([*tokens, field] if field is not None else tokens), message
+
+
 def _lookup(document: Any, path: list[str]) -> Any:
     for key in path:
         if isinstance(document, dict):
@@ -216,7 +231,7 @@ def _items_from_validation(
                 ctx={},
             )
         ]
-    tokens = [a or b for a, b in _PATH_TOKEN.findall(at.rstrip("`")) if a or b]
+    tokens = path_tokens(at)
     # msgspec sees the body as the handler's ``data`` argument: "$.data.name" is body.name,
     # and a message about "$" itself (no path) concerns the body as a whole.
     whole_body = source == "body" and not tokens

@@ -1,30 +1,36 @@
-"""``spar --help`` tells the truth: every command is listed with a line of help, and every
-option of every command says what it is for."""
+"""``--help`` tells the truth: every command and subcommand of ``spar`` is listed with a
+line of help and a description, and every option says what it is for."""
 
 from __future__ import annotations
 
-import argparse
 import os
 import subprocess
 import sys
 from pathlib import Path
 
+import click
 import pytest
 
-from api.cli import build_parser
+from api.cli import cli
 
-COMMANDS = ("dev", "migrate", "worker", "scheduler", "serve")
+COMMANDS = (
+    "batch",
+    "calibrate",
+    "demo",
+    "dev",
+    "migrate",
+    "scenarios",
+    "scheduler",
+    "serve",
+    "worker",
+)
 
 
-def spar(*args: str) -> str:
-    """The installed ``spar`` entry point's output (the module's, without the script)."""
+def spar(*args: str) -> subprocess.CompletedProcess[str]:
+    """The installed ``spar`` entry point (the module's, without the script)."""
     script = Path(sys.executable).with_name("spar")
-    argv = (
-        [str(script)]
-        if script.exists()
-        else [sys.executable, "-c", "import api.cli as c; c.main()"]
-    )
-    done = subprocess.run(
+    argv = [str(script)] if script.exists() else [sys.executable, "-m", "api.cli"]
+    return subprocess.run(
         [*argv, *args],
         capture_output=True,
         text=True,
@@ -32,62 +38,61 @@ def spar(*args: str) -> str:
         env={**os.environ, "COLUMNS": "200"},
         check=False,
     )
-    assert done.returncode == 0, done.stderr
-    return done.stdout
 
 
-def _entries(section: str) -> dict[str, str]:
-    """The entries of a help section by their first word (an option or a command), each
-    with its wrapped lines joined."""
-    entries: dict[str, str] = {}
-    current = None
-    for line in section.splitlines():
-        words = line.split()
-        if not words:
-            continue
-        if len(line) - len(line.lstrip()) <= 4 or current is None:  # deeper: wrapped help
-            current = words[0].rstrip(",")
-            entries[current] = " ".join(words)
+def leaves(group: click.Group, prefix: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
+    found = []
+    for name, command in sorted(group.commands.items()):
+        if isinstance(command, click.Group):
+            found += leaves(command, (*prefix, name))
         else:
-            entries[current] += " " + " ".join(words)
-    return entries
+            found.append((*prefix, name))
+    return found
 
 
-def _commands() -> argparse._SubParsersAction:  # type: ignore[type-arg]
-    (group,) = [a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)]
-    return group
+LEAVES = leaves(cli)
 
 
-def _subcommands() -> dict[str, argparse.ArgumentParser]:
-    return dict(_commands().choices)
+def command_at(path: tuple[str, ...]) -> click.Command:
+    command: click.Command = cli
+    for name in path:
+        assert isinstance(command, click.Group)
+        command = command.commands[name]
+    return command
 
 
 def test_spar_help_lists_every_command_with_its_help() -> None:
-    out = spar("--help")
-    helps = {choice.dest: choice.help for choice in _commands()._choices_actions}
-    assert tuple(_subcommands()) == tuple(helps) == COMMANDS
-    listed = _entries(out.split("COMMAND\n", 1)[1].split("options:", 1)[0])
-    assert tuple(listed) == COMMANDS, out
-    for name in COMMANDS:
-        assert helps[name], f"{name} has no help"
-        # Listed under the commands with its help, and named in the description above.
-        assert helps[name] in listed[name], (name, out)
-        assert f"spar {name}" in out, f"the description does not mention spar {name}"
+    done = spar("--help")
+    assert done.returncode == 0, done.stderr
+    assert tuple(sorted(cli.commands)) == COMMANDS
+    listed = done.stdout.split("Commands:", 1)[1]
+    for name, command in cli.commands.items():
+        short = command.get_short_help_str(limit=200)
+        assert short, f"spar {name} has no help"
+        assert f"  {name}  " in listed and short.split(".")[0] in listed, (name, done.stdout)
+        assert f"spar {name}" in done.stdout.split("Commands:", 1)[0]  # in the overview too
+    assert ("batch", "run") in LEAVES and ("scenarios", "push") in LEAVES
 
 
-@pytest.mark.parametrize("name", COMMANDS)
-def test_every_option_of_every_command_is_described(name: str) -> None:
-    command = _subcommands()[name]
-    assert command.description, f"spar {name} --help has no description"
-    assert command.get_default("func") is not None, f"spar {name} runs nothing"
-    out = spar(name, "--help")
-    assert out.startswith(f"usage: spar {name}")
-    options = [a for a in command._actions if a.option_strings and a.dest != "help"]
-    entries = _entries(out.split("options:", 1)[1])
-    for action in options:
-        option = action.option_strings[0]
-        assert action.help, f"spar {name} {option} has no help"
-        described = action.help.split("(")[0].strip()
-        assert described in entries.get(option, ""), (option, out)
-    if name in ("dev", "serve", "worker"):
-        assert options, f"spar {name} lost its options"
+@pytest.mark.parametrize("path", LEAVES, ids=" ".join)
+def test_every_option_of_every_command_is_described(path: tuple[str, ...]) -> None:
+    command = command_at(path)
+    assert command.help, f"spar {' '.join(path)} has no description"
+    done = spar(*path, "--help")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith(f"Usage: spar {' '.join(path)}")
+    for parameter in command.params:
+        if isinstance(parameter, click.Option):
+            assert parameter.help, f"spar {' '.join(path)} {parameter.opts[0]} has no help"
+            assert parameter.opts[0] in done.stdout
+            assert parameter.help.split("(")[0].split(".")[0].strip() in " ".join(
+                done.stdout.split()
+            ), (parameter.opts, done.stdout)
+
+
+def test_a_usage_error_exits_3_and_says_what_is_wrong() -> None:
+    done = spar("batch", "run", "--concurrency", "0", "--agent", "a", "--tag", "t")
+    assert done.returncode == 3
+    assert "--concurrency" in done.stderr
+    unknown = spar("no-such-command")
+    assert unknown.returncode == 3 and "No such command" in unknown.stderr

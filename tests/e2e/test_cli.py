@@ -1,0 +1,462 @@
+"""The ``spar`` client commands against a real Spar: a ``spar serve`` and a ``spar worker``
+on the suite's database and Redis, the CLI run as its own process (its exit code and
+output are what CI sees), agents and the judge faked as loopback servers.
+
+Exit codes: 0 all passed, 1 a scenario failed (or under ``--fail-under``), 2 an error,
+3 usage or connection problems.  Also: push idempotence, YAML errors with file and line,
+JUnit XML checked against the JUnit schema CI tools read, and the event stream's
+reconnection."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+from litestar.testing import AsyncTestClient
+
+from tests.support.factories import Tenant, tenant
+from tests.support.fakes import FakeAgent, FakeOpenAI, Reply, verdict_from_marker
+from tests.support.processes import free_port, spar_executable, spar_process
+from tests.support.proxy import DroppingProxy
+from tests.support.scenario_setup import outbound_setup
+
+pytestmark = pytest.mark.slow
+
+
+class ShopAgent(FakeAgent):
+    """Echoes the message; a message carrying ``[break]`` gets HTTP 400 (the run errors)."""
+
+    def handle(self, request: Any) -> Reply:
+        body = request.json
+        if isinstance(body, dict) and "[break]" in str(body.get("message")):
+            return Reply(status=400, json={"error": "broken on purpose"})
+        return super().handle(request)
+
+
+@pytest.fixture(scope="module")
+def shop() -> Iterator[ShopAgent]:
+    with ShopAgent(reply=lambda body: f"Echo: {body['message']} [judge:PASS]") as fake:
+        yield fake
+
+
+@pytest.fixture(scope="module")
+def judge() -> Iterator[FakeOpenAI]:
+    with FakeOpenAI(reply=verdict_from_marker) as fake:
+        yield fake
+
+
+@pytest.fixture(scope="module")
+def spar_api(
+    database_url: str, settings: Any, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[str]:
+    """``spar serve`` and ``spar worker`` on the suite's database; the API's URL."""
+    redis.Redis.from_url(settings.redis_url).flushdb()
+    env = {
+        "SPAR_DATABASE_URL": database_url,
+        "SPAR_REDIS_URL": settings.redis_url,
+        "SPAR_SECRET_KEY": settings.secret_key,
+        "SPAR_EGRESS_ALLOW_PRIVATE": "true",
+        "SPAR_LOG_LEVEL": "WARNING",
+        "SPAR_DB_POOL_SIZE": "4",
+    }
+    port = free_port()
+    cwd = tmp_path_factory.mktemp("spar-cli")
+    url = f"http://127.0.0.1:{port}"
+    with (
+        spar_process(
+            ["serve", "--port", str(port), "--host", "127.0.0.1"],
+            env,
+            cwd=cwd,
+            health_url=f"{url}/health/live",
+        ),
+        spar_process(["worker", "--processes", "1", "--threads", "8"], env, cwd=cwd),
+    ):
+        yield url
+
+
+def cli(
+    *args: str, url: str, token: str, cwd: Path, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [spar_executable(), *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=cwd,
+        env={
+            **{k: v for k, v in os.environ.items() if not k.startswith("SPAR_")},
+            "SPAR_URL": url,
+            "SPAR_TOKEN": token,
+            "XDG_CONFIG_HOME": str(cwd / "config"),
+            "COLUMNS": "200",
+            **(env or {}),
+        },
+        check=False,
+    )
+
+
+def write(directory: Path, name: str, text: str) -> Path:
+    path = directory / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(textwrap.dedent(text).lstrip())
+    return path
+
+
+def suite(directory: Path) -> None:
+    write(
+        directory,
+        "greet.yaml",
+        """
+        name: greet
+        tags: [smoke, ok]
+        turns:
+          - user_message: hello there
+            criteria:
+              - question: hello
+                criteria_type: contains
+        """,
+    )
+    write(
+        directory,
+        "refund.yaml",
+        """
+        name: refund
+        tags: [smoke, bad]
+        turns:
+          - user_message: refund please
+            criteria:
+              - question: refund
+                criteria_type: contains
+          - user_message: and the policy?
+            criteria:
+              - question: 30 days
+                criteria_type: contains
+        """,
+    )
+    write(
+        directory,
+        "broken.yaml",
+        """
+        name: broken
+        tags: [err]
+        turns:
+          - user_message: this one [break]
+            criteria:
+              - question: anything
+                criteria_type: contains
+        """,
+    )
+
+
+async def world(client: AsyncTestClient, shop: ShopAgent, judge: FakeOpenAI) -> Tenant:
+    t = await tenant(client)
+    await outbound_setup(client, t, shop.url, judge.url, agent_fields={"name": "support-bot"})
+    return t
+
+
+async def test_push_creates_then_changes_nothing_then_updates_with_a_diff_and_prunes(
+    client: AsyncTestClient, spar_api: str, shop: ShopAgent, judge: FakeOpenAI, tmp_path: Path
+) -> None:
+    t = await world(client, shop, judge)
+    scenarios = tmp_path / "scenarios"
+    suite(scenarios)
+
+    def push(*extra: str) -> subprocess.CompletedProcess[str]:
+        return cli(
+            "scenarios",
+            "push",
+            str(scenarios),
+            *extra,
+            url=spar_api,
+            token=t.owner.token,
+            cwd=tmp_path,
+        )
+
+    first = push()
+    assert first.returncode == 0, first.stderr
+    assert "3 created, 0 updated, 0 deleted, 0 unchanged" in first.stdout
+    listing = (await client.get(f"/v1/orgs/{t.id}/scenarios", headers=t.owner.headers)).json()
+    before = {s["name"]: s for s in listing["scenarios"]}
+    assert set(before) == {"greet", "refund", "broken"}
+    assert before["refund"]["turn_count"] == 2
+
+    again = push()
+    assert again.returncode == 0, again.stderr
+    assert "0 created, 0 updated, 0 deleted, 3 unchanged" in again.stdout
+    listing = (await client.get(f"/v1/orgs/{t.id}/scenarios", headers=t.owner.headers)).json()
+    assert {s["name"]: s["updated_at"] for s in listing["scenarios"]} == {
+        n: s["updated_at"] for n, s in before.items()
+    }
+
+    refund = (scenarios / "refund.yaml").read_text().replace("30 days", "thirty days")
+    (scenarios / "refund.yaml").write_text(refund)
+    (scenarios / "broken.yaml").unlink()
+    dry = push("--prune", "--dry-run")
+    assert dry.returncode == 0 and "nothing was sent" in dry.stdout
+    changed = push("--prune")
+    assert changed.returncode == 0, changed.stderr
+    assert "~ update refund" in changed.stdout and "- delete broken" in changed.stdout
+    assert "    -  - question: 30 days\n    +  - question: thirty days" in changed.stdout
+    assert "0 created, 1 updated, 1 deleted, 1 unchanged" in changed.stdout
+    detail = (
+        await client.get(
+            f"/v1/orgs/{t.id}/scenarios/{before['refund']['id']}", headers=t.owner.headers
+        )
+    ).json()
+    assert detail["turns"][1]["criteria"][0]["question"] == "thirty days"
+    listing = (await client.get(f"/v1/orgs/{t.id}/scenarios", headers=t.owner.headers)).json()
+    assert {s["name"] for s in listing["scenarios"]} == {"greet", "refund"}
+
+
+async def test_push_names_the_file_and_line_of_each_problem_and_sends_nothing(
+    client: AsyncTestClient, spar_api: str, shop: ShopAgent, judge: FakeOpenAI, tmp_path: Path
+) -> None:
+    t = await world(client, shop, judge)
+    scenarios = tmp_path / "scenarios"
+    suite(scenarios)
+    write(
+        scenarios,
+        "nested/typo.yaml",
+        """
+        name: typo
+        turns:
+          - user_message: hi
+          - required: true
+            criteria: []
+        """,
+    )
+    write(scenarios, "syntax.yml", "name: syntax\nturns: [\n  - oops: {\n")
+    done = cli("scenarios", "push", str(scenarios), url=spar_api, token=t.owner.token, cwd=tmp_path)
+    assert done.returncode == 3
+    typo = scenarios / "nested" / "typo.yaml"
+    assert (
+        f"{typo}:4: Object missing required field `user_message` (loc: body.turns.1.user_message)"
+        in done.stderr
+    )
+    assert f"{scenarios / 'syntax.yml'}:3: not valid YAML" in done.stderr
+    listing = (await client.get(f"/v1/orgs/{t.id}/scenarios", headers=t.owner.headers)).json()
+    assert listing["total"] == 0
+
+
+JUNIT_XSD = Path(__file__).parent.parent / "support" / "junit.xsd"
+
+
+def check_junit(path: Path) -> Any:
+    """The file against the JUnit schema CI tools read (Jenkins' junit-10.xsd, whose
+    elements and attributes tests/support/junit.xsd spells out), and its counts."""
+    from lxml import etree
+
+    schema = etree.XMLSchema(etree.parse(str(JUNIT_XSD)))
+    document = etree.parse(str(path))
+    schema.assertValid(document)
+    root = document.getroot()
+    cases = root.findall("testcase")
+    assert int(root.get("tests")) == len(cases)
+    assert int(root.get("failures")) == sum(1 for c in cases if c.find("failure") is not None)
+    assert int(root.get("errors")) == sum(1 for c in cases if c.find("error") is not None)
+    return root
+
+
+async def test_batch_run_exit_codes_result_files_and_fail_under(
+    client: AsyncTestClient, spar_api: str, shop: ShopAgent, judge: FakeOpenAI, tmp_path: Path
+) -> None:
+    t = await world(client, shop, judge)
+    scenarios = tmp_path / "scenarios"
+    suite(scenarios)
+    token = t.owner.token
+    assert (
+        cli("scenarios", "push", str(scenarios), url=spar_api, token=token, cwd=tmp_path).returncode
+        == 0
+    )
+
+    def batch(*args: str, **kwargs: Any) -> subprocess.CompletedProcess[str]:
+        return cli(
+            "batch",
+            "run",
+            "--agent",
+            "support-bot",
+            *args,
+            url=spar_api,
+            token=token,
+            cwd=tmp_path,
+            **kwargs,
+        )
+
+    passed = batch("--tag", "ok")
+    assert passed.returncode == 0, passed.stdout + passed.stderr
+    assert "1 passed, 0 failed, 0 error of 1" in passed.stdout
+
+    junit, report = tmp_path / "out.xml", tmp_path / "out.json"
+    failed = batch("--tag", "smoke", "--junit", str(junit), "--json", str(report))
+    assert failed.returncode == 1, failed.stdout + failed.stderr
+    assert "1 passed, 1 failed, 0 error of 2" in failed.stdout
+    assert "FAIL 30 days" in failed.stdout and "/ui/orgs/" in failed.stdout
+    root = check_junit(junit)
+    cases = {c.get("name"): c for c in root.findall("testcase")}
+    assert set(cases) == {"greet", "refund"}
+    failure = cases["refund"].find("failure")
+    assert failure is not None and failure.get("message") == "turn 1: 30 days"
+    assert "and the policy?" in failure.text and "critique:" in failure.text
+    assert cases["greet"].find("failure") is None
+    body = json.loads(report.read_text())
+    assert body["batch"]["status"] == "completed"
+    by_name = {s["scenario"]: s for s in body["scenarios"]}
+    assert by_name["refund"]["failed_turns"][0]["criteria"][0]["verdict"] == "FAIL"
+
+    assert batch("--tag", "smoke", "--fail-under", "0.5").returncode == 0
+    assert batch("--tag", "smoke", "--fail-under", "0.75").returncode == 1
+    errored = batch("--tag", "smoke", "--tag", "err", "--junit", str(junit))
+    assert errored.returncode == 2, errored.stdout + errored.stderr
+    root = check_junit(junit)
+    (error,) = [c.find("error") for c in root.findall("testcase") if c.find("error") is not None]
+    assert "400" in error.get("message")
+    by_scenario = batch("--scenario", "greet")
+    assert by_scenario.returncode == 0 and "of 1" in by_scenario.stdout
+
+    # Usage and connection problems: 3.
+    assert batch("--tag", "smoke", "--agent", "nobody").returncode == 3
+    assert batch().returncode == 3  # neither --tag nor --scenario
+    assert batch("--scenario", "no-such").returncode == 3
+    closed = f"http://127.0.0.1:{free_port()}"
+    unreachable = batch("--tag", "ok", env={"SPAR_URL": closed})
+    assert unreachable.returncode == 3 and "cannot reach Spar" in unreachable.stderr
+    bad_token = batch("--tag", "ok", env={"SPAR_TOKEN": "ust_not-a-token"})
+    assert bad_token.returncode == 3 and "401" in bad_token.stderr
+    unset = cli("batch", "run", "--agent", "x", "--tag", "ok", url="", token="", cwd=tmp_path)
+    assert unset.returncode == 3 and "SPAR_URL" in unset.stderr
+
+
+async def test_a_dropped_event_stream_is_reconnected_and_the_batch_followed_to_its_end(
+    client: AsyncTestClient, spar_api: str, shop: ShopAgent, judge: FakeOpenAI, tmp_path: Path
+) -> None:
+    t = await world(client, shop, judge)
+    scenarios = tmp_path / "scenarios"
+    suite(scenarios)
+    token = t.owner.token
+    assert (
+        cli("scenarios", "push", str(scenarios), url=spar_api, token=token, cwd=tmp_path).returncode
+        == 0
+    )
+    upstream = int(spar_api.rsplit(":", 1)[1])
+    with DroppingProxy(upstream) as proxy:
+        done = cli(
+            "batch",
+            "run",
+            "--agent",
+            "support-bot",
+            "--tag",
+            "smoke",
+            url=proxy.url,
+            token=token,
+            cwd=tmp_path,
+        )
+    assert proxy.dropped == 1 and proxy.event_streams >= 2, (proxy.event_streams, done.stdout)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "completed: 1 passed, 1 failed, 0 error of 2" in done.stdout
+
+
+async def test_a_profile_configures_the_client_and_calibrate_prints_the_agreement(
+    client: AsyncTestClient, spar_api: str, shop: ShopAgent, judge: FakeOpenAI, tmp_path: Path
+) -> None:
+    t = await world(client, shop, judge)
+    config = tmp_path / "config" / "spar" / "config.toml"
+    config.parent.mkdir(parents=True)
+    config.write_text(f'[profiles.ci]\nurl = "{spar_api}"\ntoken = "{t.owner.token}"\n')
+    examples = tmp_path / "labels.jsonl"
+    lines = [
+        {
+            "id": f"ex-{n}",
+            "user_message": "hi",
+            "agent_response": f"answer {n}" + (" [judge:PASS]" if n < 3 else ""),
+            "criterion_question": "Is it right?",
+            "human_verdict": "PASS" if n < 2 or n == 3 else "FAIL",
+        }
+        for n in range(5)
+    ]
+    examples.write_text("\n".join(json.dumps(line) for line in lines) + "\n")
+    done = cli(
+        "calibrate",
+        str(examples),
+        "--agent",
+        "support-bot",
+        "--profile",
+        "ci",
+        "--json",
+        str(tmp_path / "c.json"),
+        url="",
+        token="",
+        cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    # Judge PASS on ex-0..2; humans PASS on ex-0, ex-1, ex-3: TP 2, FN 1, TN 1, FP 1.
+    measured = json.loads((tmp_path / "c.json").read_text())
+    assert (measured["true_positives"], measured["false_negatives"]) == (2, 1)
+    assert (measured["true_negatives"], measured["false_positives"]) == (1, 1)
+    assert "agreement" in done.stdout and "60.0%" in done.stdout
+    assert "ex-2: human FAIL, judge PASS" in done.stdout
+    # A bad line: its line number, nothing sent.
+    examples.write_text(json.dumps(lines[0]) + "\n" + json.dumps({"id": "x"}) + "\n")
+    bad = cli(
+        "calibrate",
+        str(examples),
+        "--agent",
+        "support-bot",
+        "--profile",
+        "ci",
+        url="",
+        token="",
+        cwd=tmp_path,
+    )
+    assert bad.returncode == 3
+    assert f"{examples}:2: Object missing required field" in bad.stderr
+    missing = cli(
+        "batch",
+        "run",
+        "--agent",
+        "x",
+        "--tag",
+        "y",
+        "--profile",
+        "nope",
+        url="",
+        token="",
+        cwd=tmp_path,
+    )
+    assert missing.returncode == 3 and "no profile 'nope'" in missing.stderr
+
+
+def test_spar_demo_runs_the_whole_path_with_nothing_configured(tmp_path: Path) -> None:
+    """The README's first command: an embedded PostgreSQL, a demo agent with a flaw, the
+    demo suite pushed and run; exits 0 with --exit once the batch is over."""
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SPAR_")}
+    done = subprocess.run(
+        [
+            spar_executable(),
+            "demo",
+            "--exit",
+            "--port",
+            str(port),
+            "--data-dir",
+            str(tmp_path / "d"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+        env={**env, "COLUMNS": "200"},
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "5 created" in done.stdout
+    assert "4 passed, 1 failed, 0 error of 5" in done.stdout
+    assert "demo · no refund after 30 days" in done.stdout
+    assert f"http://127.0.0.1:{port}/ui/orgs/" in done.stdout
+    assert "llm-providers" in done.stdout

@@ -1,0 +1,79 @@
+"""A loopback TCP proxy that cuts the first Server-Sent Events stream after its first
+event: a client that follows a batch must reconnect and still see the batch's end."""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+from types import TracebackType
+
+
+class DroppingProxy:
+    def __init__(self, upstream_port: int) -> None:
+        self.upstream_port = upstream_port
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.event_streams = 0  # connections that asked for an events stream
+        self.dropped = 0
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._accept, daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def __enter__(self) -> DroppingProxy:
+        self._thread.start()
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        value: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.listener.close()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._serve, args=(client,), daemon=True).start()
+
+    def _serve(self, client: socket.socket) -> None:
+        upstream = socket.create_connection(("127.0.0.1", self.upstream_port))
+        cut = threading.Event()  # this connection carries the stream to cut
+        threading.Thread(target=self._requests, args=(client, upstream, cut), daemon=True).start()
+        seen = b""
+        try:
+            while chunk := upstream.recv(65536):
+                client.sendall(chunk)
+                seen = (seen + chunk)[-65536:] if cut.is_set() else b""
+                if cut.is_set() and b"event: progress" in seen:
+                    break  # the first event is through: cut the stream mid-body
+        except OSError:
+            pass
+        finally:
+            for sock in (client, upstream):
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
+                sock.close()
+
+    def _requests(
+        self, client: socket.socket, upstream: socket.socket, cut: threading.Event
+    ) -> None:
+        """Client to upstream; a request for an events stream is counted, the first cut."""
+        try:
+            while chunk := client.recv(65536):
+                if b"/events HTTP/1.1" in chunk:
+                    with self._lock:
+                        self.event_streams += 1
+                        if self.dropped == 0:
+                            self.dropped += 1
+                            cut.set()
+                upstream.sendall(chunk)
+        except OSError:
+            pass
