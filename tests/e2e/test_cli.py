@@ -401,6 +401,41 @@ async def test_a_profile_configures_the_client_and_calibrate_prints_the_agreemen
     assert (measured["true_negatives"], measured["false_positives"]) == (1, 1)
     assert "agreement" in done.stdout and "60.0%" in done.stdout
     assert "ex-2: human FAIL, judge PASS" in done.stdout
+    # A later batch asking that question reports it with the judge's error taken out
+    # (the worker's judge_trust actor): judged PASS every time, corrected within [0, 1].
+    scenarios = tmp_path / "judged"
+    write(
+        scenarios,
+        "judged.yaml",
+        """
+        name: judged
+        tags: [judged]
+        turns:
+          - user_message: hi
+            criteria:
+              - question: Is it right?
+        """,
+    )
+    pushed = cli(
+        "scenarios", "push", str(scenarios), "--profile", "ci", url="", token="", cwd=tmp_path
+    )
+    assert pushed.returncode == 0, pushed.stderr
+    judged = cli(
+        "batch",
+        "run",
+        "--agent",
+        "support-bot",
+        "--tag",
+        "judged",
+        "--profile",
+        "ci",
+        url="",
+        token="",
+        cwd=tmp_path,
+    )
+    assert judged.returncode == 0, judged.stdout + judged.stderr
+    assert "Pass rates with the judge's measured error taken out" in judged.stdout
+    assert "Is it right?" in judged.stdout and "100% (" in judged.stdout
     # A bad line: its line number, nothing sent.
     examples.write_text(json.dumps(lines[0]) + "\n" + json.dumps({"id": "x"}) + "\n")
     bad = cli(
