@@ -176,18 +176,20 @@ class _Calibrated:
         text_of: dict[str, str] = {}
         named: dict[str, set[str]] = defaultdict(set)
         places = calibration.criterion_places or {}
-        for example in calibration.examples:
-            key = text_key(example["criterion_question"], example.get("few_shot_examples"))
-            text_of[example["id"]] = key
-            if example.get("criteria_id"):
-                named[key] |= {str(example["criteria_id"]), places.get(example["criteria_id"], "")}
+        for example in msgspec.convert(calibration.examples, list[schemas.StoredExample]):
+            key = text_key(example.criterion_question, example.few_shot_examples)
+            text_of[example.id] = key
+            if example.criteria_id is not None:
+                criteria_id = str(example.criteria_id)
+                named[key] |= {criteria_id, places.get(criteria_id, "")}
+        results = (calibration.metrics or {}).get("results", [])
         pairs: dict[str, list[tuple[str, str]]] = defaultdict(list)
         counted: dict[str, int] = defaultdict(int)
-        for result in (calibration.metrics or {}).get("results", []):
-            key = text_of[result["example_id"]]
+        for result in msgspec.convert(results, list[schemas.CalibrationResultItem]):
+            key = text_of[result.example_id]
             counted[key] += 1
-            if result["judge_verdict"] is not None:
-                pairs[key].append((result["human_verdict"], result["judge_verdict"]))
+            if result.judge_verdict is not None:
+                pairs[key].append((result.human_verdict, result.judge_verdict))
         for key, examples in counted.items():
             measured = _Measured(calibration.id, same_judge, Confusion.of(pairs[key]), examples)
             self.by_text.setdefault(key, measured)
