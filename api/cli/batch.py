@@ -8,21 +8,25 @@ wins over 1); 3 a usage, configuration or connection problem.
 
 from __future__ import annotations
 
-import json
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from uuid import UUID
 from xml.etree import ElementTree as ET
 
 import click
 import httpx
+import msgspec
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
+from rich.text import Text
 
 from api.cli.client import Api, UsageProblem, target
+from shared.batches.schemas import BatchRunRead
+from shared.calibration.schemas import JudgeTrust
+from shared.scenarios.schemas import ScenarioRead, ScenarioRunRead
 
 EXIT_PASSED, EXIT_FAILED, EXIT_ERROR = 0, 1, 2
 RECONNECTS = 20  # consecutive failed reconnections before giving up
@@ -52,7 +56,7 @@ def sse_events(lines: Iterator[str]) -> Iterator[tuple[str, str]]:
                 data.append(value)
 
 
-def follow(api: Api, batch_id: str, on_progress: Any) -> dict[str, Any]:
+def follow(api: Api, batch_id: UUID, on_progress: Callable[[BatchRunRead], None]) -> BatchRunRead:
     """Follow the batch's event stream until its ``end``, calling ``on_progress`` with each
     ``progress``; a dropped stream is opened again (each reconnection replays the current
     counters, so nothing is missed).  The batch as the last event gave it."""
@@ -68,7 +72,7 @@ def follow(api: Api, batch_id: str, on_progress: Any) -> dict[str, Any]:
                 for event, data in sse_events(response.iter_lines()):
                     failures = 0
                     if event in ("progress", "end"):
-                        batch = json.loads(data)
+                        batch = msgspec.json.decode(data, type=BatchRunRead)
                         on_progress(batch)
                         if event == "end":
                             return batch
@@ -95,8 +99,8 @@ class FailedTurn:
 class Outcome:
     """A scenario's run in the batch and, when it did not pass, why."""
 
-    run_id: str
-    scenario_id: str
+    run_id: UUID
+    scenario_id: UUID
     scenario: str
     status: str
     passed_turns: int
@@ -106,56 +110,52 @@ class Outcome:
     failed: list[FailedTurn] = field(default_factory=list)
 
 
-def _seconds(run: dict[str, Any]) -> float:
-    from datetime import datetime
-
-    if not run.get("started_at") or not run.get("completed_at"):
+def _seconds(run: ScenarioRunRead) -> float:
+    if run.started_at is None or run.completed_at is None:
         return 0.0
-    started = datetime.fromisoformat(run["started_at"])
-    return max(0.0, (datetime.fromisoformat(run["completed_at"]) - started).total_seconds())
+    return max(0.0, (run.completed_at - run.started_at).total_seconds())
 
 
-def outcomes(api: Api, batch: dict[str, Any]) -> list[Outcome]:
+def outcomes(api: Api, batch: BatchRunRead) -> list[Outcome]:
     """Every run of the batch; the failed and errored ones with their failed turns."""
     found = []
-    questions: dict[str, dict[str, str]] = {}
-    for summary in batch["runs"]:
+    questions: dict[UUID, dict[UUID, str]] = {}
+    for summary in batch.runs or []:
         outcome = Outcome(
-            run_id=summary["id"],
-            scenario_id=summary["scenario_id"],
-            scenario=summary["scenario_name"],
-            status=summary["status"],
-            passed_turns=summary["passed_turns"],
-            total_turns=summary["total_turns"],
+            run_id=summary.id,
+            scenario_id=summary.scenario_id,
+            scenario=summary.scenario_name,
+            status=summary.status,
+            passed_turns=summary.passed_turns,
+            total_turns=summary.total_turns,
             seconds=0.0,
         )
         found.append(outcome)
-        if summary["status"] == "passed":
+        if summary.status == "passed":
             continue
-        run = api.call("GET", api.path(f"scenarios/runs/{summary['id']}"))
+        run = api.read(api.path(f"scenarios/runs/{summary.id}"), ScenarioRunRead)
         outcome.seconds = _seconds(run)
-        outcome.error = run.get("error_message")
-        if summary["scenario_id"] not in questions:
+        outcome.error = run.error_message
+        if summary.scenario_id not in questions:
             try:
-                scenario = api.call("GET", api.path(f"scenarios/{summary['scenario_id']}"))
+                scenario = api.read(api.path(f"scenarios/{summary.scenario_id}"), ScenarioRead)
+                turns = scenario.turns
             except UsageProblem:  # deleted since: criteria are shown by id
-                scenario = {"turns": []}
-            questions[summary["scenario_id"]] = {
-                c["id"]: c["question"] for t in scenario["turns"] for c in t["criteria"]
-            }
-        asked = questions[summary["scenario_id"]]
-        for turn in run.get("turn_results") or []:
-            if turn["passed"] or turn.get("status") == "skipped":
+                turns = []
+            questions[summary.scenario_id] = {c.id: c.question for t in turns for c in t.criteria}
+        asked = questions[summary.scenario_id]
+        for turn in run.turn_results or []:
+            if turn.passed or turn.status == "skipped":
                 continue
             outcome.failed.append(
                 FailedTurn(
-                    turn_index=turn["turn_index"],
-                    user_message=turn["user_message"],
-                    response=turn["response_content"],
+                    turn_index=turn.turn_index,
+                    user_message=turn.user_message,
+                    response=turn.response_content,
                     criteria=[
-                        (asked.get(c["criteria_id"], c["criteria_id"]), c["verdict"], c["critique"])
-                        for c in turn["criteria_results"]
-                        if c["verdict"] != "PASS"
+                        (asked.get(c.criteria_id, str(c.criteria_id)), c.verdict, c.critique)
+                        for c in turn.criteria_results
+                        if c.verdict != "PASS"
                     ],
                 )
             )
@@ -165,7 +165,7 @@ def outcomes(api: Api, batch: dict[str, Any]) -> list[Outcome]:
 # --- result files --------------------------------------------------------------------------------
 
 
-def junit_xml(batch: dict[str, Any], found: list[Outcome]) -> bytes:
+def junit_xml(batch: BatchRunRead, found: list[Outcome]) -> bytes:
     """One ``testsuite`` of the batch, one ``testcase`` per scenario: a ``failure`` carrying
     the failed turn, its criterion and the judge's critique; an ``error`` for a run that
     ended in error."""
@@ -173,22 +173,23 @@ def junit_xml(batch: dict[str, Any], found: list[Outcome]) -> bytes:
     errors = sum(1 for o in found if o.status not in ("passed", "failed"))
     suite = ET.Element(
         "testsuite",
-        name=f"spar batch {batch['id']}",
+        name=f"spar batch {batch.id}",
         tests=str(len(found)),
         failures=str(failures),
         errors=str(errors),
         skipped="0",
         time=f"{sum(o.seconds for o in found):.3f}",
-        timestamp=(batch.get("started_at") or batch["created_at"])[:19],
+        timestamp=(batch.started_at or batch.created_at).strftime("%Y-%m-%dT%H:%M:%S"),
     )
     properties = ET.SubElement(suite, "properties")
     for name in ("id", "agent_id", "agent_name", "status"):
-        ET.SubElement(properties, "property", name=f"batch.{name}", value=str(batch[name]))
+        value = str(getattr(batch, name))
+        ET.SubElement(properties, "property", name=f"batch.{name}", value=value)
     for outcome in found:
         case = ET.SubElement(
             suite,
             "testcase",
-            classname=f"spar.{batch['agent_name']}",
+            classname=f"spar.{batch.agent_name}",
             name=outcome.scenario,
             time=f"{outcome.seconds:.3f}",
         )
@@ -224,9 +225,9 @@ def _describe(turn: FailedTurn) -> str:
     return "\n".join(lines)
 
 
-def json_report(batch: dict[str, Any], found: list[Outcome]) -> str:
-    body = {
-        "batch": {k: v for k, v in batch.items() if k != "runs"},
+def json_report(batch: BatchRunRead, found: list[Outcome]) -> str:
+    report = {
+        "batch": msgspec.structs.replace(batch, runs=msgspec.UNSET),
         "scenarios": [
             {
                 "run_id": o.run_id,
@@ -251,22 +252,22 @@ def json_report(batch: dict[str, Any], found: list[Outcome]) -> str:
             for o in found
         ],
     }
-    return json.dumps(body, indent=2)
+    return msgspec.json.format(msgspec.json.encode(report), indent=2).decode()
 
 
 # --- the command -------------------------------------------------------------------------------
 
 
-def exit_code(batch: dict[str, Any], found: list[Outcome], fail_under: float | None) -> int:
-    if batch["status"] == "error" or any(o.status not in ("passed", "failed") for o in found):
+def exit_code(batch: BatchRunRead, found: list[Outcome], fail_under: float | None) -> int:
+    if batch.status == "error" or any(o.status not in ("passed", "failed") for o in found):
         return EXIT_ERROR
     if fail_under is not None:
-        rate = batch["passed_scenarios"] / batch["total_scenarios"] if found else 1.0
+        rate = batch.passed_scenarios / batch.total_scenarios if batch.total_scenarios else 1.0
         return EXIT_FAILED if rate < fail_under else EXIT_PASSED
     return EXIT_FAILED if any(o.status == "failed" for o in found) else EXIT_PASSED
 
 
-def print_results(console: Console, batch: dict[str, Any], found: list[Outcome]) -> None:
+def print_results(console: Console, batch: BatchRunRead, found: list[Outcome]) -> None:
     bad = [o for o in found if o.status != "passed"]
     if bad:
         table = Table(title="Scenarios that did not pass", show_lines=True, expand=True)
@@ -276,40 +277,39 @@ def print_results(console: Console, batch: dict[str, Any], found: list[Outcome])
         table.add_column("judge's critique", ratio=4)
         for outcome in bad:
             if outcome.status != "failed":
-                table.add_row(
-                    outcome.scenario, "", f"[red]{outcome.status}[/]", outcome.error or ""
-                )
+                table.add_row(outcome.scenario, "", Text(outcome.status, "red"), outcome.error)
             for turn in outcome.failed:
                 for question, verdict, critique in turn.criteria or [("(required turn)", "", "")]:
                     table.add_row(
                         outcome.scenario, str(turn.turn_index), f"{verdict} {question}", critique
                     )
         console.print(table)
-    total = batch["total_scenarios"]
-    rate = batch["passed_scenarios"] / total if total else 0.0
+    total = batch.total_scenarios
+    rate = batch.passed_scenarios / total if total else 0.0
     console.print(
-        f"batch {batch['id']} {batch['status']}: {batch['passed_scenarios']} passed, "
-        f"{batch['failed_scenarios']} failed, {batch['error_scenarios']} error "
+        f"batch {batch.id} {batch.status}: {batch.passed_scenarios} passed, "
+        f"{batch.failed_scenarios} failed, {batch.error_scenarios} error "
         f"of {total} ({rate:.0%} passed)"
-        + (f" — {batch['error_message']}" if batch.get("error_message") else "")
+        + (f" - {batch.error_message}" if batch.error_message else ""),
+        markup=False,
     )
 
 
-def print_trust(console: Console, batch: dict[str, Any]) -> None:
-    trust = batch.get("judge_trust") or {}
-    if trust.get("status") != "ready" or not trust.get("criteria"):
+def print_trust(console: Console, batch: BatchRunRead) -> None:
+    trust = batch.judge_trust
+    if not isinstance(trust, JudgeTrust) or trust.status != "ready" or not trust.criteria:
         return
     table = Table(title="Pass rates with the judge's measured error taken out")
     for column in ("criterion", "raw", "corrected (95 % interval)", ""):
         table.add_column(column)
-    for c in trust["criteria"]:
-        if c["corrected_pass_rate"] is None:
+    for c in trust.criteria:
+        if c.corrected_pass_rate is None or c.interval is None:
             corrected = "no better than chance"
         else:
-            low, high = c["interval"]["low"], c["interval"]["high"]
-            corrected = f"{c['corrected_pass_rate']:.0%} ({low:.0%} to {high:.0%})"
-        note = f"[yellow]stale: {c['stale_reason']}[/]" if c["stale"] else ""
-        table.add_row(c["question"], f"{c['raw_pass_rate']:.0%}", corrected, note)
+            low, high = c.interval.low, c.interval.high
+            corrected = f"{c.corrected_pass_rate:.0%} ({low:.0%} to {high:.0%})"
+        note = Text(f"stale: {c.stale_reason}", "yellow") if c.stale else ""
+        table.add_row(c.question, f"{c.raw_pass_rate:.0%}", corrected, note)
     console.print(table)
 
 
@@ -414,25 +414,24 @@ def run_batch(
     """Start the batch and, with ``wait``, follow it to its end; the exit code."""
     console = console or Console(highlight=False)
     chosen = api.resolve_agent(agent)
-    ids = []
+    ids: list[str] = []
     if scenario_names:
         by_name = {s["name"]: s["id"] for s in api.pages("scenarios", "scenarios")}
         unknown = [n for n in scenario_names if n not in by_name]
         if unknown:
             raise UsageProblem(f"no scenario named {', '.join(map(repr, unknown))}")
         ids = [by_name[n] for n in scenario_names]
-    made = api.call(
-        "POST",
-        api.path("scenarios/batch-runs"),
-        json={
-            "agent_id": chosen["id"],
-            "scenario_ids": ids,
-            "tags": tags,
-            "max_concurrency": concurrency,
-        },
+    body = {"agent_id": chosen["id"], "scenario_ids": ids, "tags": tags}
+    made = msgspec.convert(
+        api.call(
+            "POST", api.path("scenarios/batch-runs"), json=body | {"max_concurrency": concurrency}
+        ),
+        BatchRunRead,
+        strict=False,
     )
     console.print(
-        f"batch {made['id']}: {made['total_scenarios']} scenarios against {chosen['name']}"
+        f"batch {made.id}: {made.total_scenarios} scenarios against {chosen['name']}",
+        markup=False,
     )
     if not wait:
         return EXIT_PASSED
@@ -445,25 +444,26 @@ def run_batch(
         console=console,
         transient=False,
     ) as progress:
-        task = progress.add_task("running", total=made["total_scenarios"], tally="")
+        task = progress.add_task("running", total=made.total_scenarios, tally="")
 
-        def show(now: dict[str, Any]) -> None:
+        def show(now: BatchRunRead) -> None:
             tally = (
-                f"[green]{now['passed_scenarios']} passed[/] [red]{now['failed_scenarios']} "
-                f"failed[/] [magenta]{now['error_scenarios']} error[/]"
+                f"[green]{now.passed_scenarios} passed[/] [red]{now.failed_scenarios} "
+                f"failed[/] [magenta]{now.error_scenarios} error[/]"
             )
             progress.update(
-                task, completed=now["completed_scenarios"], description=now["status"], tally=tally
+                task, completed=now.completed_scenarios, description=now.status, tally=tally
             )
 
-        follow(api, made["id"], show)
-    detail = api.call("GET", api.path(f"scenarios/batch-runs/{made['id']}"))
+        follow(api, made.id, show)
+    detail_path = api.path(f"scenarios/batch-runs/{made.id}")
+    detail = api.read(detail_path, BatchRunRead)
     deadline = time.monotonic() + TRUST_WAIT_S
-    while (detail.get("judge_trust") or {}).get("status") == "computing":
+    while isinstance(detail.judge_trust, JudgeTrust) and detail.judge_trust.status == "computing":
         if time.monotonic() > deadline:
             break
         time.sleep(0.5)
-        detail = api.call("GET", api.path(f"scenarios/batch-runs/{made['id']}"))
+        detail = api.read(detail_path, BatchRunRead)
     found = outcomes(api, detail)
     print_results(console, detail, found)
     print_trust(console, detail)
@@ -473,5 +473,5 @@ def run_batch(
     if json_path is not None:
         json_path.write_text(json_report(detail, found))
         console.print(f"JSON: {json_path}")
-    console.print(f"results: {api.url}/ui/orgs/{api.org}/batches/{detail['id']}")
+    console.print(f"results: {api.url}/ui/orgs/{api.org}/batches/{detail.id}", markup=False)
     return exit_code(detail, found, fail_under)

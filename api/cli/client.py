@@ -19,12 +19,14 @@ import tomllib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import click
 import httpx
+import msgspec
 
 EXIT_USAGE = 3
+T = TypeVar("T")
 PAGE = 100
 
 
@@ -102,6 +104,18 @@ class Api:
 
     def call(self, method: str, path: str, **kwargs: Any) -> Any:
         """The JSON answer (``None`` for 204); a :class:`UsageProblem` on any failure."""
+        response = self._send(method, path, **kwargs)
+        return response.json() if response.content else None
+
+    def read(self, path: str, into: type[T], **kwargs: Any) -> T:
+        """``GET path``, decoded into the API's own response type ``into``."""
+        response = self._send("GET", path, **kwargs)
+        try:
+            return msgspec.json.decode(response.content, type=into)
+        except msgspec.ValidationError as exc:
+            raise UsageProblem(f"GET {path}: an answer this client does not know: {exc}") from None
+
+    def _send(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
         try:
             response = self.http.request(method, path, **kwargs)
         except httpx.HTTPError as exc:
@@ -110,7 +124,7 @@ class Api:
             raise UsageProblem(
                 f"{method} {path} answered {response.status_code}: {_detail(response)}"
             )
-        return response.json() if response.content else None
+        return response
 
     @property
     def org(self) -> str:
