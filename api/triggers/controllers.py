@@ -10,6 +10,7 @@ from litestar.datastructures import State
 from litestar.openapi import ResponseSpec
 from litestar.params import Body, JSONBody, QueryParameter
 from litestar.status_codes import (
+    HTTP_200_OK,
     HTTP_202_ACCEPTED,
     HTTP_401_UNAUTHORIZED,
     HTTP_409_CONFLICT,
@@ -137,6 +138,33 @@ class TriggerController(Controller):
             db_session, access=access, trigger_id=trigger_id, execution_id=execution_id
         )
         return schemas.ExecutionRead.from_row(execution)
+
+    @post(
+        "/{trigger_id:str}/rotate-secret",
+        operation_id="rotateTriggerSecret",
+        access=requires("triggers:write"),
+        status_code=HTTP_200_OK,
+    )
+    async def rotate_secret(
+        self,
+        db_session: DbSession,
+        settings: Config,
+        access: Access,
+        org_id: PathId,
+        trigger_id: PathId,
+        data: Annotated[schemas.RotateSecretBody | None, Body()] = None,
+    ) -> schemas.TriggerCreated:
+        """A new `webhook_secret`, shown only in this response.  The secret it replaces
+        stays valid for `previous_valid_for_s` seconds (default 86,400; 0 refuses it at
+        once, for a secret that leaked), so callers switch without a refused delivery."""
+        trigger, secret = await services.rotate_secret(
+            db_session,
+            settings=settings,
+            access=access,
+            trigger_id=trigger_id,
+            body=data or schemas.RotateSecretBody(),
+        )
+        return services.trigger_read(trigger, settings, secret=secret)  # type: ignore[return-value]
 
     @post(
         "/{trigger_id:str}/fire",

@@ -125,6 +125,16 @@ class TriggerList(Output):
     total: int
 
 
+MAX_SECRET_OVERLAP_S = 7 * 24 * 3600
+
+
+class RotateSecretBody(Input):
+    """How long the secret being replaced stays valid beside the new one (seconds; 0
+    refuses it at once, for a secret that leaked)."""
+
+    previous_valid_for_s: Annotated[int, msgspec.Meta(ge=0, le=MAX_SECRET_OVERLAP_S)] = 86_400
+
+
 class FireBody(Input):
     # What the message template sees as ``payload`` (a webhook's body, when one fires it).
     payload: Annotated[Any, STORABLE] = None

@@ -13,7 +13,7 @@ import base64
 import secrets
 import uuid
 from collections.abc import Mapping
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 from uuid import UUID
 from zoneinfo import ZoneInfo
@@ -184,6 +184,51 @@ async def create_trigger(
     return trigger, secret
 
 
+async def rotate_secret(
+    session: AsyncSession,
+    *,
+    settings: Settings,
+    access: OrgAccess,
+    trigger_id: UUID,
+    body: schemas.RotateSecretBody,
+) -> tuple[Trigger, str]:
+    """A new webhook secret (returned only here); the one it replaces stays valid for
+    ``previous_valid_for_s`` seconds, then never again."""
+    trigger = await get_trigger(session, access=access, trigger_id=trigger_id)
+    secret = new_webhook_secret()
+    now = utcnow()
+    keep = body.previous_valid_for_s > 0
+    trigger.previous_secret_encrypted = trigger.webhook_secret_encrypted if keep else None
+    trigger.previous_secret_expires_at = (
+        now + timedelta(seconds=body.previous_valid_for_s) if keep else None
+    )
+    trigger.webhook_secret_encrypted = secret_box(settings.secret_key).encrypt(secret)
+    trigger.updated_at = now
+    await session.flush()
+    return trigger, secret
+
+
+def _secrets(trigger: Trigger, settings: Settings) -> list[str]:
+    """The secrets a delivery may be signed with: the current one, and the one before a
+    rotation until it expires."""
+    box = secret_box(settings.secret_key)
+    valid = [box.decrypt(trigger.webhook_secret_encrypted)]
+    expires = trigger.previous_secret_expires_at
+    if trigger.previous_secret_encrypted and expires is not None and expires > utcnow():
+        valid.append(box.decrypt(trigger.previous_secret_encrypted))
+    return valid
+
+
+def _verified(secrets_: list[str], body: bytes, headers: Mapping[str, str]) -> bool:
+    for secret in secrets_:
+        try:
+            Webhook(secret).verify(body, dict(headers), json_parse=False)
+        except (WebhookVerificationError, ValueError):  # ValueError: malformed headers, UTF-8
+            continue
+        return True
+    return False
+
+
 async def get_trigger(session: AsyncSession, *, access: OrgAccess, trigger_id: UUID) -> Trigger:
     return await one_in_org(session, Trigger, access.organization_id, trigger_id, "trigger")
 
@@ -311,11 +356,8 @@ async def receive_webhook(
     trigger = await session.get(Trigger, trigger_id)
     if trigger is None:
         raise NotFound("trigger not found")
-    secret = secret_box(settings.secret_key).decrypt(trigger.webhook_secret_encrypted)
-    try:
-        Webhook(secret).verify(body, dict(headers), json_parse=False)
-    except (WebhookVerificationError, ValueError):  # ValueError: malformed headers, bad UTF-8
-        raise Unauthorized("invalid webhook signature or timestamp") from None
+    if not _verified(_secrets(trigger, settings), body, headers):
+        raise Unauthorized("invalid webhook signature or timestamp")
     if trigger.status != TriggerStatus.ACTIVE:
         raise Conflict("trigger is inactive")
     webhook_id = headers["webhook-id"]

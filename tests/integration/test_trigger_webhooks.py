@@ -14,14 +14,20 @@ from uuid import UUID, uuid4
 import pytest
 from litestar import Litestar
 from litestar.testing import AsyncTestClient
-from sqlalchemy import func, select
+from sqlalchemy import func, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 from standardwebhooks import Webhook
 
-from shared.db.models import TriggerExecution
+from shared.db.models import Trigger, TriggerExecution
 from shared.settings import Settings
 from shared.triggers.executions import execute
-from tests.support.factories import Tenant, single_validation_entry, stub_broker, tenant
+from tests.support.factories import (
+    Tenant,
+    create_token,
+    single_validation_entry,
+    stub_broker,
+    tenant,
+)
 from tests.support.fakes import FakeAgent
 from tests.support.scenario_setup import outbound_setup
 
@@ -263,3 +269,53 @@ async def test_the_hook_needs_no_token_and_ignores_one(
     # A token does not stand in for the signature.
     response = await client.post(hook(trigger), content=BODY, headers=t.owner.headers)
     assert response.status_code == 401
+
+
+async def test_a_rotated_secret_signs_at_once_and_the_old_one_only_until_it_expires(
+    client: AsyncTestClient, db: AsyncSession, agent: FakeAgent
+) -> None:
+    t, other = await tenant(client), await tenant(client)
+    trigger = await webhook_trigger(client, t, agent.url)
+    old = trigger["webhook_secret"]
+    rotate = f"/v1/orgs/{t.id}/triggers/{trigger['id']}/rotate-secret"
+    response = await client.post(rotate, headers=t.owner.headers)
+    assert response.status_code == 200, response.text
+    new = response.json()["webhook_secret"]
+    assert new.startswith("whsec_") and new != old
+    assert response.json()["id"] == trigger["id"]
+    # The secret is shown in that response only.
+    read = await client.get(f"/v1/orgs/{t.id}/triggers/{trigger['id']}", headers=t.owner.headers)
+    assert "webhook_secret" not in read.json() and new not in read.text
+
+    def deliver(secret: str) -> Any:
+        return client.post(hook(trigger), content=BODY, headers=signed(secret, BODY))
+
+    assert (await deliver(new)).status_code == 202
+    assert (await deliver(old)).status_code == 202  # a day of overlap by default
+    # Once the overlap is over, the old secret is refused.
+    await db.execute(
+        update(Trigger)
+        .where(Trigger.id == UUID(trigger["id"]))
+        .values(previous_secret_expires_at=datetime.now(UTC) - timedelta(seconds=1))
+    )
+    await db.commit()
+    assert (await deliver(old)).status_code == 401
+    assert (await deliver(new)).status_code == 202
+
+    # A leaked secret: rotated with no overlap, refused at once.
+    response = await client.post(rotate, json={"previous_valid_for_s": 0}, headers=t.owner.headers)
+    newest = response.json()["webhook_secret"]
+    assert (await deliver(new)).status_code == 401
+    assert (await deliver(newest)).status_code == 202
+    # Bad bodies, another organization, and a read-only member.
+    too_long = await client.post(
+        rotate, json={"previous_valid_for_s": 8 * 24 * 3600}, headers=t.owner.headers
+    )
+    assert single_validation_entry(too_long)["loc"] == ["body", "previous_valid_for_s"]
+    foreign = await client.post(
+        f"/v1/orgs/{other.id}/triggers/{trigger['id']}/rotate-secret", headers=other.owner.headers
+    )
+    assert foreign.status_code == 404
+    reader = await create_token(client, t.owner, t.id, ["triggers:read"])
+    assert (await client.post(rotate, headers=reader.headers)).status_code == 403
+    assert (await deliver(newest)).status_code == 202  # none of those changed the secret

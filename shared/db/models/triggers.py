@@ -37,6 +37,10 @@ class Trigger(IdMixin, TimestampMixin, Base):
     tags: Mapped[list[str]] = mapped_column(JSONType, default=list)
     max_concurrency: Mapped[int] = mapped_column(Integer, default=10)
     webhook_secret_encrypted: Mapped[str] = mapped_column(Text)
+    # After a rotation, the secret before it, still accepted until it expires: callers
+    # switch to the new one without a delivery refused in between.
+    previous_secret_encrypted: Mapped[str | None] = mapped_column(Text)
+    previous_secret_expires_at: Mapped[datetime | None]
     # Slots at or before this instant are never due: set on create, and whenever the
     # trigger is activated or its schedule changes (no catch-up for a paused stretch).
     schedule_from: Mapped[datetime]
