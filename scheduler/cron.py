@@ -23,6 +23,7 @@ from apscheduler.schedulers.asyncio import AsyncIOScheduler
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from shared.db.base import utcnow
+from shared.metrics import TRIGGER_SLOTS
 from shared.runtime import provide_session
 from shared.settings import Settings
 from shared.triggers.firing import ScheduledTrigger, fire_due, scheduled_trigger, scheduled_triggers
@@ -119,6 +120,8 @@ class TriggerCron:
             fired = await fire_due(
                 session, trigger, now=utcnow(), grace=self._grace, broker=self._broker
             )
+        TRIGGER_SLOTS.labels("queued").inc(len(fired.queued))
+        TRIGGER_SLOTS.labels("missed").inc(fired.missed)
         if fired.queued or fired.missed:
             log.info(
                 "trigger %s: %d slot(s) queued, %d missed",

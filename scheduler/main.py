@@ -21,6 +21,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from scheduler.cron import TriggerCron
 from scheduler.leader import Leadership
 from scheduler.sweeper import sweep
+from shared.metrics import SCHEDULER_LEADING, serve_process_metrics
 from shared.queue import get_broker
 from shared.runtime import get_runtime
 from shared.settings import Settings
@@ -55,6 +56,7 @@ async def lead_forever(
             except Exception:  # the database is away: stand by and try again
                 log.warning("could not reach the database for leadership", exc_info=True)
                 leading = False
+            SCHEDULER_LEADING.set(1 if leading else 0)
             if not leading:
                 if cron.running:
                     log.warning("lost the scheduler lock: stopping trigger jobs")
@@ -81,6 +83,7 @@ async def lead_forever(
                     await asyncio.wait_for(stop.wait(), timeout=settings.leader_retry_s)
     finally:
         cron.stop()
+        SCHEDULER_LEADING.set(0)
 
 
 async def run_forever(stop: asyncio.Event) -> None:
@@ -99,7 +102,11 @@ async def run_forever(stop: asyncio.Event) -> None:
         await runtime.close()
 
 
-def main() -> None:
+def main(metrics_port: int | None = None) -> None:
+    """The scheduler until SIGTERM or SIGINT; its metrics on ``metrics_port`` if given."""
+    if metrics_port is not None:
+        serve_process_metrics(metrics_port)
+
     async def _main() -> None:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()

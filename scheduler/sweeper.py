@@ -24,6 +24,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from shared.batches import window
 from shared.knowledge import processing
+from shared.metrics import SWEEPER_RESENT
 from shared.queue import PROCESS_DOCUMENT, RUN_SCENARIO, RUN_TRIGGER, send
 from shared.runtime import provide_session
 from shared.scenarios import store
@@ -50,6 +51,13 @@ async def sweep(
         send(broker, RUN_TRIGGER, str(execution_id))
     for document_id in documents:
         send(broker, PROCESS_DOCUMENT, str(document_id))
+    for kind, sent in (
+        ("runs", stalled),
+        ("batch_runs", dispatched),
+        ("trigger_executions", executions),
+        ("documents", documents),
+    ):
+        SWEEPER_RESENT.labels(kind).inc(len(sent))
     if stalled or dispatched or executions or documents:
         log.info(
             "sweeper re-sent %d stalled runs, %d trigger executions and %d documents, "

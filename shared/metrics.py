@@ -7,7 +7,9 @@
 * per queue: messages waiting, delayed, held by workers, dead, and the age of the oldest
   waiting one, read from the broker at scrape time (:class:`QueueCollector`);
 * scenario runs in flight and finished, by status;
-* agent and judge calls: latency and errors by kind and provider (:func:`observed_call`).
+* agent and judge calls: latency and errors by kind and provider (:func:`observed_call`);
+* the scheduler: whether it leads, trigger slots fired and missed, work the sweeper sent
+  again (``spar scheduler --metrics-port``).
 
 Labels never hold organization ids, raw paths, secrets or any other unbounded value.
 
@@ -192,6 +194,27 @@ def in_flight(gauge: Gauge) -> Callable[[Callable[P, Awaitable[R]]], Callable[P,
         return tracked
 
     return decorate
+
+
+# --- the scheduler ---------------------------------------------------------------------------
+
+SCHEDULER_LEADING = Gauge(
+    "spar_scheduler_leading",
+    "1 while this scheduler holds the lock and runs the trigger jobs and the sweeper.",
+    multiprocess_mode="livemax",
+)
+TRIGGER_SLOTS = Counter(
+    "spar_trigger_slots_total",
+    "Scheduled trigger slots recorded by the scheduler: queued (fired), or missed (older "
+    "than SPAR_TRIGGER_GRACE_S when recorded).",
+    ["outcome"],
+)
+SWEEPER_RESENT = Counter(
+    "spar_sweeper_resent_total",
+    "Work the sweeper sent again or handed out: stalled runs, batch runs dispatched, "
+    "trigger executions, knowledge documents.",
+    ["kind"],
+)
 
 
 # --- agent and judge calls -------------------------------------------------------------------
@@ -401,6 +424,12 @@ def mark_process_dead() -> None:
     directory as it exits."""
     if multiprocess_mode():
         multiprocess.mark_process_dead(os.getpid())  # type: ignore[no-untyped-call]
+
+
+def serve_process_metrics(port: int) -> None:
+    """Serve this process's metrics on ``port`` at ``/metrics`` from a daemon thread
+    (``spar scheduler --metrics-port``)."""
+    start_http_server(port, addr="0.0.0.0", registry=_process_registry())  # noqa: S104
 
 
 def serve_worker_metrics() -> None:

@@ -213,7 +213,13 @@ def worker(
 @click.command(
     "scheduler", short_help="Run the cron triggers and the sweeper (one replica active)."
 )
-def scheduler() -> None:
+@click.option(
+    "--metrics-port",
+    type=POSITIVE,
+    default=None,
+    help="Serve the scheduler's Prometheus metrics on this port at /metrics (default: none).",
+)
+def scheduler(metrics_port: int | None) -> None:
     """Fire scheduled triggers at their cron times, exactly once per slot, and re-enqueue
     work stuck past its deadline.  Run several for availability: a PostgreSQL advisory
     lock keeps one active, and a standby takes over within SPAR_LEADER_RETRY_S.  Needs
@@ -224,7 +230,7 @@ def scheduler() -> None:
     settings.require_database_url()
     if not settings.redis_url:
         raise SettingsError("SPAR_REDIS_URL must be set: the scheduler sends work to Redis")
-    scheduler_main()
+    scheduler_main(metrics_port)
 
 
 @click.command("serve", short_help="Run the HTTP API (needs SPAR_SECRET_KEY).")

@@ -16,6 +16,7 @@ import msgspec
 import pytest
 from litestar import Litestar
 from litestar.testing import AsyncTestClient
+from prometheus_client import REGISTRY
 from sqlalchemy import func, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -80,6 +81,11 @@ async def slots(db: AsyncSession, trigger_id: str) -> list[tuple[datetime, str]]
 
 def minute(at: datetime) -> datetime:
     return at.replace(second=0, microsecond=0)
+
+
+def sample(name: str, **labels: str) -> float:
+    """A metric of this process's registry (what ``spar scheduler --metrics-port`` serves)."""
+    return REGISTRY.get_sample_value(name, labels) or 0.0
 
 
 async def test_due_slots_are_recorded_once_however_many_record_them(
@@ -228,11 +234,13 @@ async def test_the_cron_picks_up_creates_edits_pauses_and_deletes_within_two_sec
     cron = TriggerCron(app.state.session_factory, broker, quick)
     leadership = Leadership(app.state.engine)
     stop = asyncio.Event()
+    queued_before = sample("spar_trigger_slots_total", outcome="queued")
     task = asyncio.create_task(
         lead_forever(app.state.session_factory, broker, quick, stop, leadership, cron)
     )
     try:
         await wait_until(lambda: cron.running)
+        assert sample("spar_scheduler_leading") == 1
         t = await tenant(client)
         setup = await outbound_setup(client, t, agent.url)
         trigger = await create(client, t, scheduled(setup.agent_id, cron_expression="0 3 * * *"))
@@ -263,11 +271,14 @@ async def test_the_cron_picks_up_creates_edits_pauses_and_deletes_within_two_sec
         recorded = await slots(db, late["id"])
         assert len(recorded) in (2, 3)  # the minute may turn meanwhile
         assert {status for _, status in recorded} == {"queued"}
+        fired = sample("spar_trigger_slots_total", outcome="queued") - queued_before
+        assert fired == len(recorded)
     finally:
         stop.set()
         await task
         await leadership.release()
     assert not cron.running
+    assert sample("spar_scheduler_leading") == 0
 
 
 async def test_the_sweeper_resends_an_execution_whose_message_was_lost(
@@ -278,6 +289,7 @@ async def test_the_sweeper_resends_an_execution_whose_message_was_lost(
     fired = (await client.post(path(t, trigger["id"], "fire"), headers=t.owner.headers)).json()
     broker = stub_broker()
     factory = app.state.session_factory
+    resent_before = sample("spar_sweeper_resent_total", kind="trigger_executions")
     await sweep(factory, broker, 300.0)
     assert broker.queues[RUN_TRIGGER[0]].qsize() == 0  # just queued: its message is on its way
     await db.execute(
@@ -290,3 +302,4 @@ async def test_the_sweeper_resends_an_execution_whose_message_was_lost(
     assert broker.queues[RUN_TRIGGER[0]].qsize() == 1
     count = await db.scalar(select(func.count()).select_from(TriggerExecution))
     assert count == 1 and fired["status"] == "queued"
+    assert sample("spar_sweeper_resent_total", kind="trigger_executions") - resent_before == 1
