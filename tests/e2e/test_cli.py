@@ -161,6 +161,24 @@ async def world(client: AsyncTestClient, shop: ShopAgent, judge: FakeOpenAI) -> 
     return t
 
 
+async def pushed_world(
+    client: AsyncTestClient, spar_api: str, shop: ShopAgent, judge: FakeOpenAI, tmp_path: Path
+) -> str:
+    """:func:`world` with :func:`suite` pushed by the CLI; the owner's token."""
+    t = await world(client, shop, judge)
+    suite(tmp_path / "scenarios")
+    pushed = cli(
+        "scenarios",
+        "push",
+        str(tmp_path / "scenarios"),
+        url=spar_api,
+        token=t.owner.token,
+        cwd=tmp_path,
+    )
+    assert pushed.returncode == 0, pushed.stderr
+    return t.owner.token
+
+
 async def test_push_creates_then_changes_nothing_then_updates_with_a_diff_and_prunes(
     client: AsyncTestClient, spar_api: str, shop: ShopAgent, judge: FakeOpenAI, tmp_path: Path
 ) -> None:
@@ -267,14 +285,7 @@ def check_junit(path: Path) -> Any:
 async def test_batch_run_exit_codes_result_files_and_fail_under(
     client: AsyncTestClient, spar_api: str, shop: ShopAgent, judge: FakeOpenAI, tmp_path: Path
 ) -> None:
-    t = await world(client, shop, judge)
-    scenarios = tmp_path / "scenarios"
-    suite(scenarios)
-    token = t.owner.token
-    assert (
-        cli("scenarios", "push", str(scenarios), url=spar_api, token=token, cwd=tmp_path).returncode
-        == 0
-    )
+    token = await pushed_world(client, spar_api, shop, judge, tmp_path)
 
     def batch(*args: str, **kwargs: Any) -> subprocess.CompletedProcess[str]:
         return cli(
@@ -336,14 +347,7 @@ async def test_batch_run_exit_codes_result_files_and_fail_under(
 async def test_a_dropped_event_stream_is_reconnected_and_the_batch_followed_to_its_end(
     client: AsyncTestClient, spar_api: str, shop: ShopAgent, judge: FakeOpenAI, tmp_path: Path
 ) -> None:
-    t = await world(client, shop, judge)
-    scenarios = tmp_path / "scenarios"
-    suite(scenarios)
-    token = t.owner.token
-    assert (
-        cli("scenarios", "push", str(scenarios), url=spar_api, token=token, cwd=tmp_path).returncode
-        == 0
-    )
+    token = await pushed_world(client, spar_api, shop, judge, tmp_path)
     upstream = int(spar_api.rsplit(":", 1)[1])
     with DroppingProxy(upstream) as proxy:
         done = cli(
