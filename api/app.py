@@ -24,6 +24,7 @@ from api.outbound.controllers import CONTROLLERS as OUTBOUND_CONTROLLERS
 from api.requests import SparRequest
 from api.scenarios.controllers import CONTROLLERS as SCENARIO_CONTROLLERS
 from api.triggers.controllers import CONTROLLERS as TRIGGER_CONTROLLERS
+from api.ui.controllers import TEMPLATES, ui_assets, ui_router
 from shared.db.engine import create_engine, create_session_factory, dispose_engine
 from shared.identity.throttle import LoginThrottle
 from shared.metrics import mark_process_dead
@@ -44,7 +45,7 @@ V1_CONTROLLERS: list[Any] = [
 
 
 def _check_access_rules(router: Router) -> None:
-    """Refuse to start if any /v1 route forgot to declare who may call it."""
+    """Refuse to start if any route of ``router`` (/v1, /ui) forgot to declare who may call it."""
     missing = [
         f"{sorted(handler.http_methods)} {route.path}"
         for route in router.routes
@@ -61,6 +62,9 @@ def create_app(settings: Settings | None = None) -> Litestar:
     settings = settings or get_settings()
     v1 = Router("/v1", route_handlers=V1_CONTROLLERS, guards=[authorize, reject_unknown_query])
     _check_access_rules(v1)
+    # The web UI: the same access rules, its token from a cookie; outside /v1 and the schema.
+    ui = ui_router()
+    _check_access_rules(ui)
 
     async def open_database(app: Litestar) -> None:
         app.state.engine = create_engine(settings)
@@ -73,13 +77,14 @@ def create_app(settings: Settings | None = None) -> Litestar:
         await dispose_engine(app.state.engine)
 
     app = Litestar(
-        route_handlers=[HealthController, metrics, v1, docs_assets()],
+        route_handlers=[HealthController, metrics, v1, ui, ui_assets(), docs_assets()],
         dependencies=DEPENDENCIES,
         exception_handlers=EXCEPTION_HANDLERS,  # type: ignore[arg-type]
         request_class=SparRequest,
         middleware=[ObservabilityMiddleware],
         logging_config=None,  # shared.logs sets one format for every process
         openapi_config=openapi_config(),
+        template_config=TEMPLATES,
         on_startup=[open_database],
         on_shutdown=[close_database, mark_process_dead],
         debug=False,

@@ -5,10 +5,14 @@ caller's access to the organization in the path (``org_id``) and enforces the ro
 rule.  The outcome is kept on the connection for the ``principal`` / ``access``
 dependencies.  Order of answers: 401 (no valid token), 404 (not a member, or another
 organization's id), 403 (member, but not allowed).
+
+The web UI (``api/ui``) declares the same rules on its routes and enforces them with the
+same :func:`enforce`; only where the token comes from differs (its session cookie).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 from uuid import UUID
 
@@ -61,9 +65,32 @@ def autocommit_engine(state: State) -> AsyncEngine:
     return made[1]
 
 
+async def authenticate(
+    state: State, token: str, org_id: UUID | None = None
+) -> tuple[Principal, OrgAccess | None]:
+    """The token's principal and, given ``org_id``, its access there (401, then 404).
+
+    One autocommit round trip for token, user and role (no BEGIN, no COMMIT), on a
+    connection of its own: the handler's session may not be wanted, and a session opened
+    here could not be closed if the request failed before the handler's dependencies."""
+    async with autocommit_engine(state).connect() as db:
+        return await services.authenticate(db, token, org_id)
+
+
 async def authorize(
     connection: ASGIConnection[Any, Any, Any, Any], handler: BaseRouteHandler
 ) -> None:
+    """The /v1 guard: the caller's token is the ``Authorization: Bearer`` header's."""
+    await enforce(connection, handler, bearer_token)
+
+
+async def enforce(
+    connection: ASGIConnection[Any, Any, Any, Any],
+    handler: BaseRouteHandler,
+    token_of: Callable[[ASGIConnection[Any, Any, Any, Any]], str],
+) -> None:
+    """Enforce the handler's access rule for the caller whose token ``token_of`` reads
+    (raising :class:`Unauthorized` when there is none)."""
     rule: AccessRule | None = handler.opt.get(ACCESS_KEY)
     if rule is None:
         if handler.http_methods == {"OPTIONS"}:  # Litestar's automatic OPTIONS answers
@@ -72,19 +99,15 @@ async def authorize(
         raise PermissionDenied("route has no access rule")
     if rule.public:
         return
-    token = bearer_token(connection)
+    token = token_of(connection)
     try:
         org_id, malformed = _org_id(connection), None
     except ValidationException as exc:
         org_id, malformed = None, exc
-    # One autocommit round trip for token, user and role (no BEGIN, no COMMIT), on a
-    # connection of its own: the handler's session may not be wanted, and a session opened
-    # here could not be closed if the request failed before the handler's dependencies.
-    async with autocommit_engine(connection.app.state).connect() as db:
-        # 401 before anything else, then 404 for an organization out of reach.
-        principal, access = await services.authenticate(
-            db, token, org_id if malformed is None else None
-        )
+    # 401 before anything else, then 404 for an organization out of reach.
+    principal, access = await authenticate(
+        connection.app.state, token, org_id if malformed is None else None
+    )
     if malformed is not None:
         raise malformed
     if rule.user_only and not principal.is_user:

@@ -18,9 +18,8 @@ from litestar.status_codes import HTTP_200_OK
 
 from api.deps import Access, DbSession, Page, PathId
 from shared.batches import schemas, services
-from shared.calibration import trust
 from shared.identity.access import OrgAccess, requires
-from shared.queue import DISPATCH_BATCH, JUDGE_TRUST, send_after_commit
+from shared.queue import DISPATCH_BATCH, send_after_commit
 
 EVENT_POLL_S = 0.5
 RECENT = timedelta(seconds=30)
@@ -69,11 +68,7 @@ class BatchRunController(Controller):
         """The batch with its counters, a summary of every run and, once it is over, its
         judge trust: each LLM-judged criterion's pass rate with the judge's measured error
         taken out (`computing` at first: the `calibration` queue works it out)."""
-        batch = await services.get_batch(db_session, access, batch_run_id)
-        runs = await services.run_summaries(db_session, batch.id)
-        if await trust.request(db_session, batch):
-            send_after_commit(db_session, state.broker, JUDGE_TRUST, str(batch.id))
-        return services.batch_read(batch, runs, detail=True)
+        return await services.batch_detail(db_session, access, batch_run_id, state.broker)
 
     @post(
         "/{batch_run_id:str}/cancel",

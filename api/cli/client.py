@@ -6,7 +6,7 @@ Configuration, first found wins: the environment (``SPAR_URL``, ``SPAR_TOKEN``,
 
     [profiles.default]
     url = "https://spar.example.com"
-    token = "spt_..."
+    token = "pat_..."
     org = "6f1c..."        # only needed when the token reaches several organizations
 
 Every failure to reach or use the API is a :class:`UsageProblem` (exit code 3).

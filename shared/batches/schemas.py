@@ -70,3 +70,30 @@ class BatchRunRead(Output):
 class BatchRunList(Output):
     batch_runs: list[BatchRunRead]
     total: int
+
+
+class Change(enum.StrEnum):
+    """How a scenario's outcome moved from one batch (A) to another (B)."""
+
+    REGRESSED = "regressed"  # passed in A, failed in B
+    FIXED = "fixed"  # failed in A, passed in B
+    CHANGED = "changed"  # any other difference (an error, a run not over yet)
+    UNCHANGED = "unchanged"
+    ONLY_IN_A = "only_in_a"
+    ONLY_IN_B = "only_in_b"
+
+
+class ScenarioComparison(Output):
+    scenario_id: UUID
+    scenario_name: str
+    change: Change
+    a: BatchRunItemSummary | None  # its run in batch A, if A ran it
+    b: BatchRunItemSummary | None
+
+
+class BatchComparison(Output):
+    a: BatchRunRead
+    b: BatchRunRead
+    scenarios: list[ScenarioComparison]  # regressions first
+    regressions: int
+    fixes: int

@@ -1,5 +1,5 @@
 """Batch runs (DESIGN §5.3): creating one (its runs fanned out in bulk), reading, listing,
-cancelling, and the progress its event stream reports.
+cancelling, the progress its event stream reports, and two batches compared.
 
 The window, the hand-over, the counters, the cancel and dispatch live in
 :mod:`shared.batches.window`; this module calls them.
@@ -17,6 +17,7 @@ import uuid
 from datetime import datetime
 from uuid import UUID
 
+import dramatiq
 import msgspec
 from sqlalchemy import (
     ARRAY,
@@ -45,6 +46,7 @@ from shared.errors import Conflict, InvalidInput, NotFound
 from shared.identity.access import OrgAccess
 from shared.outbound.services import agent_in_org
 from shared.paging import Paging, paginate
+from shared.queue import JUDGE_TRUST, send_after_commit
 from shared.runtime import provide_session
 from shared.scenarios.schemas import TERMINAL_STATUSES
 from shared.scenarios.services import snapshot_source, tag_filter
@@ -174,12 +176,33 @@ async def get_batch(session: AsyncSession, access: OrgAccess, batch_id: UUID) ->
 
 
 async def list_batches(
-    session: AsyncSession, access: OrgAccess, paging: Paging, status: str | None = None
+    session: AsyncSession,
+    access: OrgAccess,
+    paging: Paging,
+    status: str | None = None,
+    *,
+    newest_first: bool = False,
 ) -> tuple[list[BatchRun], int]:
+    """The organization's batches, oldest first (the API's stable order) or newest first."""
     query = select(BatchRun).where(BatchRun.organization_id == access.organization_id)
     if status:
         query = query.where(BatchRun.status == status)
-    return await paginate(session, query, paging, BatchRun.created_at, BatchRun.id)
+    order = (BatchRun.created_at, BatchRun.id)
+    if newest_first:
+        order = (BatchRun.created_at.desc(), BatchRun.id.desc())
+    return await paginate(session, query, paging, *order)
+
+
+async def batch_detail(
+    session: AsyncSession, access: OrgAccess, batch_id: UUID, broker: dramatiq.Broker
+) -> schemas.BatchRunRead:
+    """The batch with its counters, a summary of every run and, once it is over, its judge
+    trust: asked of the ``calibration`` queue (after commit) the first time it is read."""
+    batch = await get_batch(session, access, batch_id)
+    runs = await run_summaries(session, batch.id)
+    if await trust.request(session, batch):
+        send_after_commit(session, broker, JUDGE_TRUST, str(batch.id))
+    return batch_read(batch, runs, detail=True)
 
 
 async def run_summaries(
@@ -239,6 +262,14 @@ async def cancel_batch(session: AsyncSession, access: OrgAccess, batch_id: UUID)
     return await get_batch(session, access, batch_id)
 
 
+def is_over(batch: BatchRun | schemas.BatchRunRead) -> bool:
+    """Ended, with every one of its runs counted (a cancelled batch still counts the runs
+    that were in flight: it is over after the last of them)."""
+    return batch.status in (BatchStatus.COMPLETED, BatchStatus.ERROR) and (
+        batch.completed_scenarios >= batch.total_scenarios
+    )
+
+
 class Progress(msgspec.Struct, frozen=True):
     """One look at a batch for its event stream: the batch, its runs ended lately, and
     whether it is over (ended, with every one of its runs counted)."""
@@ -259,10 +290,7 @@ async def progress(
     it, and always all of them once the batch is over, so no run is ever missed)."""
     async with provide_session(factory) as session:
         batch = await get_batch(session, access, batch_id)
-        # A cancelled batch still counts the runs that were in flight: over after the last.
-        over = batch.status in (BatchStatus.COMPLETED, BatchStatus.ERROR) and (
-            batch.completed_scenarios >= batch.total_scenarios
-        )
+        over = is_over(batch)
         ended = await run_summaries(
             session, batch_id, ended=True, ended_since=None if over else ended_since
         )
@@ -294,4 +322,63 @@ def batch_read(
         error_message=batch.error_message,
         runs=runs if runs is not None else msgspec.UNSET,
         judge_trust=trust.read(batch) if detail else msgspec.UNSET,
+    )
+
+
+# --- comparing two batches ---------------------------------------------------------------------
+
+# How a scenario's outcome moved from batch A to batch B, in the order a comparison lists them.
+_CHANGE_ORDER = {
+    schemas.Change.REGRESSED: 0,
+    schemas.Change.FIXED: 1,
+    schemas.Change.CHANGED: 2,
+    schemas.Change.ONLY_IN_A: 3,
+    schemas.Change.ONLY_IN_B: 4,
+    schemas.Change.UNCHANGED: 5,
+}
+
+
+def _change(
+    a: schemas.BatchRunItemSummary | None, b: schemas.BatchRunItemSummary | None
+) -> schemas.Change:
+    if b is None:
+        return schemas.Change.ONLY_IN_A
+    if a is None:
+        return schemas.Change.ONLY_IN_B
+    if (a.status, b.status) == ("passed", "failed"):
+        return schemas.Change.REGRESSED
+    if (a.status, b.status) == ("failed", "passed"):
+        return schemas.Change.FIXED
+    return schemas.Change.UNCHANGED if a.status == b.status else schemas.Change.CHANGED
+
+
+async def compare_batches(
+    session: AsyncSession, access: OrgAccess, a_id: UUID, b_id: UUID
+) -> schemas.BatchComparison:
+    """Two batches of the organization side by side, scenario by scenario (matched by
+    ``scenario_id``): regressions (passed in A, failed in B) first, then fixes (failed, then
+    passed), other changes, scenarios run in one batch only, and the unchanged."""
+    batch_a = await get_batch(session, access, a_id)
+    batch_b = await get_batch(session, access, b_id)
+    runs_a = {run.scenario_id: run for run in await run_summaries(session, batch_a.id)}
+    runs_b = {run.scenario_id: run for run in await run_summaries(session, batch_b.id)}
+    rows = []
+    for scenario_id in runs_a.keys() | runs_b.keys():
+        a, b = runs_a.get(scenario_id), runs_b.get(scenario_id)
+        rows.append(
+            schemas.ScenarioComparison(
+                scenario_id=scenario_id,
+                scenario_name=(b or a).scenario_name,  # type: ignore[union-attr]
+                change=_change(a, b),
+                a=a,
+                b=b,
+            )
+        )
+    rows.sort(key=lambda row: (_CHANGE_ORDER[row.change], row.scenario_name, row.scenario_id))
+    return schemas.BatchComparison(
+        a=batch_read(batch_a),
+        b=batch_read(batch_b),
+        scenarios=rows,
+        regressions=sum(row.change == schemas.Change.REGRESSED for row in rows),
+        fixes=sum(row.change == schemas.Change.FIXED for row in rows),
     )

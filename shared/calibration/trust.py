@@ -73,6 +73,12 @@ async def request(session: AsyncSession, batch: BatchRun) -> bool:
     if batch.status not in OVER:
         return False
     now = utcnow()
+    known = batch.judge_trust or {}
+    if (
+        known.get("status") == "ready"
+        or known.get("requested_at", "") >= (now - REQUEST_STALL).isoformat()
+    ):
+        return False  # as read: nothing to ask (the guarded UPDATE below decides races)
     trust = BatchRun.judge_trust
     asked = await session.scalar(
         update(BatchRun)

@@ -1,0 +1,73 @@
+// Spar results UI: the live progress of a batch run.  A batch page that is still running
+// names its progress URL (data-progress-url); poll it every second, update the counters,
+// the bar and each run's row, and reload the page once the batch is over (for its final
+// state and judge trust).  Text only (textContent): nothing received is parsed as HTML.
+"use strict";
+
+(function () {
+  const section = document.querySelector("[data-progress-url]");
+  if (!section) return;
+  const url = section.dataset.progressUrl;
+  const POLL_MS = 1000;
+
+  function setText(element, value) {
+    if (element) element.textContent = String(value);
+  }
+
+  function setStatus(element, status) {
+    if (!element) return;
+    element.textContent = status;
+    element.className = "status status-" + status;
+  }
+
+  function show(batch) {
+    setStatus(section.querySelector('[data-field="status"]'), batch.status);
+    setText(document.getElementById("completed"), batch.completed_scenarios);
+    setText(document.getElementById("total"), batch.total_scenarios);
+    setText(document.getElementById("passed"), batch.passed_scenarios);
+    setText(document.getElementById("failed"), batch.failed_scenarios);
+    setText(document.getElementById("errors"), batch.error_scenarios);
+    const bar = document.getElementById("progress");
+    if (bar) {
+      bar.max = batch.total_scenarios;
+      bar.value = batch.completed_scenarios;
+    }
+    const rows = new Map();
+    for (const row of document.querySelectorAll("tr[data-run]")) rows.set(row.dataset.run, row);
+    for (const run of batch.runs || []) {
+      const row = rows.get(run.id);
+      if (!row) continue;
+      setStatus(row.querySelector('[data-field="status"]'), run.status);
+      setText(row.querySelector('[data-field="passed_turns"]'), run.passed_turns);
+    }
+  }
+
+  async function poll() {
+    let body = null;
+    try {
+      const response = await fetch(url, {
+        headers: { accept: "application/json" },
+        credentials: "same-origin",
+        cache: "no-store",
+      });
+      const json = (response.headers.get("content-type") || "").includes("application/json");
+      if (!response.ok || !json) {
+        // Signed out, or the batch is gone: a reload shows why.
+        window.location.reload();
+        return;
+      }
+      body = await response.json();
+    } catch (error) {
+      window.setTimeout(poll, POLL_MS); // the server is unreachable for now: try again
+      return;
+    }
+    show(body.batch);
+    if (body.over) {
+      window.location.reload();
+      return;
+    }
+    window.setTimeout(poll, POLL_MS);
+  }
+
+  window.setTimeout(poll, POLL_MS);
+})();

@@ -1,0 +1,456 @@
+"""The results web UI (``/ui``), in a real headless Chromium against a real HTTP server.
+
+The app is served by uvicorn on a loopback port (``tests.support.live_server``) against
+the session's database; setup goes through the API (the test client), and batches are
+played in-process as the workers do (``dispatch_committed`` and ``execute_run`` against a
+loopback :class:`FakeAgent`), one run at a time while the browser watches.  The rules
+that need no browser (sign-in, isolation, permissions, escaping) are plain HTTP requests
+to the same server.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import deque
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+from uuid import UUID, uuid4
+
+import httpx
+import msgspec
+import pytest
+from litestar import Litestar
+from litestar.testing import AsyncTestClient
+from playwright.async_api import Browser, Page, async_playwright, expect
+from sqlalchemy import update
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from api.app import create_app
+from api.ui.session import COOKIE
+from shared.batches.services import dispatch_committed
+from shared.calibration.schemas import (
+    Interval,
+    JudgeTrust,
+    TrustedCriterion,
+    UncalibratedCriterion,
+)
+from shared.db.base import utcnow
+from shared.db.models import BatchRun
+from shared.scenarios.runner import execute_run
+from shared.settings import Settings
+from tests.integration.test_batch_runs import (
+    World,
+    create_batch,
+    drain,
+    failing_turn,
+    make_scenario,
+    make_world,
+    passing_turn,
+)
+from tests.support.factories import create_org, create_token, tenant
+from tests.support.fakes import FakeAgent
+from tests.support.live_server import LiveServer
+
+CHROMIUM = Path("/usr/bin/chromium")  # Debian's package; .ci/run installs it
+
+
+@pytest.fixture(scope="module")
+def server(settings: Settings) -> Iterator[LiveServer]:
+    with LiveServer(create_app(settings)) as live:
+        yield live
+
+
+@pytest.fixture(scope="module")
+async def browser() -> AsyncIterator[Browser]:
+    async with async_playwright() as playwright:
+        browser = await playwright.chromium.launch(executable_path=CHROMIUM)
+        yield browser
+        await browser.close()
+
+
+@pytest.fixture
+async def page(browser: Browser, server: LiveServer) -> AsyncIterator[Page]:
+    context = await browser.new_context(base_url=server.url)
+    context.set_default_timeout(10_000)
+    yield await context.new_page()
+    await context.close()
+
+
+@pytest.fixture
+def agent() -> Iterator[FakeAgent]:
+    with FakeAgent(reply=lambda body: f"Echo: {body['message']}") as fake:
+        yield fake
+
+
+def http(server: LiveServer, token: str | None = None) -> httpx.AsyncClient:
+    """A client of the live server, signed in with ``token`` (the UI's cookie) if given."""
+    cookies = {COOKIE: token} if token else None
+    return httpx.AsyncClient(base_url=server.url, cookies=cookies, timeout=10)
+
+
+async def runs_by_scenario(client: AsyncTestClient, w: World, batch_id: str) -> dict[str, str]:
+    response = await client.get(f"{w.batches}/{batch_id}", headers=w.headers)
+    assert response.status_code == 200, response.text
+    return {run["scenario_id"]: run["id"] for run in response.json()["runs"]}
+
+
+# --- in the browser ----------------------------------------------------------------------------
+
+
+async def test_a_user_signs_in_watches_a_batch_move_reads_a_failure_and_finds_a_regression(
+    client: AsyncTestClient,
+    app: Litestar,
+    settings: Settings,
+    agent: FakeAgent,
+    server: LiveServer,
+    page: Page,
+) -> None:
+    w = await make_world(client, agent)
+    greets = await make_scenario(client, w, "greets", turns=[passing_turn(1)])
+    refuses = await make_scenario(client, w, "refuses", turns=[failing_turn(2)])
+    thanks = await make_scenario(client, w, "thanks", turns=[passing_turn(3)])
+    scenario_ids = [greets["id"], refuses["id"], thanks["id"]]
+    first = await create_batch(client, w, scenario_ids=scenario_ids)
+    batches = f"/ui/orgs/{w.t.id}/batches"
+
+    # No cookie: the sign-in page, which comes back to the page asked for.
+    await page.goto(batches)
+    await expect(page).to_have_url(re.compile(r"/ui/login\?next="))
+    await page.fill("#token", w.t.owner.token)
+    await page.click("button[type=submit]")
+    await expect(page).to_have_url(f"{server.url}{batches}")
+    listed = page.locator(f'tr[data-batch="{first["id"]}"]')
+    await expect(listed).to_contain_text("bot")
+    await expect(listed).to_contain_text("0 / 3")
+
+    # A link followed from another site ("localhost" is not "127.0.0.1") arrives without
+    # the SameSite=Strict cookie, yet opens the page, not the sign-in form.
+    await page.goto(server.url.replace("127.0.0.1", "localhost") + "/ui/login")
+    await page.evaluate(
+        """href => { const a = document.createElement("a"); a.href = href; a.id = "away";
+                     a.textContent = "away"; document.body.append(a); }""",
+        f"{server.url}{batches}",
+    )
+    await page.click("#away")
+    await expect(page).to_have_url(f"{server.url}{batches}")
+
+    # The batch, open while it runs: its counter and bar move as runs end, without a reload.
+    await listed.get_by_role("link", name="Open").click()
+    await expect(page.locator("#completed")).to_have_text("0")
+    await expect(page.locator("#total")).to_have_text("3")
+    await page.evaluate("window.sameDocument = true")
+    factory = app.state.session_factory
+    pending = deque(await dispatch_committed(factory, UUID(first["id"])))
+    done = 0
+    while pending:
+        run_id = pending.popleft()
+        pending.extend(await execute_run(factory, settings, run_id) or [])
+        done += 1
+        await expect(page.locator("#completed")).to_have_text(str(done))
+        row = page.locator(f'tr[data-run="{run_id}"] [data-field="status"]')
+        await expect(row).to_have_text(re.compile("^(passed|failed)$"))
+        if done < 3:  # the last run ends the batch, and the page reloads for its final state
+            assert await page.evaluate("window.sameDocument === true")
+            assert await page.eval_on_selector("#progress", "bar => bar.value") == done
+    assert done == 3
+    await expect(page.locator('#batch [data-field="status"]')).to_have_text("completed")
+    await expect(page.locator("#passed")).to_have_text("2")
+    await expect(page.locator("#failed")).to_have_text("1")
+
+    # The failed run's transcript: the turn, the reply, the criterion's verdict and critique.
+    failed = page.locator("tr[data-run]", has_text="refuses")
+    await expect(failed.locator('[data-field="status"]')).to_have_text("failed")
+    await failed.get_by_role("link", name="Transcript").click()
+    await expect(page.locator("h1")).to_have_text("refuses")
+    await expect(page.locator(".message.user pre")).to_have_text("hello 2")
+    await expect(page.locator(".message.agent pre")).to_have_text("Echo: hello 2")
+    criterion = page.locator("tr.criterion")
+    await expect(criterion).to_contain_text("never-said")
+    await expect(criterion.locator(".verdict")).to_have_text("FAIL")
+    await expect(criterion.locator(".critique")).to_have_text("reply does not contain 'never-said'")
+
+    # "greets" now fails: a second batch of the same scenarios, compared with the first.
+    edited = await client.put(
+        f"/v1/orgs/{w.t.id}/scenarios/{greets['id']}",
+        json={"turns": [failing_turn(1)]},
+        headers=w.headers,
+    )
+    assert edited.status_code == 200, edited.text
+    second = await create_batch(client, w, scenario_ids=scenario_ids)
+    await drain(app, settings, second["id"])
+    run_a = (await runs_by_scenario(client, w, first["id"]))[greets["id"]]
+    run_b = (await runs_by_scenario(client, w, second["id"]))[greets["id"]]
+
+    await page.goto(batches)
+    await page.check(f'tr[data-batch="{first["id"]}"] input[name="a"]')
+    await page.check(f'tr[data-batch="{second["id"]}"] input[name="b"]')
+    await page.get_by_role("button", name="Compare A with B").click()
+    await expect(page).to_have_url(re.compile(r"/batches/compare\?"))
+    assert sorted(page.url.split("?")[1].split("&")) == [f"a={first['id']}", f"b={second['id']}"]
+    await expect(page.locator("#summary")).to_contain_text("1 regression, 0 fixes")
+    rows = page.locator("#scenarios tbody tr")
+    await expect(rows).to_have_count(3)
+    regression = rows.first
+    await expect(regression).to_have_attribute("data-change", "regressed")
+    await expect(regression).to_contain_text("greets")
+    await expect(regression).to_contain_text("Regression (pass → fail)")
+    for other in (rows.nth(1), rows.nth(2)):
+        await expect(other).to_have_attribute("data-change", "unchanged")
+    links = regression.get_by_role("link")
+    assert [await link.get_attribute("href") for link in await links.all()] == [
+        f"/ui/orgs/{w.t.id}/runs/{run_a}",
+        f"/ui/orgs/{w.t.id}/runs/{run_b}",
+    ]
+    await links.nth(1).click()
+    await expect(page.locator("h1")).to_have_text("greets")
+    await expect(page.locator("tr.criterion .verdict")).to_have_text("FAIL")
+
+
+# --- over plain HTTP ---------------------------------------------------------------------------
+
+
+async def test_without_a_valid_session_every_page_sends_the_browser_to_sign_in(
+    client: AsyncTestClient, server: LiveServer
+) -> None:
+    t = await tenant(client)
+    async with http(server) as anonymous:
+        for path, back in (
+            ("/ui", "%2Fui"),
+            (f"/ui/orgs/{t.id}/batches", f"%2Fui%2Forgs%2F{t.id}%2Fbatches"),
+            (f"/ui/orgs/{t.id}/runs/{t.id}", f"%2Fui%2Forgs%2F{t.id}%2Fruns%2F{t.id}"),
+        ):
+            response = await anonymous.get(path)
+            assert response.status_code == 303, (path, response.text)
+            assert response.headers["location"] == f"/ui/login?next={back}"
+            assert "set-cookie" not in response.headers
+    # A cookie that no longer signs anyone in is dropped on the way.
+    async with http(server, "ust_no-such-token") as stale:
+        response = await stale.get(f"/ui/orgs/{t.id}/batches")
+    assert response.status_code == 303
+    assert response.headers["location"].startswith("/ui/login?next=")
+    assert f"{COOKIE}=" in response.headers["set-cookie"]
+    assert "max-age=0" in response.headers["set-cookie"].lower()
+
+
+async def test_signing_in_checks_the_token_keeps_it_in_a_strict_cookie_and_never_shows_it(
+    client: AsyncTestClient, server: LiveServer
+) -> None:
+    t = await tenant(client)
+    async with http(server) as browser_like:
+        form = await browser_like.get("/ui/login")
+        assert form.status_code == 200
+        assert 'name="token"' in form.text
+
+        refused = await browser_like.post(
+            "/ui/login", data={"token": "ust_made-up-secret-value", "next": "/ui"}
+        )
+        assert refused.status_code == 400
+        assert "This token was refused" in refused.text
+        assert "made-up-secret-value" not in refused.text
+        assert "set-cookie" not in refused.headers
+
+        # Another site's form posting a token (login CSRF): refused, no cookie.
+        forged = await browser_like.post(
+            "/ui/login",
+            data={"token": t.owner.token, "next": "/ui"},
+            headers={"Origin": "https://evil.example", "Sec-Fetch-Site": "cross-site"},
+        )
+        assert forged.status_code == 403 and "set-cookie" not in forged.headers
+        old_browser = await browser_like.post(
+            "/ui/login",
+            data={"token": t.owner.token, "next": "/ui"},
+            headers={"Origin": "https://evil.example"},
+        )
+        assert old_browser.status_code == 403 and "set-cookie" not in old_browser.headers
+
+        # A valid token: the cookie, and back to a page of the UI (never another site).
+        signed_in = await browser_like.post(
+            "/ui/login", data={"token": t.owner.token, "next": "https://evil.example/ui"}
+        )
+        assert signed_in.status_code == 303
+        assert signed_in.headers["location"] == "/ui"
+        assert t.owner.token not in signed_in.text
+        cookie = signed_in.headers["set-cookie"]
+        attributes = {part.strip().lower() for part in cookie.split(";")}
+        assert cookie.startswith(f"{COOKIE}={t.owner.token};")
+        assert {"httponly", "samesite=strict", "path=/ui"} <= attributes
+        assert "secure" not in attributes  # plain http here; https requests get Secure
+
+        # One organization: straight to its batches.
+        home = await browser_like.get("/ui")
+        assert home.status_code == 303
+        assert home.headers["location"] == f"/ui/orgs/{t.id}/batches"
+        listing = await browser_like.get(home.headers["location"])
+        assert listing.status_code == 200
+        assert t.owner.token not in listing.text
+        assert "No batch runs yet." in listing.text
+
+        # Several: a list to pick from.
+        await create_org(client, t.owner, name="Beta & Co")
+        picker = await browser_like.get("/ui")
+        assert picker.status_code == 200
+        assert f'href="/ui/orgs/{t.id}/batches">Acme</a>' in picker.text
+        assert "Beta &amp; Co" in picker.text
+
+        signed_out = await browser_like.get("/ui/logout")
+        assert signed_out.status_code == 303
+        assert signed_out.headers["location"] == "/ui/login"
+        assert "max-age=0" in signed_out.headers["set-cookie"].lower()
+        assert (await browser_like.get("/ui")).status_code == 303  # signed out: to sign-in
+        assert (await browser_like.get("/ui")).headers["location"].startswith("/ui/login")
+
+
+async def test_pages_follow_the_apis_isolation_and_permissions(
+    client: AsyncTestClient, agent: FakeAgent, server: LiveServer
+) -> None:
+    w = await make_world(client, agent, with_roles=("VIEWER", "GUEST"))
+    scenario = await make_scenario(client, w, "greets")
+    batch = await create_batch(client, w, scenario_ids=[scenario["id"]])
+    (run_id,) = (await runs_by_scenario(client, w, batch["id"])).values()
+    mine = f"/ui/orgs/{w.t.id}"
+    pages = [
+        f"{mine}/batches",
+        f"{mine}/batches/{batch['id']}",
+        f"{mine}/batches/{batch['id']}/progress",
+        f"{mine}/batches/compare?a={batch['id']}&b={batch['id']}",
+        f"{mine}/runs/{run_id}",
+    ]
+    async with http(server, w.t.members["VIEWER"].token) as viewer:
+        for path in pages:
+            response = await viewer.get(path)
+            assert response.status_code == 200, (path, response.text)
+        progress = (await viewer.get(pages[2])).json()
+        assert progress["over"] is False
+        assert progress["batch"]["total_scenarios"] == 1
+
+        for path in (
+            "/ui/orgs/not-an-id/batches",
+            f"{mine}/runs/not-an-id",
+            f"{mine}/batches/compare?a={batch['id']}",
+        ):
+            response = await viewer.get(path)
+            assert response.status_code == 400, (path, response.text)
+            assert "Bad address" in response.text
+
+    # Someone else's organization: not a member, and their ids in one's own organization.
+    other = await tenant(client)
+    theirs = f"/ui/orgs/{other.id}"
+    async with http(server, other.owner.token) as outsider:
+        for path in pages:
+            response = await outsider.get(path)
+            assert response.status_code == 404, (path, response.text)
+            assert "Not found" in response.text
+            assert response.headers["cache-control"] == "no-store"
+        for path in (
+            f"{theirs}/batches/{batch['id']}",
+            f"{theirs}/batches/{batch['id']}/progress",
+            f"{theirs}/batches/compare?a={batch['id']}&b={batch['id']}",
+            f"{theirs}/runs/{run_id}",
+        ):
+            response = await outsider.get(path)
+            assert response.status_code == 404, (path, response.text)
+        assert (await outsider.get(f"{theirs}/batches")).status_code == 200
+
+    # Members (or tokens) without scenarios:read.
+    no_read = await create_token(client, w.t.owner, w.t.id, ["agents:read"])
+    for token in (w.t.members["GUEST"].token, no_read.token):
+        async with http(server, token) as member:
+            for path in pages:
+                response = await member.get(path)
+                assert response.status_code == 403, (path, response.text)
+                assert "missing permission scenarios:read" in response.text
+
+
+async def test_pages_escape_what_users_wrote_and_stay_out_of_the_api_schema(
+    client: AsyncTestClient, agent: FakeAgent, server: LiveServer
+) -> None:
+    w = await make_world(client, agent)
+    name = '<img src=x onerror="alert(1)">'
+    scenario = await make_scenario(client, w, name)
+    batch = await create_batch(client, w, scenario_ids=[scenario["id"]])
+    (run_id,) = (await runs_by_scenario(client, w, batch["id"])).values()
+    async with http(server, w.t.owner.token) as owner:
+        for path in (
+            f"/ui/orgs/{w.t.id}/batches/{batch['id']}",
+            f"/ui/orgs/{w.t.id}/runs/{run_id}",
+        ):
+            response = await owner.get(path)
+            assert response.status_code == 200, response.text
+            assert name not in response.text
+            assert "&lt;img src=x onerror=&#34;alert(1)&#34;&gt;" in response.text
+            assert "script-src" not in response.headers["content-security-policy"]
+            assert "default-src 'self'" in response.headers["content-security-policy"]
+            assert response.headers["cache-control"] == "no-store"
+        assets = [await owner.get(f"/ui/static/ui.{kind}") for kind in ("css", "js")]
+        assert [a.status_code for a in assets] == [200, 200]
+        schema: dict[str, Any] = (await owner.get("/schema/openapi.json")).json()
+    assert schema["paths"]
+    assert not [path for path in schema["paths"] if path.startswith("/ui")]
+
+
+async def test_a_batch_that_is_over_shows_its_judge_trust(
+    client: AsyncTestClient,
+    app: Litestar,
+    settings: Settings,
+    db: AsyncSession,
+    agent: FakeAgent,
+    server: LiveServer,
+) -> None:
+    w = await make_world(client, agent)
+    scenario = await make_scenario(client, w, "greets")
+    batch = await create_batch(client, w, scenario_ids=[scenario["id"]])
+    path = f"/ui/orgs/{w.t.id}/batches/{batch['id']}"
+    async with http(server, w.t.owner.token) as owner:
+        running = await owner.get(path)
+        assert "data-progress-url" in running.text
+        assert "Judge trust" not in running.text  # null while the batch runs
+        await drain(app, settings, batch["id"])
+        over = await owner.get(path)
+        assert "data-progress-url" not in over.text  # nothing left to watch
+        assert "Computing: the pass rates" in over.text  # asked of the calibration queue
+
+        criterion = {"criteria_ids": [uuid4()], "scenarios": 4, "judged": 8, "passed": 4}
+        report = JudgeTrust(
+            status="ready",
+            computed_at=utcnow(),
+            criteria=[
+                TrustedCriterion(
+                    question="Was the agent polite?",
+                    raw_pass_rate=0.5,
+                    calibration_id=uuid4(),
+                    calibration_examples=40,
+                    tpr=0.9,
+                    tnr=0.75,
+                    corrected_pass_rate=0.625,
+                    interval=Interval(low=0.4, high=0.8),
+                    stale=True,
+                    stale_reason="the agent's judge changed since the calibration",
+                    **criterion,
+                )
+            ],
+            uncalibrated=[
+                UncalibratedCriterion(
+                    question="Did it <b>upsell</b>?", raw_pass_rate=0.25, **criterion
+                )
+            ],
+        )
+        await db.execute(
+            update(BatchRun)
+            .where(BatchRun.id == UUID(batch["id"]))
+            .values(judge_trust=msgspec.to_builtins(report))
+        )
+        await db.commit()
+        ready = (await owner.get(path)).text
+    trust = ready[ready.index('id="judge-trust"') :]
+    for shown in (
+        "Was the agent polite?",
+        "4 / 8",
+        "50.0 %",  # raw
+        "62.5 %",  # corrected
+        "40.0 % \N{EN DASH} 80.0 %",
+        "90.0 % / 75.0 %",
+        "stale</strong>: the agent&#39;s judge changed since the calibration",
+        "Did it &lt;b&gt;upsell&lt;/b&gt;?: 25.0 %",
+    ):
+        assert shown in trust, shown
