@@ -6,6 +6,9 @@ actors."""
 from __future__ import annotations
 
 import logging
+import signal
+import time
+from typing import Any
 
 import dramatiq
 from dramatiq.asyncio import get_event_loop_thread
@@ -37,8 +40,38 @@ class WarmUp(dramatiq.Middleware):
             log.warning("could not warm up the database connections at boot", exc_info=True)
 
 
+class OneStopSignal(dramatiq.Middleware):
+    """A worker process stops gracefully on a SIGTERM sent to its whole process group.
+
+    Such a SIGTERM (systemd's default ``KillMode=control-group``, ``kill -- -PGID``)
+    reaches a worker process twice at once: from the sender, and forwarded by Dramatiq's
+    main process.  Dramatiq takes a second SIGTERM as "kill now" and exits the process's
+    main thread while its worker threads still run, and the process then hangs until
+    SIGKILL.  A repeat within :attr:`REPEAT_S` of the first is that same stop, and is
+    ignored; a later one still kills."""
+
+    REPEAT_S = 2.0
+
+    def after_process_boot(self, broker: dramatiq.Broker) -> None:
+        stop = signal.getsignal(signal.SIGTERM)
+        # Only Dramatiq's own worker-process handler (never, say, uvicorn's in spar dev).
+        if not callable(stop) or "worker_process" not in getattr(stop, "__qualname__", ""):
+            return
+        first: list[float] = []
+
+        def once(signum: int, frame: Any) -> None:
+            now = time.monotonic()
+            if first and now - first[0] < self.REPEAT_S:
+                return
+            first.append(now)
+            stop(signum, frame)
+
+        signal.signal(signal.SIGTERM, once)
+
+
 configure_logging(get_settings().log_level, get_settings().log_format)
 broker = get_broker(get_settings().redis_url)
 if not any(isinstance(m, WarmUp) for m in broker.middleware):
     broker.add_middleware(WarmUp())
+    broker.add_middleware(OneStopSignal())
 dramatiq.set_broker(broker)

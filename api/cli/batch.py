@@ -89,7 +89,7 @@ def follow(api: Api, batch_id: UUID, on_progress: Callable[[BatchRunRead], None]
 
 @dataclass
 class FailedTurn:
-    turn_index: int
+    turn_index: int  # from 0, as the API counts; shown from 1, as the results page does
     user_message: str
     response: str
     criteria: list[tuple[str, str, str]]  # (question, verdict, critique) of failed ones
@@ -196,7 +196,7 @@ def junit_xml(batch: BatchRunRead, found: list[Outcome]) -> bytes:
         if outcome.status == "failed":
             first = outcome.failed[0] if outcome.failed else None
             message = (
-                f"turn {first.turn_index}: {first.criteria[0][0]}"
+                f"turn {first.turn_index + 1}: {first.criteria[0][0]}"
                 if first and first.criteria
                 else "a required turn failed"
             )
@@ -214,7 +214,7 @@ def junit_xml(batch: BatchRunRead, found: list[Outcome]) -> bytes:
 
 def _describe(turn: FailedTurn) -> str:
     lines = [
-        f"turn {turn.turn_index}",
+        f"turn {turn.turn_index + 1}",
         f"  user:  {turn.user_message}",
         f"  agent: {turn.response}",
     ]
@@ -274,14 +274,17 @@ def print_results(console: Console, batch: BatchRunRead, found: list[Outcome]) -
         table.add_column("scenario", ratio=2)
         table.add_column("turn", justify="right")
         table.add_column("criterion", ratio=3)
-        table.add_column("judge's critique", ratio=4)
+        table.add_column("critique", ratio=4)
         for outcome in bad:
             if outcome.status != "failed":
                 table.add_row(outcome.scenario, "", Text(outcome.status, "red"), outcome.error)
             for turn in outcome.failed:
                 for question, verdict, critique in turn.criteria or [("(required turn)", "", "")]:
                     table.add_row(
-                        outcome.scenario, str(turn.turn_index), f"{verdict} {question}", critique
+                        outcome.scenario,
+                        str(turn.turn_index + 1),
+                        f"{verdict} {question}",
+                        critique,
                     )
         console.print(table)
     total = batch.total_scenarios

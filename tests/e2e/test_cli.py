@@ -313,7 +313,7 @@ async def test_batch_run_exit_codes_result_files_and_fail_under(
     cases = {c.get("name"): c for c in root.findall("testcase")}
     assert set(cases) == {"greet", "refund"}
     failure = cases["refund"].find("failure")
-    assert failure is not None and failure.get("message") == "turn 1: 30 days"
+    assert failure is not None and failure.get("message") == "turn 2: 30 days"
     assert "and the policy?" in failure.text and "critique:" in failure.text
     assert cases["greet"].find("failure") is None
     body = json.loads(report.read_text())

@@ -252,3 +252,25 @@ async def test_calibrate_answers_200_with_the_metrics_a_worker_judged_while_it_w
     assert body["status"] == "completed"
     assert (body["total"], body["agreements"], body["undecided"]) == (6, 3, 1)
     assert len(body["results"]) == 6
+
+
+def test_a_sigterm_to_the_whole_process_group_stops_the_worker_gracefully(
+    worker_env, tmp_path: Path
+):
+    """systemd's default stop (and ``kill -- -PGID``) signals every process of the group:
+    each worker process gets the SIGTERM twice, from the sender and from Dramatiq's main
+    process, and must still stop gracefully, not hang until SIGKILL."""
+    with spar_process(
+        ["worker", "--processes", "1", "--threads", "2", "--queues", "runs"],
+        {**worker_env, "SPAR_LOG_LEVEL": "INFO"},
+        cwd=tmp_path,
+    ) as worker:
+        log = next(tmp_path.glob("spar-worker-*.log"))
+        deadline = time.monotonic() + 30
+        while "ready for action" not in log.read_text():
+            assert time.monotonic() < deadline, log.read_text()
+            time.sleep(0.1)
+        os.killpg(worker.pid, signal.SIGTERM)
+        assert worker.wait(timeout=10) == 0, log.read_text()
+    text = log.read_text()
+    assert "Worker has been shut down" in text and "Killing worker process" not in text
