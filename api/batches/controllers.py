@@ -56,6 +56,20 @@ class BatchRunController(Controller):
         rows, total = await services.list_batches(db_session, access, paging, status)
         return schemas.BatchRunList(batch_runs=[services.batch_read(b) for b in rows], total=total)
 
+    @get("/compare", operation_id="compareBatchRuns", access=requires("scenarios:read"))
+    async def compare_batches(
+        self,
+        db_session: DbSession,
+        access: Access,
+        org_id: PathId,
+        a: Annotated[UUID, QueryParameter(description="Batch A (before).")],
+        b: Annotated[UUID, QueryParameter(description="Batch B (after).")],
+    ) -> schemas.BatchComparison:
+        """Two batch runs side by side, scenario by scenario (matched by scenario id):
+        `regressed` (passed in A, failed in B) first, then `fixed`, `changed`, `only_in_a`,
+        `only_in_b` and `unchanged`; `regressions` and `fixes` count them."""
+        return await services.compare_batches(db_session, access, a, b)
+
     @get("/{batch_run_id:str}", operation_id="getBatchRun", access=requires("scenarios:read"))
     async def get_batch(
         self,

@@ -47,7 +47,13 @@ from shared.queue import RUN_SCENARIO
 from shared.scenarios import runner
 from shared.scenarios.runner import execute_run
 from shared.settings import Settings
-from tests.support.factories import Tenant, create_token, stub_broker, tenant
+from tests.support.factories import (
+    Tenant,
+    create_token,
+    single_validation_entry,
+    stub_broker,
+    tenant,
+)
 from tests.support.fakes import FakeAgent
 from tests.support.sse import parse_sse
 
@@ -569,6 +575,7 @@ async def test_another_organizations_batch_is_404_everywhere(
         ("GET", f"{other.batches}/{batch['id']}"),
         ("POST", f"{other.batches}/{batch['id']}/cancel"),
         ("GET", f"{other.batches}/{batch['id']}/events"),
+        ("GET", f"{other.batches}/compare?a={batch['id']}&b={batch['id']}"),
     ):
         response = await client.request(method, path, headers=other.headers)
         assert response.status_code == 404, (path, response.text)
@@ -584,6 +591,47 @@ async def test_another_organizations_batch_is_404_everywhere(
         response = await client.request(method, path, headers=other.headers)
         assert response.status_code == 404, (path, response.text)
     assert (await get_batch(client, w, batch["id"]))["status"] == "queued"
+
+
+async def test_two_batches_compare_scenario_by_scenario_regressions_first(
+    client: AsyncTestClient, app: Litestar, settings: Settings, agent: FakeAgent
+) -> None:
+    w = await make_world(client, agent)
+    steady = await make_scenario(client, w, name="steady", turns=[passing_turn()], tags=["s"])
+    flaky = await make_scenario(client, w, name="flaky", turns=[passing_turn()], tags=["s"])
+    before = await create_batch(client, w, tags=["s"])
+    await drain(app, settings, before["id"])
+    # The second batch: "flaky" now fails, and a new scenario runs only there.
+    replaced = await client.put(
+        f"/v1/orgs/{w.t.id}/scenarios/{flaky['id']}",
+        json={"turns": [failing_turn()]},
+        headers=w.headers,
+    )
+    assert replaced.status_code == 200, replaced.text
+    await make_scenario(client, w, name="new", turns=[passing_turn()], tags=["s"])
+    after = await create_batch(client, w, tags=["s"])
+    await drain(app, settings, after["id"])
+
+    response = await client.get(
+        f"{w.batches}/compare?a={before['id']}&b={after['id']}", headers=w.headers
+    )
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert (body["a"]["id"], body["b"]["id"]) == (before["id"], after["id"])
+    assert (body["regressions"], body["fixes"]) == (1, 0)
+    rows = [(r["scenario_name"], r["change"]) for r in body["scenarios"]]
+    assert rows == [("flaky", "regressed"), ("new", "only_in_b"), ("steady", "unchanged")]
+    regressed = body["scenarios"][0]
+    assert (regressed["a"]["status"], regressed["b"]["status"]) == ("passed", "failed")
+    assert body["scenarios"][1]["a"] is None
+    assert body["scenarios"][2]["scenario_id"] == steady["id"]
+    # The other way round, the regression is a fix.
+    back = await client.get(
+        f"{w.batches}/compare?a={after['id']}&b={before['id']}", headers=w.headers
+    )
+    assert (back.json()["regressions"], back.json()["fixes"]) == (0, 1)
+    missing = await client.get(f"{w.batches}/compare?a={before['id']}", headers=w.headers)
+    assert single_validation_entry(missing)["loc"] == ["query", "b"]
 
 
 # --- the dispatch window --------------------------------------------------------------------------
