@@ -58,7 +58,7 @@ from shared.paging import MAX_LIMIT, Paging
 
 HERE = Path(__file__).parent
 READ = requires("scenarios:read")  # the API's rule for reading batches and runs
-BATCH_PAGE = 100  # the newest batches listed
+BATCH_PAGE = 100  # batches listed on a page, newest first
 MAX_TOKEN_LENGTH = 1000  # far past any token Spar issues
 
 
@@ -170,15 +170,22 @@ class BatchController(Controller):
     path = "/orgs/{org_id:str}/batches"
 
     @get("/", access=READ)
-    async def list_batches(self, db_session: DbSession, access: Access) -> Template:
+    async def list_batches(
+        self,
+        db_session: DbSession,
+        access: Access,
+        offset: Annotated[int, QueryParameter(ge=0, description="Newer batches to skip.")] = 0,
+    ) -> Template:
         rows, total = await batches.list_batches(
-            db_session, access, Paging(limit=BATCH_PAGE), newest_first=True
+            db_session, access, Paging(limit=BATCH_PAGE, offset=offset), newest_first=True
         )
         return page(
             "batches.html",
             org_id=access.organization_id,
             batches=[batches.batch_read(row) for row in rows],
             total=total,
+            offset=offset,
+            page_size=BATCH_PAGE,
         )
 
     @get("/compare", access=READ)

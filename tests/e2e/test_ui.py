@@ -13,6 +13,7 @@ from __future__ import annotations
 import re
 from collections import deque
 from collections.abc import AsyncIterator, Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 from uuid import UUID, uuid4
@@ -27,6 +28,7 @@ from sqlalchemy import update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from api.app import create_app
+from api.ui.controllers import BATCH_PAGE
 from api.ui.session import COOKIE
 from shared.batches.services import dispatch_committed
 from shared.calibration.schemas import (
@@ -299,6 +301,41 @@ async def test_signing_in_checks_the_token_keeps_it_in_a_strict_cookie_and_never
         assert "max-age=0" in signed_out.headers["set-cookie"].lower()
         assert (await browser_like.get("/ui")).status_code == 303  # signed out: to sign-in
         assert (await browser_like.get("/ui")).headers["location"].startswith("/ui/login")
+
+
+async def test_the_batch_list_pages_back_through_older_batches(
+    client: AsyncTestClient, agent: FakeAgent, server: LiveServer, db: AsyncSession
+) -> None:
+    w = await make_world(client, agent)
+    await make_scenario(client, w, "greets", tags=["p"])
+    newest = await create_batch(client, w, tags=["p"])
+    # BATCH_PAGE older batches, made directly: the list's pages, not the fan-out, are tested.
+    base = datetime.now(UTC) - timedelta(days=1)
+    for n in range(BATCH_PAGE):
+        db.add(
+            BatchRun(
+                id=uuid4(),
+                organization_id=UUID(w.t.id),
+                agent_id=UUID(w.agent_id),
+                agent_name="bot",
+                status="completed",
+                created_at=base - timedelta(minutes=n),
+                updated_at=base,
+            )
+        )
+    await db.commit()
+    mine = f"/ui/orgs/{w.t.id}/batches"
+    async with http(server, w.t.owner.token) as browser_like:
+        first = await browser_like.get(mine)
+        assert first.status_code == 200
+        assert first.text.count("data-batch=") == BATCH_PAGE
+        assert newest["id"] in first.text and 'id="newer"' not in first.text
+        assert f"1 to {BATCH_PAGE} of {BATCH_PAGE + 1}" in first.text
+        assert f'href="{mine}?offset={BATCH_PAGE}"' in first.text
+        older = await browser_like.get(f"{mine}?offset={BATCH_PAGE}")
+        assert older.text.count("data-batch=") == 1 and newest["id"] not in older.text
+        assert 'id="older"' not in older.text and f'href="{mine}?offset=0"' in older.text
+        assert (await browser_like.get(f"{mine}?offset=-1")).status_code == 400
 
 
 async def test_pages_follow_the_apis_isolation_and_permissions(
