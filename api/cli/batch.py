@@ -24,7 +24,7 @@ from rich.table import Table
 from rich.text import Text
 
 from api.cli.client import Api, UsageProblem, target
-from shared.batches.schemas import BatchRunRead
+from shared.batches.schemas import BatchRunItemSummary, BatchRunRead
 from shared.calibration.schemas import JudgeTrust
 from shared.scenarios.schemas import ScenarioRead, ScenarioRunRead
 
@@ -110,7 +110,7 @@ class Outcome:
     failed: list[FailedTurn] = field(default_factory=list)
 
 
-def _seconds(run: ScenarioRunRead) -> float:
+def _seconds(run: ScenarioRunRead | BatchRunItemSummary) -> float:
     if run.started_at is None or run.completed_at is None:
         return 0.0
     return max(0.0, (run.completed_at - run.started_at).total_seconds())
@@ -128,13 +128,12 @@ def outcomes(api: Api, batch: BatchRunRead) -> list[Outcome]:
             status=summary.status,
             passed_turns=summary.passed_turns,
             total_turns=summary.total_turns,
-            seconds=0.0,
+            seconds=_seconds(summary),
         )
         found.append(outcome)
         if summary.status == "passed":
             continue
         run = api.read(api.path(f"scenarios/runs/{summary.id}"), ScenarioRunRead)
-        outcome.seconds = _seconds(run)
         outcome.error = run.error_message
         if summary.scenario_id not in questions:
             try:

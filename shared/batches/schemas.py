@@ -42,6 +42,7 @@ class BatchRunItemSummary(Output):
     passed_turns: int
     total_turns: int
     completed_at: datetime | None = None
+    started_at: datetime | None = None
 
 
 class BatchRunRead(Output):

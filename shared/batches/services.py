@@ -225,6 +225,7 @@ async def run_summaries(
         ScenarioRun.scenario_id,
         ScenarioRun.status,
         ScenarioRun.snapshot,
+        ScenarioRun.started_at,
         ScenarioRun.completed_at,
         passed_turns,
     ).where(ScenarioRun.batch_run_id == batch_id)
@@ -244,9 +245,12 @@ async def run_summaries(
             status=status,
             passed_turns=passed,
             total_turns=len((snap or {}).get("turns") or []),
+            started_at=started_at,
             completed_at=completed_at,
         )
-        for run_id, scenario_id, status, snap, completed_at, passed in await session.execute(query)
+        for run_id, scenario_id, status, snap, started_at, completed_at, passed in (
+            await session.execute(query)
+        )
     ]
 
 

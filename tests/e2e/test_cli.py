@@ -316,6 +316,7 @@ async def test_batch_run_exit_codes_result_files_and_fail_under(
     assert failure is not None and failure.get("message") == "turn 2: 30 days"
     assert "and the policy?" in failure.text and "critique:" in failure.text
     assert cases["greet"].find("failure") is None
+    assert all(float(c.get("time")) > 0 for c in cases.values())  # each run's own duration
     body = json.loads(report.read_text())
     assert body["batch"]["status"] == "completed"
     by_name = {s["scenario"]: s for s in body["scenarios"]}

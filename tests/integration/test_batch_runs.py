@@ -82,6 +82,7 @@ SUMMARY_FIELDS = {
     "status",
     "passed_turns",
     "total_turns",
+    "started_at",
     "completed_at",
 }
 TERMINAL = {"passed", "failed", "error"}
