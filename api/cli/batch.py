@@ -9,7 +9,7 @@ wins over 1); 3 a usage, configuration or connection problem.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from uuid import UUID
@@ -18,6 +18,7 @@ from xml.etree import ElementTree as ET
 import click
 import httpx
 import msgspec
+from httpx_sse import connect_sse
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
@@ -37,45 +38,31 @@ TRUST_WAIT_S = 5.0  # how long to wait for the judge trust once the batch is ove
 # --- following a batch: its Server-Sent Events, reconnecting when the stream drops -------------
 
 
-def sse_events(lines: Iterator[str]) -> Iterator[tuple[str, str]]:
-    """(event, data) of a Server-Sent Events stream's lines."""
-    event, data = "message", []
-    for line in lines:
-        if not line:
-            if data:
-                yield event, "\n".join(data)
-            event, data = "message", []
-        elif line.startswith(":"):
-            continue
-        else:
-            name, _, value = line.partition(":")
-            value = value.removeprefix(" ")
-            if name == "event":
-                event = value
-            elif name == "data":
-                data.append(value)
-
-
 def follow(api: Api, batch_id: UUID, on_progress: Callable[[BatchRunRead], None]) -> BatchRunRead:
     """Follow the batch's event stream until its ``end``, calling ``on_progress`` with each
-    ``progress``; a dropped stream is opened again (each reconnection replays the current
-    counters, so nothing is missed).  The batch as the last event gave it."""
+    ``progress``.  A stream that drops, times out or meets a 5xx (a proxy, an API replica
+    restarting) is opened again: each new stream starts with the current counters, so
+    nothing is missed.  The batch as the last event gave it."""
     path = api.path(f"scenarios/batch-runs/{batch_id}/events")
     failures = 0
     while True:
         try:
-            with api.http.stream("GET", path, timeout=httpx.Timeout(30.0, read=60.0)) as response:
-                if response.status_code >= 400:
-                    response.read()
+            with connect_sse(
+                api.http, "GET", path, timeout=httpx.Timeout(30.0, read=60.0)
+            ) as source:
+                status = source.response.status_code
+                if 400 <= status < 500:
+                    source.response.read()
                     api.call("GET", api.path(f"scenarios/batch-runs/{batch_id}"))  # says why
-                    raise UsageProblem(f"the event stream answered {response.status_code}")
-                for event, data in sse_events(response.iter_lines()):
-                    failures = 0
-                    if event in ("progress", "end"):
-                        batch = msgspec.json.decode(data, type=BatchRunRead)
-                        on_progress(batch)
-                        if event == "end":
-                            return batch
+                    raise UsageProblem(f"the event stream answered {status}")
+                if status < 400:
+                    for sse in source.iter_sse():
+                        failures = 0
+                        if sse.event in ("progress", "end"):
+                            batch = msgspec.json.decode(sse.data, type=BatchRunRead)
+                            on_progress(batch)
+                            if sse.event == "end":
+                                return batch
         except httpx.HTTPError:
             pass
         failures += 1  # the stream ended or broke without its ``end``
