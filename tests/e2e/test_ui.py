@@ -10,6 +10,7 @@ to the same server.
 
 from __future__ import annotations
 
+import os
 import re
 from collections import deque
 from collections.abc import AsyncIterator, Iterator
@@ -54,7 +55,8 @@ from tests.support.factories import create_org, create_token, tenant
 from tests.support.fakes import FakeAgent
 from tests.support.live_server import LiveServer
 
-CHROMIUM = Path("/usr/bin/chromium")  # Debian's package; .ci/run installs it
+# Debian's package (.ci/run installs it); SPAR_TEST_CHROMIUM names another Chromium or Chrome.
+CHROMIUM = Path(os.environ.get("SPAR_TEST_CHROMIUM") or "/usr/bin/chromium")
 
 
 @pytest.fixture(scope="module")
