@@ -3,7 +3,8 @@
 A scenario's ``name`` is its key: a file whose name Spar does not know is created, one
 whose content differs is updated (shown as a diff), one equal is left alone, and with
 ``--prune`` a scenario no file names is deleted.  Every file is checked locally first,
-with the API's own body types, and an error names its file, line and the ``loc`` the
+with the API's own body types and the scenario service's own rules (templates that render,
+regular expressions that compile), and an error names its file, line and the ``loc`` the
 API's 422 would give; nothing is sent unless every file is valid.
 """
 
@@ -22,6 +23,8 @@ from rich.text import Text
 
 from api.cli.client import Api, UsageProblem, target
 from api.exceptions import locate
+from shared.errors import InvalidInput
+from shared.scenarios.rules import check_turns
 from shared.scenarios.schemas import ScenarioCreate
 
 SUFFIXES = (".yaml", ".yml")
@@ -106,9 +109,13 @@ def load(path: Path) -> ScenarioFile:
         raise UsageProblem(f"{path}:1: a scenario file holds one mapping (name, turns, ...)")
     try:
         body = msgspec.convert(document, ScenarioCreate, strict=True)
+        check_turns(body.turns, body.customer_context)  # the service's own rules
     except msgspec.ValidationError as exc:
         loc, message = locate(exc)
         raise UsageProblem(_problem(path, _line_of(node, loc), loc, message)) from None
+    except InvalidInput as exc:
+        loc = list(exc.loc[1:])  # after "body"
+        raise UsageProblem(_problem(path, _line_of(node, loc), loc, exc.detail)) from None
     return ScenarioFile(path=path, body=normalized(body))
 
 

@@ -37,28 +37,7 @@ from shared.identity.access import OrgAccess
 from shared.outbound.services import agent_in_org
 from shared.paging import Paging, paginate
 from shared.scenarios import schemas, templates
-from shared.scenarios.checks import PatternError, compile_pattern
-
-
-def _check_turns(turns: list[schemas.ScenarioTurnCreate], customer_context: dict[str, Any]) -> None:
-    """Refuse turns a run could never play: a user message template that cannot render
-    with ``customer_context``, a regular expression that does not compile."""
-    for t, turn in enumerate(turns):
-        problem = templates.problem(turn.user_message, customer_context)
-        if problem is not None:
-            raise InvalidInput(
-                ("body", "turns", str(t), "user_message"), problem, input=turn.user_message
-            )
-        for c, criterion in enumerate(turn.criteria):
-            if criterion.criteria_type == "regex":
-                try:
-                    compile_pattern(criterion.question)
-                except PatternError as exc:
-                    raise InvalidInput(
-                        ("body", "turns", str(t), "criteria", str(c), "question"),
-                        f"Invalid regular expression: {exc}",
-                        input=criterion.question,
-                    ) from None
+from shared.scenarios.rules import check_turns
 
 
 def _build_turns(scenario_id: UUID, turns: list[schemas.ScenarioTurnCreate]) -> list[ScenarioTurn]:
@@ -110,7 +89,7 @@ async def get_scenario(session: AsyncSession, *, access: OrgAccess, scenario_id:
 async def create_scenario(
     session: AsyncSession, *, access: OrgAccess, body: schemas.ScenarioCreate
 ) -> Scenario:
-    _check_turns(body.turns, body.customer_context)
+    check_turns(body.turns, body.customer_context)
     scenario_id = uuid.uuid4()
     scenario = Scenario(
         id=scenario_id,
@@ -140,7 +119,7 @@ async def update_scenario(
     if body.customer_context is not schemas.UNSET:
         scenario.customer_context = body.customer_context
     if body.turns not in (schemas.UNSET, None):
-        _check_turns(body.turns, scenario.customer_context)
+        check_turns(body.turns, scenario.customer_context)
         scenario.turns.clear()
         await session.flush()  # old turns (and their criteria) go before new order_index rows
         scenario.turns.extend(_build_turns(scenario.id, body.turns))

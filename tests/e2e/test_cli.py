@@ -251,6 +251,19 @@ async def test_push_names_the_file_and_line_of_each_problem_and_sends_nothing(
         """,
     )
     write(scenarios, "syntax.yml", "name: syntax\nturns: [\n  - oops: {\n")
+    write(
+        scenarios,
+        "rules.yaml",
+        """
+        name: rules
+        customer_context: {name: Ada}
+        turns:
+          - user_message: "Hi, I am {{ name }}"
+            criteria:
+              - question: "(unclosed"
+                criteria_type: regex
+        """,
+    )
     done = cli("scenarios", "push", str(scenarios), url=spar_api, token=t.owner.token, cwd=tmp_path)
     assert done.returncode == 3
     typo = scenarios / "nested" / "typo.yaml"
@@ -259,6 +272,10 @@ async def test_push_names_the_file_and_line_of_each_problem_and_sends_nothing(
         in done.stderr
     )
     assert f"{scenarios / 'syntax.yml'}:3: not valid YAML" in done.stderr
+    # The service's own rules, checked locally too: a regular expression that won't compile.
+    rules = scenarios / "rules.yaml"
+    assert f"{rules}:6: Invalid regular expression" in done.stderr
+    assert "(loc: body.turns.0.criteria.0.question)" in done.stderr
     listing = (await client.get(f"/v1/orgs/{t.id}/scenarios", headers=t.owner.headers)).json()
     assert listing["total"] == 0
 

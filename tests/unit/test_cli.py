@@ -96,3 +96,13 @@ def test_a_usage_error_exits_3_and_says_what_is_wrong() -> None:
     assert "--concurrency" in done.stderr
     unknown = spar("no-such-command")
     assert unknown.returncode == 3 and "No such command" in unknown.stderr
+
+
+def test_the_command_line_imports_no_metrics_before_the_server_chooses_their_directory() -> None:
+    """``spar serve`` and ``spar worker`` set prometheus_client's multiprocess directory
+    before it is imported: the CLI's own modules must not import it."""
+    probe = "import sys, api.cli; print('prometheus_client' in sys.modules)"
+    done = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert done.stdout.strip() == "False"
