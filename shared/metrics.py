@@ -8,6 +8,7 @@
   waiting one, read from the broker at scrape time (:class:`QueueCollector`);
 * scenario runs in flight and finished, by status;
 * agent and judge calls: latency and errors by kind and provider (:func:`observed_call`);
+* knowledge documents processed, by outcome;
 * the scheduler: whether it leads, trigger slots fired and missed, work the sweeper sent
   again (``spar scheduler --metrics-port``).
 
@@ -194,6 +195,16 @@ def in_flight(gauge: Gauge) -> Callable[[Callable[P, Awaitable[R]]], Callable[P,
         return tracked
 
     return decorate
+
+
+# --- knowledge documents -------------------------------------------------------------------
+
+DOCUMENTS_PROCESSED = Counter(
+    "spar_documents_processed_total",
+    "Knowledge documents whose processing ended: ready, failed (with a reason on the "
+    "document), or abandoned (deleted while processing).",
+    ["status"],
+)
 
 
 # --- the scheduler ---------------------------------------------------------------------------

@@ -35,6 +35,7 @@ from shared.db.queries import touch_stalled
 from shared.knowledge.chunking import MAX_LISTED_HEADINGS, Parsed, TooManyChunks, parse
 from shared.knowledge.schemas import ProcessingStatus
 from shared.knowledge.services import search_config
+from shared.metrics import DOCUMENTS_PROCESSED
 from shared.runtime import provide_session
 
 log = logging.getLogger("spar.knowledge")
@@ -127,6 +128,9 @@ async def process_document(factory: async_sessionmaker[AsyncSession], document_i
         await _make_ready(factory, claimed, parsed)
     except _Abandoned:
         log.info("document %s was deleted while processing: abandoned", claimed.id)
+        DOCUMENTS_PROCESSED.labels("abandoned").inc()
+        return
+    DOCUMENTS_PROCESSED.labels("ready").inc()
 
 
 async def _progress(
@@ -243,7 +247,7 @@ async def take_stalled(session: AsyncSession, *, stall_s: float, limit: int) -> 
 
 async def _fail(factory: async_sessionmaker[AsyncSession], document_id: UUID, reason: str) -> None:
     async with provide_session(factory) as session:
-        await session.execute(
+        failed = await session.execute(
             update(_docs)
             .where(_docs.id == document_id, _docs.processing_status == ProcessingStatus.PROCESSING)
             .values(
@@ -252,3 +256,5 @@ async def _fail(factory: async_sessionmaker[AsyncSession], document_id: UUID, re
                 updated_at=utcnow(),
             )
         )
+    if failed.rowcount:  # type: ignore[attr-defined]
+        DOCUMENTS_PROCESSED.labels("failed").inc()

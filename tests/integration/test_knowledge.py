@@ -13,6 +13,7 @@ from uuid import UUID, uuid4
 import pytest
 from litestar import Litestar
 from litestar.testing import AsyncTestClient
+from prometheus_client import REGISTRY
 from sqlalchemy import delete, func, select, text
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -50,6 +51,11 @@ DOCUMENT_FIELDS = {
 
 def kb(t: Tenant, *rest: str) -> str:
     return "/".join([f"/v1/orgs/{t.id}/knowledge", *rest])
+
+
+def processed(status: str) -> float:
+    """``spar_documents_processed_total{status}`` of this process (the worker's, here)."""
+    return REGISTRY.get_sample_value("spar_documents_processed_total", {"status": status}) or 0.0
 
 
 async def collection(client: AsyncTestClient, t: Tenant, name: str = "policies") -> str:
@@ -163,6 +169,7 @@ async def test_upload_answers_201_queued_and_processing_makes_it_ready(
         )
     )
     await db.commit()
+    ready_before = processed("ready")
     try:
         await process(app, doc["id"])
         log = (await db.execute(text("SELECT status, progress FROM progress_log"))).all()
@@ -178,6 +185,7 @@ async def test_upload_answers_201_queued_and_processing_makes_it_ready(
     done = await status(client, t, doc["id"])
     assert (done["documentId"], done["status"], done["progress"]) == (doc["id"], "ready", 100)
     assert done["error"] is None
+    assert processed("ready") - ready_before == 1
     meta = done["metadata"]
     # Two chunks: "Exceptions" has no body of its own, only its "Gift cards" subsection.
     assert (meta["chunkCount"], meta["characterCount"], meta["headingCount"]) == (
@@ -301,9 +309,13 @@ async def test_too_many_sections_fail_with_a_reason_not_a_stuck_processing(
     t = await tenant(client)
     cid = await collection(client, t)
     doc = await upload(client, t, cid, "".join(f"# h{i}\nx\n" for i in range(20_001)))
+    failed_before = processed("failed")
     await process(app, doc["id"])
     done = await status(client, t, doc["id"])
     assert done["status"] == "failed" and "20000 chunks" in done["error"], done
+    assert processed("failed") - failed_before == 1
+    await process(app, doc["id"])  # a redelivery: ended already, counted once
+    assert processed("failed") - failed_before == 1
 
 
 async def test_a_document_deleted_mid_processing_leaves_no_chunk(
