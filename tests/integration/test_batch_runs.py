@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 import threading
-import time
 import uuid
 from collections import deque
 from collections.abc import Iterator
@@ -1332,7 +1331,7 @@ async def insert_scenarios(db: AsyncSession, org_id: str, count: int, tag: str) 
 
 
 @pytest.mark.parametrize("by", ["tags", "scenario_ids"])
-async def test_a_5000_scenario_batch_is_created_in_well_under_2_seconds(
+async def test_a_5000_scenario_batch_is_created_by_one_request_with_every_run(
     client: AsyncTestClient, app: Litestar, db: AsyncSession, agent: FakeAgent, by: str
 ) -> None:
     w = await make_world(client, agent)
@@ -1341,19 +1340,17 @@ async def test_a_5000_scenario_batch_is_created_in_well_under_2_seconds(
     ids = await insert_scenarios(db, w.t.id, BULK, "bulk")
     body = {"tags": ["bulk"]} if by == "tags" else {"scenario_ids": [str(i) for i in ids]}
 
-    started = time.perf_counter()
+    # How fast is bench/batch.py's to say ("submit answered in"): speed is measured there,
+    # against a baseline of the same run, never by a timed test.
     response = await client.post(
         f"{w.batches}/",
         json={"agent_id": w.agent_id, "max_concurrency": 100, **body},
         headers=w.headers,
     )
-    elapsed = time.perf_counter() - started
-    print(f"\ncreating a {BULK}-scenario batch by {by}: {elapsed * 1000:.0f} ms")
     assert response.status_code == 201, response.text
     batch = response.json()
     assert batch["status"] == "queued"
     assert batch["total_scenarios"] == BULK
-    assert elapsed < 2.0, f"creating a {BULK}-scenario batch took {elapsed:.2f} s"
 
     runs = await db.scalar(
         select(func.count())
