@@ -117,10 +117,8 @@ def spar_dev(data_dir: Path, port: int, console: Console) -> Iterator[str]:
         console.print(f"using the Spar already running at {url}")
         yield url
         return
-    log = (data_dir / "demo-server.log").open("ab") if data_dir.exists() else None
-    if log is None:
-        data_dir.mkdir(parents=True)
-        log = (data_dir / "demo-server.log").open("ab")
+    data_dir.mkdir(parents=True, exist_ok=True)
+    log = (data_dir / "demo-server.log").open("ab")
     argv = [sys.executable, "-m", "api.cli", "dev", "--data-dir", str(data_dir)]
     process = subprocess.Popen(  # noqa: S603 - our own interpreter and module
         [*argv, "--port", str(port)], stdout=log, stderr=subprocess.STDOUT
