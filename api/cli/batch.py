@@ -24,7 +24,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 from rich.text import Text
 
-from api.cli.client import Api, UsageProblem, target
+from api.cli.client import Api, UsageProblem, profile_option, target
 from shared.batches.schemas import BatchRunItemSummary, BatchRunRead
 from shared.calibration.schemas import JudgeTrust
 from shared.scenarios.schemas import ScenarioRead, ScenarioRunRead
@@ -352,7 +352,7 @@ def batch() -> None:
     metavar="FILE",
     help="Write the batch and every scenario's outcome as JSON.",
 )
-@click.option("--profile", help="The profile of ~/.config/spar/config.toml to use.")
+@profile_option
 def run(
     agent: str,
     tags: tuple[str, ...],

@@ -17,7 +17,7 @@ import msgspec
 from rich.console import Console
 from rich.table import Table
 
-from api.cli.client import Api, UsageProblem, target
+from api.cli.client import Api, UsageProblem, profile_option, target
 from api.exceptions import locate
 from shared.calibration.schemas import LabeledExample
 
@@ -73,7 +73,7 @@ def _interval(body: dict[str, Any], name: str) -> str:
     metavar="FILE",
     help="Write the calibration (metrics and every example's result) as JSON.",
 )
-@click.option("--profile", help="The profile of ~/.config/spar/config.toml to use.")
+@profile_option
 def calibrate(file: Path, agent: str, json_path: Path | None, profile: str | None) -> None:
     """Send the labelled examples of FILE.jsonl (one JSON object per line) to be judged by
     the agent's judge, wait for the verdicts and print how far the judge agrees with the

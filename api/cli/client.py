@@ -36,6 +36,14 @@ class UsageProblem(click.ClickException):
     exit_code = EXIT_USAGE
 
 
+profile_option = click.option(
+    "--profile",
+    metavar="NAME",
+    help="Where Spar is and the token, from this profile of ~/.config/spar/config.toml "
+    "(SPAR_URL, SPAR_TOKEN and SPAR_ORG, when set, win).",
+)
+
+
 def config_path() -> Path:
     base = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
     return Path(base) / "spar" / "config.toml"

@@ -21,7 +21,7 @@ import yaml
 from rich.console import Console
 from rich.text import Text
 
-from api.cli.client import Api, UsageProblem, target
+from api.cli.client import Api, UsageProblem, profile_option, target
 from api.exceptions import locate
 from shared.errors import InvalidInput
 from shared.scenarios.rules import check_turns
@@ -194,7 +194,7 @@ def scenarios() -> None:
 )
 @click.option("--prune", is_flag=True, help="Delete the scenarios no file in DIR names.")
 @click.option("--dry-run", is_flag=True, help="Show what would change, change nothing.")
-@click.option("--profile", help="The profile of ~/.config/spar/config.toml to use.")
+@profile_option
 def push(directory: Path, prune: bool, dry_run: bool, profile: str | None) -> None:
     """Create, update (shown as a diff) or leave alone each scenario of DIR's YAML files
     (one scenario per file, its name the key); with --prune, delete the others.  Every
