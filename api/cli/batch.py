@@ -410,14 +410,13 @@ def run_batch(
         if unknown:
             raise UsageProblem(f"no scenario named {', '.join(map(repr, unknown))}")
         ids = [by_name[n] for n in scenario_names]
-    body = {"agent_id": chosen["id"], "scenario_ids": ids, "tags": tags}
-    made = msgspec.convert(
-        api.call(
-            "POST", api.path("scenarios/batch-runs"), json=body | {"max_concurrency": concurrency}
-        ),
-        BatchRunRead,
-        strict=False,
-    )
+    body = {
+        "agent_id": chosen["id"],
+        "scenario_ids": ids,
+        "tags": tags,
+        "max_concurrency": concurrency,
+    }
+    made = api.read(api.path("scenarios/batch-runs"), BatchRunRead, method="POST", json=body)
     console.print(
         f"batch {made.id}: {made.total_scenarios} scenarios against {chosen['name']}",
         markup=False,

@@ -115,13 +115,16 @@ class Api:
         response = self._send(method, path, **kwargs)
         return response.json() if response.content else None
 
-    def read(self, path: str, into: type[T], **kwargs: Any) -> T:
-        """``GET path``, decoded into the API's own response type ``into``."""
-        response = self._send("GET", path, **kwargs)
+    def read(self, path: str, into: type[T], *, method: str = "GET", **kwargs: Any) -> T:
+        """The answer of ``method path`` (a GET unless told), decoded into the API's own
+        response type ``into``."""
+        response = self._send(method, path, **kwargs)
         try:
             return msgspec.json.decode(response.content, type=into)
         except msgspec.ValidationError as exc:
-            raise UsageProblem(f"GET {path}: an answer this client does not know: {exc}") from None
+            raise UsageProblem(
+                f"{method} {path}: an answer this client does not know: {exc}"
+            ) from None
 
     def _send(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
         try:
