@@ -47,12 +47,26 @@ class DroppingProxy:
         upstream = socket.create_connection(("127.0.0.1", self.upstream_port))
         cut = threading.Event()  # this connection carries the stream to cut
         threading.Thread(target=self._requests, args=(client, upstream, cut), daemon=True).start()
-        seen = b""
+        seen, sent = b"", 0  # of a stream to cut: what came, and what went on
         try:
             while chunk := upstream.recv(65536):
-                client.sendall(chunk)
-                seen = (seen + chunk)[-65536:] if cut.is_set() else b""
-                if cut.is_set() and b"event: progress" in seen:
+                if not cut.is_set():
+                    client.sendall(chunk)
+                    continue
+                # Only up to the end of the first event goes on, even when the events
+                # after it (the batch's end, for a quick batch) came in the same read.
+                seen += chunk
+                first = seen.find(b"event: progress")
+                ends = [
+                    found + len(blank)
+                    for blank in (b"\r\n\r\n", b"\n\n")
+                    if first >= 0 and (found := seen.find(blank, first)) >= 0
+                ]
+                end = min(ends, default=-1)
+                limit = len(seen) if end < 0 else end
+                client.sendall(seen[sent:limit])
+                sent = limit
+                if end >= 0:
                     break  # the first event is through: cut the stream mid-body
         except OSError:
             pass
