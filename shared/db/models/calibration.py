@@ -42,6 +42,7 @@ class Calibration(IdMixin, TimestampMixin, Base):
     metrics: Mapped[dict[str, Any] | None] = mapped_column(JSONType)
     error: Mapped[str | None] = mapped_column(Text)
     attempts: Mapped[int] = mapped_column(Integer, default=0)
+    heartbeat_at: Mapped[datetime | None]  # shared.work
     completed_at: Mapped[datetime | None]
     created_by_user_id: Mapped[uuid.UUID | None] = mapped_column(
         ForeignKey("users.id", ondelete="SET NULL")

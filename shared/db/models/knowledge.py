@@ -4,6 +4,7 @@ heading-aware chunks indexed for PostgreSQL full-text search, and bookmarked for
 from __future__ import annotations
 
 import uuid
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy import (
@@ -69,6 +70,7 @@ class KnowledgeDocument(IdMixin, TimestampMixin, Base):
     processing_progress: Mapped[int] = mapped_column(Integer, default=0)
     processing_error: Mapped[str | None] = mapped_column(Text)
     processing_attempts: Mapped[int] = mapped_column(Integer, default=0)
+    heartbeat_at: Mapped[datetime | None]  # shared.work
     doc_metadata: Mapped[dict[str, Any]] = mapped_column("metadata", JSONType, default=dict)
     bookmark_mode: Mapped[str] = mapped_column(String(16), default="none")
     usage_description: Mapped[str | None] = mapped_column(Text)

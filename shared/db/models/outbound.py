@@ -6,7 +6,7 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from sqlalchemy import Boolean, Float, ForeignKey, Index, String, Text, UniqueConstraint
+from sqlalchemy import Boolean, Float, ForeignKey, Index, String, Text, UniqueConstraint, text
 from sqlalchemy.orm import Mapped, mapped_column
 
 from shared.db.base import Base, IdMixin, JSONType, TimestampMixin
@@ -42,7 +42,16 @@ class Credential(IdMixin, TimestampMixin, Base):
 
 class LLMProvider(IdMixin, TimestampMixin, Base):
     __tablename__ = "llm_providers"
-    __table_args__ = (Index("ix_llm_providers_org_created", "organization_id", "created_at"),)
+    __table_args__ = (
+        Index("ix_llm_providers_org_created", "organization_id", "created_at"),
+        # At most one default judge per organization, whatever races to become it.
+        Index(
+            "uq_llm_providers_default_judge",
+            "organization_id",
+            unique=True,
+            postgresql_where=text("is_default_judge"),
+        ),
+    )
 
     organization_id: Mapped[uuid.UUID] = mapped_column(
         ForeignKey("organizations.id", ondelete="CASCADE")

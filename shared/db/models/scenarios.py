@@ -115,6 +115,10 @@ class ScenarioRun(IdMixin, TimestampMixin, Base):
         ForeignKey("batch_runs.id", ondelete="CASCADE")
     )
     dispatched_at: Mapped[datetime | None]
+    # Deliveries that claimed the run, and the latest sign of life of the one playing it
+    # (shared.work): a run whose heartbeat stops is re-sent, one that keeps failing ends.
+    attempts: Mapped[int] = mapped_column(Integer, default=0, server_default=text("0"))
+    heartbeat_at: Mapped[datetime | None]
 
     turn_results: Mapped[list[TurnResult]] = relationship(
         lazy="raise", order_by="TurnResult.turn_index", passive_deletes=True

@@ -76,5 +76,6 @@ class TriggerExecution(IdMixin, TimestampMixin, Base):
     )
     error: Mapped[str | None] = mapped_column(Text)
     attempts: Mapped[int] = mapped_column(Integer, default=0)
+    heartbeat_at: Mapped[datetime | None]  # shared.work
     started_at: Mapped[datetime | None]
     completed_at: Mapped[datetime | None]
