@@ -33,7 +33,7 @@ async def _sweep_once(
     factory: async_sessionmaker[AsyncSession], broker: dramatiq.Broker, settings: Settings
 ) -> None:
     try:
-        await sweep(factory, broker, settings.run_stall_s)
+        await sweep(factory, broker, settings)
     except Exception:  # one failed pass must not end the scheduler
         log.exception("sweep failed")
 

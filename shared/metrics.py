@@ -223,7 +223,13 @@ TRIGGER_SLOTS = Counter(
 SWEEPER_RESENT = Counter(
     "spar_sweeper_resent_total",
     "Work the sweeper sent again or handed out: stalled runs, batch runs dispatched, "
-    "trigger executions, knowledge documents.",
+    "trigger executions, knowledge documents, calibrations.",
+    ["kind"],
+)
+WORK_GIVEN_UP = Counter(
+    "spar_work_given_up_total",
+    "Units of work ended in error because their deliveries ran out (a unit that kept "
+    "failing, or kept killing its worker): run, trigger_execution, document, calibration.",
     ["kind"],
 )
 

@@ -29,7 +29,10 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     calibration_concurrency: int = 8
     egress_timeout_s: float = 60.0
     sweep_interval_s: float = 15.0
+    # Work whose message made no progress for this long is sent again (a lost message)...
     run_stall_s: float = 300.0
+    # ... and work in flight whose heartbeat is this old (a dead worker) too (shared.work).
+    run_heartbeat_timeout_s: float = 30.0
     # Triggers: a slot missed while no scheduler ran still fires if at most this old; a
     # standby scheduler tries for leadership this often; trigger changes are re-read on
     # NOTIFY at once, and every trigger_poll_s whatever happens.
@@ -114,6 +117,7 @@ _VARIABLES = {
     "SPAR_EGRESS_TIMEOUT_S": ("egress_timeout_s", _positive_float),
     "SPAR_SWEEP_INTERVAL_S": ("sweep_interval_s", _positive_float),
     "SPAR_RUN_STALL_S": ("run_stall_s", _positive_float),
+    "SPAR_RUN_HEARTBEAT_TIMEOUT_S": ("run_heartbeat_timeout_s", _positive_float),
     "SPAR_TRIGGER_GRACE_S": ("trigger_grace_s", _positive_float),
     "SPAR_LEADER_RETRY_S": ("leader_retry_s", _positive_float),
     "SPAR_TRIGGER_POLL_S": ("trigger_poll_s", _positive_float),

@@ -13,14 +13,16 @@ from shared.batches.window import dispatch_committed
 from shared.queue import DISPATCH_BATCH, RUN_SCENARIO, send
 from shared.runtime import get_runtime
 from shared.scenarios.runner import execute_run
+from shared.work import RUNS
 from workers.broker import broker
 
 
 @dramatiq.actor(
     actor_name=RUN_SCENARIO[1],
     queue_name=RUN_SCENARIO[0],
-    # A run is resumable and idempotent, so a retry after a crash is safe; a few are enough.
-    max_retries=3,
+    # A run is resumable and idempotent, so a retry after a crash is safe.  The run's own
+    # count of deliveries (shared.work) ends it before these run out.
+    max_retries=RUNS.max_deliveries,
     min_backoff=1_000,
     max_backoff=30_000,
     # Long conversations with slow agents: 30 minutes, then the sweeper takes over.

@@ -12,14 +12,16 @@ import dramatiq
 from shared.queue import RUN_TRIGGER
 from shared.runtime import get_runtime
 from shared.triggers.executions import execute
+from shared.work import TRIGGER_EXECUTIONS
 from workers.broker import broker
 
 
 @dramatiq.actor(
     actor_name=RUN_TRIGGER[1],
     queue_name=RUN_TRIGGER[0],
-    # Idempotent and resumable (see shared.triggers.executions): a retry is safe.
-    max_retries=5,
+    # Idempotent and resumable (see shared.triggers.executions): a retry is safe.  The
+    # execution's own count of deliveries (shared.work) ends it before these run out.
+    max_retries=TRIGGER_EXECUTIONS.max_deliveries,
     min_backoff=1_000,
     max_backoff=60_000,
     time_limit=10 * 60 * 1000,

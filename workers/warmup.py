@@ -21,7 +21,7 @@ from shared.db.direct import direct_pool
 from shared.errors import NotFound
 from shared.outbound import services as outbound
 from shared.runtime import Runtime, provide_session
-from shared.scenarios import store
+from shared.scenarios import sandbox, store
 
 
 async def warm_up(runtime: Runtime) -> None:
@@ -29,6 +29,7 @@ async def warm_up(runtime: Runtime) -> None:
     await _open_engine_pool(runtime.engine, runtime.settings.db_pool_size)
     await _rehearse_run_engine(runtime.engine)
     await _rehearse_sessions(runtime)
+    await sandbox.warm_up()  # a renderer for message templates, started in this loop
     runtime.http  # noqa: B018 - the process's egress session, made in this loop
 
 

@@ -18,9 +18,11 @@ from uuid import UUID
 
 import aiohttp
 import msgspec
-from sqlalchemy import select, update
+from sqlalchemy import bindparam, select, update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+from sqlalchemy.types import Uuid
 
+from shared import work
 from shared.calibration import schemas
 from shared.calibration.schemas import CalibrationStatus
 from shared.calibration.stats import Confusion, wilson
@@ -36,9 +38,9 @@ from shared.paging import Paging, paginate
 from shared.queue import CALIBRATE, send_after_commit
 from shared.runtime import provide_session
 from shared.settings import Settings
+from shared.work import CALIBRATIONS, claim_params
 
 WAIT_POLL_S = 0.1
-MAX_ATTEMPTS = 5
 
 
 # --- starting and reading ---------------------------------------------------------------------
@@ -320,22 +322,16 @@ def measure(
     )
 
 
+_CLAIM = CALIBRATIONS.claim(bindparam("p_unit", type_=Uuid())).returning(Calibration)
+
+
 async def _claim(
-    factory: async_sessionmaker[AsyncSession], calibration_id: UUID
+    factory: async_sessionmaker[AsyncSession], settings: Settings, calibration_id: UUID
 ) -> tuple[Calibration, str, int] | None:
     async with provide_session(factory) as session:
         claimed = await session.scalar(
-            update(Calibration)
-            .where(
-                Calibration.id == calibration_id,
-                Calibration.status.in_((CalibrationStatus.QUEUED, CalibrationStatus.RUNNING)),
-            )
-            .values(
-                status=CalibrationStatus.RUNNING,
-                attempts=Calibration.attempts + 1,
-                updated_at=utcnow(),
-            )
-            .returning(Calibration)
+            select(Calibration).from_statement(_CLAIM),
+            {"p_unit": calibration_id, **claim_params(settings)},
         )
         if claimed is None:
             return None
@@ -347,6 +343,18 @@ async def _claim(
             )
         ).one()
         return claimed, row.business_information or "", row.outbound_version
+
+
+async def take_stalled(session: AsyncSession, settings: Settings, *, limit: int) -> list[UUID]:
+    """Calibrations to send again (:func:`shared.work.take_stalled`): ``queued`` without a
+    change for ``SPAR_RUN_STALL_S`` (a lost message), ``running`` with a dead heartbeat (a
+    killed worker)."""
+    return await work.take_stalled(session, CALIBRATIONS, settings, limit=limit)
+
+
+async def take_waiting(session: AsyncSession, *, limit: int) -> list[UUID]:
+    """Every ``queued`` calibration: its message was lost with the broker's."""
+    return await work.take_waiting(session, CALIBRATIONS, limit=limit)
 
 
 async def _end(
@@ -373,13 +381,41 @@ async def judge_examples(
     """Judge every example (at most ``SPAR_CALIBRATION_CONCURRENCY`` at once) with the
     agent's judge and store the metrics.  Idempotent: an ended calibration is left alone,
     and a redelivered one is judged again from the start."""
-    claimed = await _claim(factory, calibration_id)
+    claimed = await _claim(factory, settings, calibration_id)
     if claimed is None:
         return
     calibration, business_information, version = claimed
-    if calibration.attempts > MAX_ATTEMPTS or calibration.agent_id is None:
-        reason = "the agent was deleted" if calibration.agent_id is None else "too many attempts"
+
+    async def give_up(reason: str) -> None:
         await _end(factory, calibration_id, status=CalibrationStatus.FAILED, error=reason)
+
+    await work.perform(
+        CALIBRATIONS,
+        factory,
+        settings,
+        calibration_id,
+        calibration.attempts,
+        play=lambda: _judge(
+            factory, settings, calibration, business_information, version, http=http
+        ),
+        give_up=give_up,
+    )
+
+
+async def _judge(
+    factory: async_sessionmaker[AsyncSession],
+    settings: Settings,
+    calibration: Calibration,
+    business_information: str,
+    version: int,
+    *,
+    http: aiohttp.ClientSession | None,
+) -> None:
+    calibration_id = calibration.id
+    if calibration.agent_id is None:
+        await _end(
+            factory, calibration_id, status=CalibrationStatus.FAILED, error="the agent was deleted"
+        )
         return
     try:
         outbound = await load_outbound(

@@ -3,9 +3,10 @@
 
 At least once, safely:
 
-* the claim takes a ``queued`` or ``processing`` document (a redelivery after a crash
-  starts it over: its chunks are derived, so they are deleted and made again) and counts
-  the attempt; a ``ready`` or ``failed`` one is left alone;
+* the claim (:mod:`shared.work`) takes a ``queued`` document, or a ``processing`` one
+  whose heartbeat died (a redelivery after a crash starts it over: its chunks are derived,
+  so they are deleted and made again) and counts the delivery; a ``ready`` or ``failed``
+  one, or one a live worker is processing, is left alone;
 * chunks are written in batches, each batch and the progress after it in one commit; the
   end moves the document to ``ready`` only if it is still ``processing``;
 * a document deleted meanwhile (or its collection) takes its chunks with it (the foreign
@@ -21,26 +22,27 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass
-from datetime import timedelta
 from typing import Any
 from uuid import UUID
 
-from sqlalchemy import and_, delete, exists, insert, select, update
+from sqlalchemy import bindparam, delete, exists, insert, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+from sqlalchemy.types import Uuid
 
+from shared import work
 from shared.db.base import utcnow
 from shared.db.models import KnowledgeChunk, KnowledgeDocument
-from shared.db.queries import touch_stalled
 from shared.knowledge.chunking import MAX_LISTED_HEADINGS, Parsed, TooManyChunks, parse
 from shared.knowledge.schemas import ProcessingStatus
 from shared.knowledge.services import search_config
 from shared.metrics import DOCUMENTS_PROCESSED
 from shared.runtime import provide_session
+from shared.settings import Settings
+from shared.work import DOCUMENTS, claim_params
 
 log = logging.getLogger("spar.knowledge")
 BATCH = 500
-MAX_ATTEMPTS = 5
 PARSED_AT = 10  # progress once the document is parsed; chunks take it to 99
 
 _docs = KnowledgeDocument
@@ -65,38 +67,29 @@ class _Abandoned(Exception):
     """The document was deleted (or finished by another delivery) meanwhile."""
 
 
-async def _claim(factory: async_sessionmaker[AsyncSession], document_id: UUID) -> _Claimed | None:
+_CLAIM = DOCUMENTS.claim(
+    bindparam("p_unit", type_=Uuid()), processing_progress=0, processing_error=None
+).returning(
+    _docs.id,
+    _docs.organization_id,
+    _docs.collection_id,
+    _docs.content,
+    _docs.mime_type,
+    _docs.filename,
+    _docs.title,
+    _docs.language,
+    _docs.relative_path,
+    _docs.created_at,
+    _docs.processing_attempts,
+)
+
+
+async def _claim(
+    factory: async_sessionmaker[AsyncSession], settings: Settings, document_id: UUID
+) -> _Claimed | None:
     async with provide_session(factory) as session:
         row = (
-            await session.execute(
-                update(_docs)
-                .where(
-                    _docs.id == document_id,
-                    _docs.processing_status.in_(
-                        (ProcessingStatus.QUEUED, ProcessingStatus.PROCESSING)
-                    ),
-                )
-                .values(
-                    processing_status=ProcessingStatus.PROCESSING,
-                    processing_progress=0,
-                    processing_error=None,
-                    processing_attempts=_docs.processing_attempts + 1,
-                    updated_at=utcnow(),
-                )
-                .returning(
-                    _docs.id,
-                    _docs.organization_id,
-                    _docs.collection_id,
-                    _docs.content,
-                    _docs.mime_type,
-                    _docs.filename,
-                    _docs.title,
-                    _docs.language,
-                    _docs.relative_path,
-                    _docs.created_at,
-                    _docs.processing_attempts,
-                )
-            )
+            await session.execute(_CLAIM, {"p_unit": document_id, **claim_params(settings)})
         ).one_or_none()
         if row is None:
             return None
@@ -105,14 +98,30 @@ async def _claim(factory: async_sessionmaker[AsyncSession], document_id: UUID) -
     return _Claimed(*row)
 
 
-async def process_document(factory: async_sessionmaker[AsyncSession], document_id: UUID) -> None:
-    """Process the document ``document_id`` (the ``documents`` actor's body)."""
-    claimed = await _claim(factory, document_id)
+async def process_document(
+    factory: async_sessionmaker[AsyncSession], settings: Settings, document_id: UUID
+) -> None:
+    """Process the document ``document_id`` (the ``documents`` actor's body), claimed, kept
+    alive and given up on as every unit of work is (:mod:`shared.work`)."""
+    claimed = await _claim(factory, settings, document_id)
     if claimed is None:
         return
-    if claimed.attempts > MAX_ATTEMPTS:
-        await _fail(factory, claimed.id, f"gave up after {MAX_ATTEMPTS} attempts")
-        return
+
+    async def give_up(reason: str) -> None:
+        await _fail(factory, claimed.id, reason)
+
+    await work.perform(
+        DOCUMENTS,
+        factory,
+        settings,
+        claimed.id,
+        claimed.attempts,
+        play=lambda: _process(factory, claimed),
+        give_up=give_up,
+    )
+
+
+async def _process(factory: async_sessionmaker[AsyncSession], claimed: _Claimed) -> None:
     try:
         # CPU-bound for a large document (a fraction of a second for 5 MiB): off the loop.
         parsed = await asyncio.to_thread(parse, claimed.content, claimed.mime_type)
@@ -234,15 +243,16 @@ async def _make_ready(
             raise _Abandoned
 
 
-async def take_stalled(session: AsyncSession, *, stall_s: float, limit: int) -> list[UUID]:
-    """Documents ``queued`` or ``processing`` without a change for ``stall_s`` (a lost
-    message, a killed worker), to send again."""
-    now = utcnow()
-    stalled = and_(
-        _docs.processing_status.in_((ProcessingStatus.QUEUED, ProcessingStatus.PROCESSING)),
-        _docs.updated_at < now - timedelta(seconds=stall_s),
-    )
-    return await touch_stalled(session, _docs, stalled, now=now, limit=limit)
+async def take_stalled(session: AsyncSession, settings: Settings, *, limit: int) -> list[UUID]:
+    """Documents to send again (:func:`shared.work.take_stalled`): ``queued`` without a
+    change for ``SPAR_RUN_STALL_S`` (a lost message), ``processing`` with a dead heartbeat
+    (a killed worker)."""
+    return await work.take_stalled(session, DOCUMENTS, settings, limit=limit)
+
+
+async def take_waiting(session: AsyncSession, *, limit: int) -> list[UUID]:
+    """Every ``queued`` document: its message was lost with the broker's."""
+    return await work.take_waiting(session, DOCUMENTS, limit=limit)
 
 
 async def _fail(factory: async_sessionmaker[AsyncSession], document_id: UUID, reason: str) -> None:

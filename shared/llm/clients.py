@@ -3,7 +3,7 @@ messages.  Each call returns the content and the token usage."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
@@ -19,11 +19,13 @@ class LLMError(EgressError):
 
 @dataclass(frozen=True, slots=True)
 class ChatResult:
-    content: str
+    content: str  # redacted (shared.outbound.redact)
     input_tokens: int
     output_tokens: int
     latency_ms: float
     model: str
+    # The completion as the provider sent it: for deterministic checks only, never kept.
+    received: str = field(default="", repr=False)
 
 
 async def chat(
@@ -50,15 +52,27 @@ async def chat(
 
 
 def _ok_json(response: EgressResponse, who: str) -> Any:
+    """The answer's JSON as received (not redacted: :func:`_result` redacts what it keeps)."""
     if response.status_code >= 400:
         # Providers sometimes echo the key they were given: egress redacted it (the key went
         # out in a sensitive header) before this cut, so no part of it survives.
         body = response.text[:300]
         raise LLMError(f"{who} answered HTTP {response.status_code}: {body}")
     try:
-        return response.json()
+        return response.json_as_received()
     except msgspec.DecodeError:
         raise LLMError(f"{who} answered with a body that is not JSON") from None
+
+
+def _result(response: EgressResponse, received: str, usage: Any, model: str) -> ChatResult:
+    return ChatResult(
+        content=response.redactor.text(received),
+        input_tokens=int(usage[0] or 0),
+        output_tokens=int(usage[1] or 0),
+        latency_ms=response.latency_ms,
+        model=response.redactor.text(model),
+        received=received,
+    )
 
 
 async def _openai(
@@ -87,15 +101,12 @@ async def _openai(
     response = await egress.request("POST", url, json=body, headers=headers)
     data = _ok_json(response, f"LLM provider {provider.provider}")
     try:
-        content = data["choices"][0]["message"]["content"]
+        content = data["choices"][0]["message"]["content"] or ""
+        if not isinstance(content, str):
+            raise TypeError(content)
         usage = data.get("usage") or {}
-        return ChatResult(
-            content=content or "",
-            input_tokens=int(usage.get("prompt_tokens") or 0),
-            output_tokens=int(usage.get("completion_tokens") or 0),
-            latency_ms=response.latency_ms,
-            model=data.get("model") or model,
-        )
+        tokens = (usage.get("prompt_tokens"), usage.get("completion_tokens"))
+        return _result(response, content, tokens, str(data.get("model") or model))
     except (KeyError, IndexError, TypeError, ValueError):
         raise LLMError("chat completion without choices[0].message.content") from None
 
@@ -134,12 +145,7 @@ async def _anthropic(
         blocks = data["content"]
         content = "".join(b.get("text", "") for b in blocks if b.get("type") == "text")
         usage = data.get("usage") or {}
-        return ChatResult(
-            content=content,
-            input_tokens=int(usage.get("input_tokens") or 0),
-            output_tokens=int(usage.get("output_tokens") or 0),
-            latency_ms=response.latency_ms,
-            model=data.get("model") or model,
-        )
+        tokens = (usage.get("input_tokens"), usage.get("output_tokens"))
+        return _result(response, content, tokens, str(data.get("model") or model))
     except (KeyError, TypeError, AttributeError, ValueError):
         raise LLMError("anthropic message without text content") from None

@@ -16,7 +16,7 @@ import msgspec
 
 from shared.llm.clients import LLMError, chat
 from shared.metrics import judge_labels, observed_call
-from shared.outbound.egress import EgressClient, ProviderConfig
+from shared.outbound.egress import EgressClient, ProviderConfig, decode_json, storable
 
 VERDICT_SCHEMA: dict[str, Any] = {
     "type": "object",
@@ -88,7 +88,7 @@ def parse_verdict(content: str) -> tuple[str, str, str] | None:
         candidates.append(text[start : end + 1])
     for candidate in candidates:
         try:
-            data = msgspec.json.decode(candidate)
+            data = decode_json(candidate)
         except msgspec.DecodeError:
             continue
         if not isinstance(data, dict):
@@ -131,9 +131,9 @@ async def judge(
         if parsed is not None:
             verdict, critique, evidence = parsed
             # The content came redacted from egress; parsing it unescaped its JSON strings,
-            # so what is kept is redacted again in its final form.
+            # so what is kept is made storable and redacted again in its final form.
             redactor = egress.policy.redactor(provider.api_key)
-            critique, evidence = redactor.text(critique), redactor.text(evidence)
+            critique, evidence = (redactor.text(storable(part)) for part in (critique, evidence))
             return Judgement(
                 verdict, critique, evidence, input_tokens, output_tokens, latency_ms, attempt
             )

@@ -34,10 +34,31 @@ class AgentConfig:
 
 @dataclass(frozen=True, slots=True)
 class AgentReply:
-    content: str
+    content: str  # redacted: what may be stored, shown and sent to the judge
     input_tokens: int
     output_tokens: int
     latency_ms: float
+    # The reply as the agent sent it, secrets included: for deterministic checks only
+    # (a criterion looking for a leaked key must see it), never stored, shown or logged.
+    received: str = field(default="", repr=False)
+    # The credential keys whose values ``content`` had redacted out of ``received``.
+    redacted_keys: tuple[str, ...] = ()
+
+
+def _reply(
+    egress: EgressClient,
+    received: str,
+    content: str,
+    input_tokens: int,
+    output_tokens: int,
+    latency_ms: float,
+) -> AgentReply:
+    """A reply, ``content`` being ``received`` redacted; which credentials it held is
+    looked up only when redaction changed something."""
+    keys = egress.policy.keys_in(received) if content != received else ()
+    return AgentReply(
+        content, input_tokens, output_tokens, latency_ms, received, redacted_keys=tuple(keys)
+    )
 
 
 @observed_call("agent", agent_labels)
@@ -63,8 +84,13 @@ async def call_agent(
         result = await chat(
             egress, agent.provider, messages, model=agent.model, system=system or None
         )
-        return AgentReply(
-            result.content, result.input_tokens, result.output_tokens, result.latency_ms
+        return _reply(
+            egress,
+            result.received,
+            result.content,
+            result.input_tokens,
+            result.output_tokens,
+            result.latency_ms,
         )
     if not agent.endpoint_url:
         raise AgentError(f"agent {agent.name!r} has no endpoint_url")
@@ -83,7 +109,7 @@ async def call_agent(
         body = response.text[:300]  # redacted by egress before the cut
         raise AgentError(f"agent answered HTTP {response.status_code}: {body}")
     try:
-        data = response.json()
+        data = response.json_as_received()
         if agent.protocol == "openai_chat":
             content = data["choices"][0]["message"]["content"]
             usage = data.get("usage") or {}
@@ -94,7 +120,14 @@ async def call_agent(
             tokens_in, tokens_out = usage.get("input_tokens"), usage.get("output_tokens")
         if not isinstance(content, str):
             raise TypeError(content)
-        return AgentReply(content, int(tokens_in or 0), int(tokens_out or 0), response.latency_ms)
+        return _reply(
+            egress,
+            content,
+            response.redactor.text(content),
+            int(tokens_in or 0),
+            int(tokens_out or 0),
+            response.latency_ms,
+        )
     except (msgspec.DecodeError, KeyError, IndexError, TypeError, ValueError, AttributeError):
         expected = (
             "choices[0].message.content" if agent.protocol == "openai_chat" else '{"content": ...}'

@@ -22,7 +22,10 @@ nothing one organization's call was given rides along on another's.
 5. what comes back is redacted (:mod:`shared.outbound.redact`): the response's text, JSON
    and headers, and every error raised, have each credential value of the organization and
    each secret sent in an ``Authorization``-style header replaced, in every encoded form an
-   echo produces, so no caller can store, return or log one.
+   echo produces, so no caller can store, return or log one;
+6. and it is storable: text PostgreSQL cannot hold (NUL characters, lone UTF-16
+   surrogates from a ``\ud800`` escape) is replaced by U+FFFD (:func:`storable`), so a
+   reply, a critique or an error body can never make the write that records it fail.
 
 Nothing here logs header values or bodies.
 """
@@ -31,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import ipaddress
+import json
 import math
 import random
 import re
@@ -126,6 +130,15 @@ class EgressPolicy:
         """``text`` with every credential value (and ``extra_secrets``) replaced."""
         return self.redactor(*extra_secrets).text(text)
 
+    def keys_in(self, text: str) -> list[str]:
+        """The keys of the credentials whose values ``text`` holds, in any form the
+        redactor takes out (a scan per credential: call it once redaction changed a text)."""
+        return sorted(
+            key
+            for key, value in self.credentials.items()
+            if value and redactor_for(frozenset({value})).text(text) != text
+        )
+
     def resolve_templates(self, values: Mapping[str, str]) -> dict[str, str]:
         def substitute(match: Any) -> str:
             key = match.group(1)
@@ -182,6 +195,57 @@ async def system_resolver(host: str, port: int) -> list[str]:
     return list(dict.fromkeys(str(info[4][0]) for info in infos))
 
 
+# --- what comes back -------------------------------------------------------------------------
+
+REPLACEMENT = "\ufffd"
+
+
+def storable(text: str) -> str:
+    """``text`` as PostgreSQL can store it: each NUL, and each lone surrogate (a JSON
+    ``\ud800`` escape decodes to one; UTF-8 cannot encode it), replaced by U+FFFD."""
+    if "\x00" in text:
+        text = text.replace("\x00", REPLACEMENT)
+    if text.isascii():
+        return text
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        # Paired surrogates become the character they encode; lone ones are replaced.
+        text = text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+    return text
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def decode_json(raw: bytes | str) -> Any:
+    """JSON as received from outside: by msgspec, or, for what msgspec refuses but JSON's
+    grammar allows (a lone ``\ud800`` escape), by the standard library; raises
+    ``msgspec.DecodeError`` when it is not JSON at all.  Pass what it gives through
+    :func:`storable` before keeping any of it (:meth:`EgressResponse.json` does)."""
+    try:
+        return msgspec.json.decode(raw)
+    except msgspec.DecodeError:
+        try:
+            return json.loads(raw, parse_constant=_refuse_constant)
+        except (ValueError, RecursionError):
+            raise msgspec.DecodeError("not JSON") from None
+
+
+def _received(value: Any, redact: Callable[[str], str] | None) -> Any:
+    """A decoded JSON value with every string in it (keys too) storable, and redacted by
+    ``redact`` when given."""
+    if isinstance(value, str):
+        value = storable(value)
+        return redact(value) if redact is not None else value
+    if isinstance(value, dict):
+        return {_received(k, redact): _received(v, redact) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_received(v, redact) for v in value]
+    return value
+
+
 # --- the client --------------------------------------------------------------------------------
 
 
@@ -203,11 +267,17 @@ class EgressResponse:
 
     def json(self) -> Any:
         # Decoded first: a secret written with JSON escapes is matched once unescaped.
-        return self.redactor.value(msgspec.json.decode(self.raw))
+        return _received(decode_json(self.raw), self.redactor.text)
+
+    def json_as_received(self) -> Any:
+        """The JSON as the far end sent it, storable but **not redacted**: only for checks
+        that must see what was said (a criterion looking for a leaked key); never store,
+        return or log what it gives."""
+        return _received(decode_json(self.raw), None)
 
     @property
     def text(self) -> str:
-        return self.redactor.text(self.raw.decode("utf-8", errors="replace"))
+        return self.redactor.text(storable(self.raw.decode("utf-8", errors="replace")))
 
 
 _SENSITIVE = frozenset({"authorization", "proxy-authorization", "cookie", "x-api-key"})
@@ -316,7 +386,9 @@ class EgressClient:
         try:
             return await self._request(method, url, json, headers, redactor)
         except EgressError as exc:
-            exc.args = tuple(redactor.text(a) if isinstance(a, str) else a for a in exc.args)
+            exc.args = tuple(
+                redactor.text(storable(a)) if isinstance(a, str) else a for a in exc.args
+            )
             raise
 
     async def _request(
@@ -336,7 +408,8 @@ class EgressClient:
                 return EgressResponse(
                     status_code=response.status,
                     headers=CIMultiDict(
-                        (name, redactor.text(value)) for name, value in response.headers.items()
+                        (name, redactor.text(storable(value)))
+                        for name, value in response.headers.items()
                     ),
                     raw=response.content,
                     url=url,
@@ -416,6 +489,13 @@ class EgressClient:
             **self.policy.resolve_templates(rule.headers),
             "Host": host_header,
         }
+        for name, value in headers.items():
+            if any(char in value for char in "\r\n\x00"):
+                # Never sent: a line break would let a value inject headers of its own.
+                raise EgressError(
+                    f"header {name!r} for {host!r} holds a line break or NUL character "
+                    "(check the allowed domain's headers and the credentials they use)"
+                )
         return _Prepared(
             url=pinned,
             headers=headers,

@@ -82,6 +82,8 @@ class TurnRecord(msgspec.Struct, frozen=True):
     stopped_early: bool
     # What an llm agent was given from its knowledge (GivenKnowledge), if anything.
     knowledge: list[Any] | None = None
+    # The credential keys whose values were redacted out of ``response_content``.
+    redacted_keys: list[str] = []
 
 
 class CriterionRecord(msgspec.Struct, frozen=True):

@@ -17,17 +17,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import re
 import uuid
 from dataclasses import dataclass
-from functools import lru_cache
 from typing import Any
 from uuid import UUID
 
 import aiohttp
-from jinja2 import Template, TemplateError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from shared import work
 from shared.errors import NotFound
 from shared.knowledge.context import AgentKnowledge, KnowledgeNotReady
 from shared.knowledge.context import load as load_knowledge
@@ -36,7 +34,7 @@ from shared.metrics import RUNS_IN_FLIGHT, in_flight, run_finished
 from shared.outbound.agents import AgentConfig, AgentReply, call_agent
 from shared.outbound.egress import EgressClient, EgressError, ProviderConfig
 from shared.outbound.services import load_outbound
-from shared.scenarios import checks, store
+from shared.scenarios import checks, sandbox, store
 from shared.scenarios.records import (
     CallCost,
     CostSummary,
@@ -48,9 +46,8 @@ from shared.scenarios.records import (
     TurnRecord,
 )
 from shared.scenarios.schemas import RunStatus
-from shared.scenarios.templates import MAX_RENDERED_CHARS, uses_reserved_name
-from shared.scenarios.templates import environment as _templates
 from shared.settings import Settings
+from shared.work import RUNS
 
 log = logging.getLogger("spar.runs")
 
@@ -59,40 +56,13 @@ class RunAborted(Exception):
     """The run cannot go on; it ends as ``error`` with this message."""
 
 
-_MARKUP = ("{{", "{%", "{#")
-_NEWLINE = re.compile(r"\r\n|\r|\n")
-
-
-@lru_cache(maxsize=256)
-def _compiled(template: str) -> Template:
-    """A user message template parsed, checked and compiled once per worker process (a
-    batch renders the same few templates hundreds of times)."""
-    parsed = _templates.parse(template)
-    if uses_reserved_name(parsed):
-        # Scenarios saved before templates were checked at save may still hold one.
-        raise RunAborted(
-            "user message template failed: 'self' is reserved in templates; "
-            "rename that customer_context key"
-        )
-    return _templates.from_string(parsed)
-
-
-def render_message(template: str, customer_context: dict[str, Any]) -> str:
-    """A turn's user message rendered in the sandbox with the customer context's keys."""
-    if not any(markup in template for markup in _MARKUP):
-        # Plain text renders as itself, as Jinja would render it (newlines normalized, one
-        # trailing newline dropped), without compiling a template per distinct message.
-        rendered = _NEWLINE.sub("\n", template)
-        rendered = rendered[:-1] if rendered.endswith("\n") else rendered
-    else:
-        try:
-            # One mapping, not keywords: no context key can collide with render()'s arguments.
-            rendered = _compiled(template).render(customer_context)
-        except (TemplateError, ArithmeticError, TypeError, ValueError, MemoryError) as exc:
-            raise RunAborted(f"user message template failed: {type(exc).__name__}: {exc}") from None
-    if len(rendered) > MAX_RENDERED_CHARS:
-        raise RunAborted("user message template failed: the rendered message is too long")
-    return rendered
+async def render_message(template: str, customer_context: dict[str, Any], turn: int) -> str:
+    """A turn's user message rendered in the sandbox with the customer context's keys; a
+    template that cannot render ends the run in error, naming its turn (counted from 1)."""
+    try:
+        return await sandbox.render(template, customer_context)
+    except sandbox.TemplateFailed as exc:
+        raise RunAborted(f"user message template failed (turn {turn}): {exc}") from None
 
 
 @dataclass(slots=True)
@@ -117,17 +87,15 @@ def _price(provider: ProviderConfig | None, tokens_in: int, tokens_out: int) -> 
     ) / 1e6
 
 
-async def _claim(
+async def _load(
     factory: async_sessionmaker[AsyncSession],
     settings: Settings,
     run_id: UUID,
+    run: store.Claimed,
     http: aiohttp.ClientSession | None,
-) -> tuple[_Context, list[DoneTurn]] | None:
-    """Move the run to ``running`` (unless it is terminal) and load what playing it needs:
-    the turns already committed, the agent, the egress policy, the judge."""
-    run = await store.claim(factory, run_id)
-    if run is None:
-        return None
+) -> _Context:
+    """What playing the claimed run needs: the agent, the egress policy, the judge, an llm
+    agent's knowledge."""
     try:
         outbound = await load_outbound(
             factory, settings, run.organization_id, run.agent_id, run.outbound_version
@@ -142,7 +110,7 @@ async def _claim(
             )
         except KnowledgeNotReady as exc:
             raise RunAborted(f"cannot start: {exc}") from None
-    context = _Context(
+    return _Context(
         run_id=run_id,
         session_id=run.session_id or f"spar-{run_id}",
         snapshot=run.snapshot,
@@ -154,7 +122,6 @@ async def _claim(
         cost=run.cost_summary,
         knowledge=None if knowledge is None or knowledge.empty else knowledge,
     )
-    return context, run.done
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,15 +138,21 @@ async def _evaluate(
     context: _Context,
     criterion: SnapshotCriterion,
     conversation: list[dict[str, str]],
-    reply: str,
+    reply: AgentReply,
 ) -> _Verdict:
+    """A criterion's verdict: a deterministic check reads the reply as the agent sent it (a
+    leak check must see the leak); the judge reads the conversation redacted."""
     kind = criterion.criteria_type
     if kind != "llm_evaluated":
         try:
-            verdict, critique, evidence = await checks.verdict(kind, criterion.question, reply)
+            verdict, critique, evidence = await checks.verdict(
+                kind, criterion.question, reply.received
+            )
         except checks.CheckUndecided as exc:
             raise RunAborted(f"criterion: {exc}") from None
-        return _Verdict(verdict, critique, evidence)
+        # What a check quotes of the reply (a regex's match) is kept: redacted, like the reply.
+        redact = context.egress.policy.redact
+        return _Verdict(verdict, redact(critique), redact(evidence))
     if context.judge_provider is None:
         raise RunAborted(
             "judge: no judge provider (set the agent's judge_provider_id or an LLM provider "
@@ -226,17 +199,27 @@ async def execute_run(
     """Play the run to a terminal state (or leave it to the delivery that owns it).
 
     ``None`` when this delivery did not end the run; otherwise the batch runs handed out in
-    its place, for the caller to send (see :func:`finish`).
+    its place, for the caller to send (see :func:`finish`).  Claimed, kept alive and given
+    up on as every unit of work is (:mod:`shared.work`).
     """
-    try:
-        claimed = await _claim(factory, settings, run_id, http)
-        if claimed is None:
-            return None
-        context, done = claimed
-        return await _run_turns(factory, context, done)
-    except RunAborted as exc:
-        log.info("run %s ends in error: %s", run_id, exc)
-        return await finish(factory, run_id, RunStatus.ERROR, str(exc))
+    run = await store.claim(factory, settings, run_id)
+    if run is None:
+        return None
+
+    async def play() -> list[UUID] | None:
+        try:
+            context = await _load(factory, settings, run_id, run, http)
+            return await _run_turns(factory, context, run.done)
+        except RunAborted as exc:
+            log.info("run %s ends in error: %s", run_id, exc)
+            return await finish(factory, run_id, RunStatus.ERROR, str(exc))
+
+    async def give_up(reason: str) -> list[UUID] | None:
+        return await finish(factory, run_id, RunStatus.ERROR, reason)
+
+    return await work.perform(
+        RUNS, factory, settings, run_id, run.attempts, play=play, give_up=give_up
+    )
 
 
 async def _run_turns(
@@ -307,7 +290,7 @@ class _Played:
 async def _play(context: _Context, turn: SnapshotTurn, history: list[dict[str, str]]) -> _Played:
     """Render the turn's message, send it to the agent, judge every criterion at once."""
     customer_context = context.snapshot.customer_context or {}
-    message = render_message(turn.user_message, customer_context)
+    message = await render_message(turn.user_message, customer_context, turn.order_index + 1)
     system_context, given = None, None
     if context.knowledge is not None:
         system_context, given = await context.knowledge.for_message(message)
@@ -330,7 +313,7 @@ async def _play(context: _Context, turn: SnapshotTurn, history: list[dict[str, s
         {"role": "assistant", "content": reply.content},
     ]
     verdicts = await asyncio.gather(
-        *(_evaluate(context, c, conversation, reply.content) for c in turn.criteria)
+        *(_evaluate(context, c, conversation, reply) for c in turn.criteria)
     )
     passed = all(v.verdict == "PASS" for v in verdicts)
     record = TurnRecord(
@@ -341,6 +324,7 @@ async def _play(context: _Context, turn: SnapshotTurn, history: list[dict[str, s
         passed=passed,
         stopped_early=turn.required and not passed,
         knowledge=given,
+        redacted_keys=list(reply.redacted_keys),
     )
     results = [
         CriterionRecord(

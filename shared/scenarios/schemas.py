@@ -164,6 +164,9 @@ class ScenarioTurnResultRead(Output):
     # What an llm agent was given from its knowledge documents in this turn (documents
     # bookmarked ``always``, chunks retrieved ``on_demand``); null for other agents.
     knowledge: list[dict[str, Any]] | None = None
+    # The credential keys whose values the agent's reply held, redacted out of
+    # ``response_content`` (a leak shows without the value being kept).
+    redacted_keys: list[str] = []
 
 
 class ScenarioRunRead(Output):

@@ -347,6 +347,7 @@ def run_read(run: ScenarioRun, *, with_results: bool) -> schemas.ScenarioRunRead
                 user_message=turn.user_message,
                 status="skipped" if turn.skipped else "passed" if turn.passed else "failed",
                 knowledge=turn.knowledge,
+                redacted_keys=list(turn.redacted_keys or []),
             )
             for turn in run.turn_results
         ]

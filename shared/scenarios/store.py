@@ -25,7 +25,6 @@ import uuid
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from datetime import timedelta
 from typing import Any
 from uuid import UUID
 
@@ -54,6 +53,7 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import JSONB, aggregate_order_by
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from shared import work
 from shared.batches import window
 from shared.db.base import NOW, utcnow
 from shared.db.direct import Statement, direct_pool
@@ -66,6 +66,8 @@ from shared.scenarios.records import (
     TurnRecord,
 )
 from shared.scenarios.schemas import OPEN_STATUSES, RunStatus
+from shared.settings import Settings
+from shared.work import RUNS, claim_params
 
 _runs = ScenarioRun.__table__
 _turns = TurnResult.__table__
@@ -95,29 +97,24 @@ class Claimed:
     outbound_version: int  # the organization's, for the outbound configuration cache
     business_information: str
     done: list[DoneTurn]
+    attempts: int  # deliveries that claimed the run, this one included (shared.work)
 
 
-_CLAIM = (
-    update(_runs)
-    .where(_runs.c.id == _run, _open)
-    .values(
-        status=RunStatus.RUNNING, started_at=func.coalesce(_runs.c.started_at, NOW), updated_at=NOW
-    )
-    .returning(
-        _runs.c.organization_id,
-        _runs.c.agent_id,
-        _runs.c.session_id,
-        _runs.c.snapshot,
-        _runs.c.cost_summary,
-        select(_orgs.c.outbound_version)
-        .where(_orgs.c.id == _runs.c.organization_id)
-        .scalar_subquery()
-        .label("outbound_version"),
-        select(_orgs.c.business_information)
-        .where(_orgs.c.id == _runs.c.organization_id)
-        .scalar_subquery()
-        .label("business_information"),
-    )
+_CLAIM = RUNS.claim(_run, started_at=func.coalesce(_runs.c.started_at, NOW)).returning(
+    _runs.c.organization_id,
+    _runs.c.agent_id,
+    _runs.c.session_id,
+    _runs.c.snapshot,
+    _runs.c.cost_summary,
+    _runs.c.attempts,
+    select(_orgs.c.outbound_version)
+    .where(_orgs.c.id == _runs.c.organization_id)
+    .scalar_subquery()
+    .label("outbound_version"),
+    select(_orgs.c.business_information)
+    .where(_orgs.c.id == _runs.c.organization_id)
+    .scalar_subquery()
+    .label("business_information"),
 )
 _DONE_FIELDS = DoneTurn.__struct_fields__
 
@@ -143,13 +140,17 @@ _done = (
 _CLAIM_IN_ONE = Statement(select(_claimed, _done.label("done")))
 
 
-async def claim(factory: async_sessionmaker[AsyncSession], run_id: UUID) -> Claimed | None:
-    """Move the run to ``running`` (``None`` if it is terminal or gone) and read what playing
-    it needs, the turns already committed included.  Another delivery may claim the same
-    run meanwhile: the turn writes settle which of them goes on."""
-    now = utcnow()  # before waiting for a connection: the run started when it was claimed
+async def claim(
+    factory: async_sessionmaker[AsyncSession], settings: Settings, run_id: UUID
+) -> Claimed | None:
+    """Move the run to ``running`` and read what playing it needs, the turns already
+    committed included; ``None`` if it is terminal, gone, or being played by a delivery
+    whose heartbeat is alive (:mod:`shared.work`).  Should a delivery thought dead still
+    play, the turn writes settle which of the two goes on."""
+    # Before waiting for a connection: the run started when it was claimed.
+    params = claim_params(settings)
     async with _direct(factory) as conn:
-        runs = await _CLAIM_IN_ONE.rows(conn, p_run=run_id, now=now)
+        runs = await _CLAIM_IN_ONE.rows(conn, p_run=run_id, **params)
     if not runs:
         return None
     run = runs[0]
@@ -162,6 +163,7 @@ async def claim(factory: async_sessionmaker[AsyncSession], run_id: UUID) -> Clai
         outbound_version=run.outbound_version,
         business_information=run.business_information or "",
         done=msgspec.convert(run.done, list[DoneTurn]),
+        attempts=run.attempts,
     )
 
 
@@ -208,6 +210,7 @@ _TURN_COLUMNS = (
     "skipped",
     "created_at",
     "knowledge",
+    "redacted_keys",
 )
 _RESULT_COLUMNS = (
     "id",
@@ -271,6 +274,7 @@ def _in_one(run_change: Update, *, turn: bool, end: bool) -> Statement:
                     false(),
                     NOW,
                     bindparam("p_knowledge", type_=JSONB()),
+                    bindparam("p_redacted_keys", type_=JSONB()),
                 ),
             )
             .returning(_turns.c.id, _turns.c.run_id)
@@ -307,6 +311,7 @@ def _in_one(run_change: Update, *, turn: bool, end: bool) -> Statement:
                     true(),
                     NOW,
                     null(),
+                    literal_column("'[]'::jsonb"),
                 ).select_from(written.join(_skipped_given, true())),
             )
             .returning(_turns.c.id)
@@ -352,6 +357,7 @@ async def record_turn(
         "p_stopped": turn.stopped_early,
         "p_results": results,
         "p_knowledge": turn.knowledge,
+        "p_redacted_keys": turn.redacted_keys,
     }
     if end is None:
         if skipped:
@@ -392,37 +398,20 @@ async def end(
 
 # --- the sweeper's side ---------------------------------------------------------------------------
 
-_stalled = (
-    select(_runs.c.id)
-    .where(
-        _open,
-        _runs.c.updated_at < bindparam("p_before"),
-        # Runs of a batch never handed out are the window's to hand out, not the sweeper's.
-        or_(_runs.c.batch_run_id.is_(None), _runs.c.dispatched_at.is_not(None)),
-    )
-    .order_by(_runs.c.updated_at)
-    .limit(bindparam("p_limit"))
-    .with_for_update(skip_locked=True)
-    .scalar_subquery()
-)
-# Touched as they are taken, so the next pass waits a full stall period before sending again.
-_TAKE_STALLED = Statement(
-    update(_runs).where(_runs.c.id.in_(_stalled)).values(updated_at=NOW).returning(_runs.c.id)
-)
+# Runs of a batch never handed out are the window's to hand out, not the sweeper's.
+_SENT = or_(_runs.c.batch_run_id.is_(None), _runs.c.dispatched_at.is_not(None))
 
 
-async def take_stalled(
-    factory: async_sessionmaker[AsyncSession], *, stall_s: float, limit: int
-) -> list[UUID]:
-    """Up to ``limit`` runs ``pending`` or ``running`` with no progress for ``stall_s``
-    seconds (a lost message, a killed worker), to send again: the run engine resumes them
-    after their last committed turn, and a duplicate changes nothing."""
-    now = utcnow()
-    async with _direct(factory) as conn:
-        rows = await _TAKE_STALLED.rows(
-            conn, p_before=now - timedelta(seconds=stall_s), p_limit=limit, now=now
-        )
-    return [row.id for row in rows]
+async def take_stalled(session: AsyncSession, settings: Settings, *, limit: int) -> list[UUID]:
+    """Up to ``limit`` runs to send again (:func:`shared.work.take_stalled`): running with a
+    dead heartbeat, or sent and still ``pending`` after ``SPAR_RUN_STALL_S``.  The run
+    engine resumes each after its last committed turn, and a duplicate changes nothing."""
+    return await work.take_stalled(session, RUNS, settings, limit=limit, waiting=_SENT)
+
+
+async def take_waiting(session: AsyncSession, *, limit: int) -> list[UUID]:
+    """Every run sent and still ``pending``: its message was lost with the broker's."""
+    return await work.take_waiting(session, RUNS, limit=limit, waiting=_SENT)
 
 
 # --- boot -----------------------------------------------------------------------------------------
@@ -448,8 +437,9 @@ async def rehearse(connection: AsyncConnection[Any]) -> None:
         "p_stopped": False,
         "p_results": [],
         "p_knowledge": None,
+        "p_redacted_keys": [],
     }
-    await _CLAIM_IN_ONE.rows(connection, **nobody)
+    await _CLAIM_IN_ONE.rows(connection, **nobody, p_stale=now)
     await _RECORD_IN_ONE.rows(connection, **turn)
     await _RECORD_AND_END_IN_ONE.rows(connection, **turn, p_status=RunStatus.PASSED, p_skipped=[])
     await _END_IN_ONE.rows(connection, **nobody, p_status=RunStatus.ERROR, p_error=None)

@@ -3,8 +3,9 @@ message to its agent and record the reply, or start a batch run of its suite.
 
 At least once, never twice where it counts:
 
-* the claim moves an execution ``queued``/``running`` -> ``running`` and counts the
-  attempt; a finished or missed one is left alone, so a redelivered message does nothing;
+* the claim (:mod:`shared.work`) moves an execution ``queued`` (or ``running`` with a dead
+  heartbeat) to ``running`` and counts the delivery; a finished or missed one, or one a
+  live worker is carrying out, is left alone, so a redelivered message does nothing;
 * a reply is recorded in the statement that ends the execution, and only if it is still
   ``running``: once the agent's answer is committed, no delivery sends the message again
   (a worker dying between the answer and that commit is the one case that sends it twice,
@@ -21,12 +22,14 @@ from typing import Any
 from uuid import UUID
 
 import aiohttp
-from sqlalchemy import func, select, update
+from sqlalchemy import bindparam, func, select, update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+from sqlalchemy.types import Uuid
 
+from shared import work
 from shared.batches.schemas import BatchRunCreate
 from shared.batches.services import start_batch
-from shared.db.base import utcnow
+from shared.db.base import NOW, utcnow
 from shared.db.models import Organization, Trigger, TriggerExecution
 from shared.errors import InvalidInput, NotFound
 from shared.outbound.agents import call_agent
@@ -34,16 +37,14 @@ from shared.outbound.egress import EgressClient, EgressError
 from shared.outbound.services import load_outbound
 from shared.queue import DISPATCH_BATCH, send_after_commit
 from shared.runtime import provide_session
-from shared.scenarios.runner import RunAborted, render_message
+from shared.scenarios import sandbox
 from shared.settings import Settings
-from shared.triggers.schemas import OPEN_EXECUTION_STATUSES, ExecutionStatus
+from shared.triggers.schemas import ExecutionStatus
 from shared.triggers.services import local_now, template_trigger
+from shared.work import TRIGGER_EXECUTIONS, claim_params
 
 log = logging.getLogger("spar.triggers")
 MAX_RESPONSE_CHARS = 100_000
-# Deliveries after which an execution that never got to an end is failed, not retried:
-# the actor's own retries and the sweeper's re-sends both count.
-MAX_ATTEMPTS = 10
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,23 +54,17 @@ class _Claimed:
     outbound_version: int
 
 
-async def _claim(factory: async_sessionmaker[AsyncSession], execution_id: UUID) -> _Claimed | None:
+_CLAIM = TRIGGER_EXECUTIONS.claim(
+    bindparam("p_unit", type_=Uuid()),
+    started_at=func.coalesce(TriggerExecution.started_at, NOW),
+).returning(TriggerExecution.id)
+
+
+async def _claim(
+    factory: async_sessionmaker[AsyncSession], settings: Settings, execution_id: UUID
+) -> _Claimed | None:
     async with provide_session(factory) as session:
-        now = utcnow()
-        claimed = await session.scalar(
-            update(TriggerExecution)
-            .where(
-                TriggerExecution.id == execution_id,
-                TriggerExecution.status.in_(OPEN_EXECUTION_STATUSES),
-            )
-            .values(
-                status=ExecutionStatus.RUNNING,
-                attempts=TriggerExecution.attempts + 1,
-                started_at=func.coalesce(TriggerExecution.started_at, now),
-                updated_at=now,
-            )
-            .returning(TriggerExecution.id)
-        )
+        claimed = await session.scalar(_CLAIM, {"p_unit": execution_id, **claim_params(settings)})
         if claimed is None:
             return None
         row = (
@@ -91,22 +86,30 @@ async def execute(
     broker: Any,
     http: aiohttp.ClientSession | None = None,
 ) -> None:
-    """Carry out the execution ``execution_id`` (the ``triggers`` actor's body)."""
-    claimed = await _claim(factory, execution_id)
+    """Carry out the execution ``execution_id`` (the ``triggers`` actor's body), claimed,
+    kept alive and given up on as every unit of work is (:mod:`shared.work`)."""
+    claimed = await _claim(factory, settings, execution_id)
     if claimed is None:
         return
-    if claimed.execution.attempts > MAX_ATTEMPTS:
-        await _finish(
-            factory,
-            execution_id,
-            ExecutionStatus.FAILED,
-            error=f"gave up after {MAX_ATTEMPTS} deliveries that did not finish",
-        )
-        return
-    if claimed.trigger.action == "batch_run":
-        await _start_suite(factory, claimed, broker=broker)
-    else:
-        await _send_message(factory, settings, claimed, http=http)
+
+    async def play() -> None:
+        if claimed.trigger.action == "batch_run":
+            await _start_suite(factory, claimed, broker=broker)
+        else:
+            await _send_message(factory, settings, claimed, http=http)
+
+    async def give_up(reason: str) -> None:
+        await _finish(factory, execution_id, ExecutionStatus.FAILED, error=reason)
+
+    await work.perform(
+        TRIGGER_EXECUTIONS,
+        factory,
+        settings,
+        execution_id,
+        claimed.execution.attempts,
+        play=play,
+        give_up=give_up,
+    )
 
 
 async def _finish(
@@ -139,7 +142,7 @@ async def _send_message(
 ) -> None:
     execution, trigger = claimed.execution, claimed.trigger
     try:
-        message = render_message(
+        message = await sandbox.render(
             trigger.message,
             {
                 "trigger": template_trigger(trigger),
@@ -147,8 +150,13 @@ async def _send_message(
                 "payload": execution.payload,
             },
         )
-    except RunAborted as exc:
-        await _finish(factory, execution.id, ExecutionStatus.FAILED, error=str(exc))
+    except sandbox.TemplateFailed as exc:
+        await _finish(
+            factory,
+            execution.id,
+            ExecutionStatus.FAILED,
+            error=f"trigger message template failed: {exc}",
+        )
         return
     try:
         outbound = await load_outbound(

@@ -20,24 +20,23 @@ from datetime import datetime, timedelta
 from typing import Any
 from uuid import UUID
 
-from sqlalchemy import and_, func, or_, select
+from sqlalchemy import func, select
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from shared.db.base import utcnow
+from shared import work
 from shared.db.models import Trigger, TriggerExecution
-from shared.db.queries import touch_stalled
 from shared.queue import RUN_TRIGGER, send_after_commit
+from shared.settings import Settings
 from shared.triggers.schedule import Schedule
 from shared.triggers.schemas import ExecutionSource, ExecutionStatus, TriggerStatus
+from shared.work import TRIGGER_EXECUTIONS
 
 # Missed slots are recorded for the last day at most, the latest MAX_MISSED of them: a
 # minute-by-minute trigger whose schedulers were down for a week records its last 100
 # missed minutes, not ten thousand rows.
 MISSED_HORIZON = timedelta(days=1)
 MAX_MISSED = 100
-# The sweeper: a queued execution whose message was lost is sent again after this long.
-QUEUED_STALL = timedelta(seconds=60)
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,18 +160,12 @@ def _execution(
     }
 
 
-async def take_stalled(session: AsyncSession, *, stall_s: float, limit: int) -> list[UUID]:
-    """Executions to send again: ``queued`` for a minute (a lost message), ``running`` with
-    no progress for ``stall_s`` (a killed worker)."""
-    now = utcnow()
-    stalled = or_(
-        and_(
-            TriggerExecution.status == ExecutionStatus.QUEUED,
-            TriggerExecution.updated_at < now - QUEUED_STALL,
-        ),
-        and_(
-            TriggerExecution.status == ExecutionStatus.RUNNING,
-            TriggerExecution.updated_at < now - timedelta(seconds=stall_s),
-        ),
-    )
-    return await touch_stalled(session, TriggerExecution, stalled, now=now, limit=limit)
+async def take_stalled(session: AsyncSession, settings: Settings, *, limit: int) -> list[UUID]:
+    """Executions to send again (:func:`shared.work.take_stalled`): ``queued`` for a
+    minute (a lost message), ``running`` with a dead heartbeat (a killed worker)."""
+    return await work.take_stalled(session, TRIGGER_EXECUTIONS, settings, limit=limit)
+
+
+async def take_waiting(session: AsyncSession, *, limit: int) -> list[UUID]:
+    """Every ``queued`` execution: its message was lost with the broker's."""
+    return await work.take_waiting(session, TRIGGER_EXECUTIONS, limit=limit)

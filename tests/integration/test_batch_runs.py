@@ -21,6 +21,7 @@ from datetime import timedelta
 from typing import Any
 from uuid import UUID
 
+import msgspec
 import pytest
 from dramatiq import Message
 from dramatiq.brokers.stub import StubBroker
@@ -1041,6 +1042,7 @@ async def test_the_sweeper_resends_stalled_runs_and_refills_active_batches(
         await make_scenario(client, w, f"more {n}", tags=["sweep"])
     factory = app.state.session_factory
     broker = stub_broker()
+    thirty = msgspec.structs.replace(settings, run_stall_s=30.0)
 
     stalled_pending = await start_single_run(client, w, scenario["id"])
     stalled_running = await start_single_run(client, w, scenario["id"])
@@ -1056,7 +1058,7 @@ async def test_the_sweeper_resends_stalled_runs_and_refills_active_batches(
     # Old but never handed out: the window's to dispatch, not the sweeper's to re-send.
     await push_back(db, batch_runs)
 
-    assert await sweep(factory, broker, 30.0) == (2, 1)
+    assert await sweep(factory, broker, thirty) == (2, 1)
     sent = sent_runs(broker)
     assert sorted(sent) == sorted([stalled_pending, stalled_running, batch_runs[0]])
     assert fresh not in sent and old_but_done not in sent
@@ -1064,20 +1066,20 @@ async def test_the_sweeper_resends_stalled_runs_and_refills_active_batches(
     assert await in_flight(db, batch["id"]) == 1
 
     # The re-sent runs were touched: the next pass waits a full stall period; the window is full.
-    assert await sweep(factory, broker, 30.0) == (0, 0)
+    assert await sweep(factory, broker, thirty) == (0, 0)
     assert sent_runs(broker) == []
 
     # The dispatched batch run makes no progress (its message was lost): it is re-sent.
     await push_back(db, [batch_runs[0]])
-    assert await sweep(factory, broker, 30.0) == (1, 0)
+    assert await sweep(factory, broker, thirty) == (1, 0)
     assert sent_runs(broker) == [batch_runs[0]]
 
     # A run's end hands out its successor; if the worker dies before sending it, the
     # successor makes no progress and is re-sent like any stalled run.
     assert await runner.finish(factory, UUID(batch_runs[0]), "passed") == [UUID(batch_runs[1])]
-    assert await sweep(factory, broker, 30.0) == (0, 0)
+    assert await sweep(factory, broker, thirty) == (0, 0)
     await push_back(db, [batch_runs[1]])
-    assert await sweep(factory, broker, 30.0) == (1, 0)
+    assert await sweep(factory, broker, thirty) == (1, 0)
     assert sent_runs(broker) == [batch_runs[1]]
 
     # A re-sent run executes normally; nothing is lost or doubled.
@@ -1102,7 +1104,8 @@ async def test_the_sweeper_ignores_finished_and_cancelled_batches(
     ]
     await push_back(db, every)
     broker = stub_broker()
-    assert await sweep(app.state.session_factory, broker, 30.0) == (0, 0)
+    thirty = msgspec.structs.replace(settings, run_stall_s=30.0)
+    assert await sweep(app.state.session_factory, broker, thirty) == (0, 0)
     assert sent_runs(broker) == []
 
 

@@ -21,6 +21,7 @@ from scheduler.sweeper import sweep
 from shared.db.models import KnowledgeChunk, KnowledgeDocument
 from shared.knowledge.processing import process_document
 from shared.queue import PROCESS_DOCUMENT
+from shared.settings import Settings
 from tests.support.factories import (
     Tenant,
     create_token,
@@ -76,7 +77,7 @@ async def upload(
 
 
 async def process(app: Litestar, document_id: str) -> None:
-    await process_document(app.state.session_factory, UUID(document_id))
+    await process_document(app.state.session_factory, app.state.settings, UUID(document_id))
 
 
 async def status(client: AsyncTestClient, t: Tenant, document_id: str) -> dict[str, Any]:
@@ -526,19 +527,19 @@ async def test_another_organizations_ids_answer_404(client: AsyncTestClient, app
 
 
 async def test_the_sweeper_resends_a_document_whose_message_was_lost(
-    client: AsyncTestClient, app: Litestar, db: AsyncSession
+    client: AsyncTestClient, app: Litestar, settings: Settings, db: AsyncSession
 ) -> None:
     t = await tenant(client)
     cid = await collection(client, t)
     doc = await upload(client, t, cid, POLICY)
     broker = stub_broker()
-    await sweep(app.state.session_factory, broker, 300.0)
+    await sweep(app.state.session_factory, broker, settings)
     assert broker.queues[PROCESS_DOCUMENT[0]].qsize() == 0  # just uploaded
     stale = datetime.now(UTC) - timedelta(minutes=10)
     await db.execute(text("UPDATE knowledge_documents SET updated_at = :at"), {"at": stale})
     await db.commit()
-    await sweep(app.state.session_factory, broker, 300.0)
-    await sweep(app.state.session_factory, broker, 300.0)  # touched: not again at once
+    await sweep(app.state.session_factory, broker, settings)
+    await sweep(app.state.session_factory, broker, settings)  # touched: not again at once
     assert broker.queues[PROCESS_DOCUMENT[0]].qsize() == 1
     await process(app, doc["id"])
     assert (await status(client, t, doc["id"]))["status"] == "ready"

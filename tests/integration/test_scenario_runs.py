@@ -26,9 +26,10 @@ import msgspec
 import pytest
 from litestar import Litestar
 from litestar.testing import AsyncTestClient
-from sqlalchemy import text
+from sqlalchemy import select, text
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from shared.db.models import ScenarioRun
 from shared.scenarios.runner import execute_run
 from shared.settings import Settings
 from tests.support.factories import Tenant, create_token, tenant
@@ -70,6 +71,7 @@ TURN_RESULT_FIELDS = {
     "user_message",
     "status",
     "knowledge",
+    "redacted_keys",
 }
 JUDGE_TOKENS = (11, 7)  # FakeOpenAI's default usage per call
 AGENT_TOKENS = (17, 3)  # FakeAgent's default usage per call
@@ -695,6 +697,51 @@ async def test_a_template_building_a_huge_value_ends_in_error(
     assert agent.requests == []
 
 
+# Two loops of ten thousand steps: seconds of CPU if nothing stopped it.
+CPU_BOUND = "{% for i in range(10000) %}{% for j in range(10000) %}{% endfor %}{% endfor %}hi"
+
+
+async def test_a_template_burning_cpu_ends_in_error_and_holds_up_no_other_run(
+    client: AsyncTestClient,
+    app: Litestar,
+    settings: Settings,
+    agent: FakeAgent,
+) -> None:
+    """Any MEMBER can save such a template (201); run twice, it must neither stall the
+    worker's other runs (templated or not) nor run for longer than its CPU bound."""
+    t, out = await setup(client, agent, None)
+    slow = await create_scenario(client, t, name="slow", turns=[turn("Hello"), turn(CPU_BOUND)])
+    quick = [
+        await create_scenario(
+            client,
+            t,
+            name=f"quick {n}",
+            customer_context={"n": n},
+            turns=[
+                turn("quick {{ n }}" if n % 2 else f"quick {n}", criterion("quick", "contains"))
+            ],
+        )
+        for n in range(4)
+    ]
+    slow_runs = [await start_run(client, t, slow["id"], out.agent_id) for _ in range(2)]
+    quick_runs = [await start_run(client, t, s["id"], out.agent_id) for s in quick]
+    await asyncio.gather(*(execute(app, settings, r["id"]) for r in slow_runs + quick_runs))
+
+    slow_done = [await get_run(client, t, r["id"]) for r in slow_runs]
+    quick_done = [await get_run(client, t, r["id"]) for r in quick_runs]
+    for done in slow_done:
+        assert done["status"] == "error", done
+        assert done["error_message"] == (
+            "user message template failed (turn 2): rendering used more than 1 s of CPU"
+        ), done["error_message"]
+        assert [r["turn_index"] for r in done["turn_results"]] == [0]
+    assert [d["status"] for d in quick_done] == ["passed"] * 4, quick_done
+    # The quick runs did not wait for the slow templates: all ended before either did.
+    assert max(d["completed_at"] for d in quick_done) < min(d["completed_at"] for d in slow_done)
+    sent = sorted(r.json["message"] for r in agent.requests)
+    assert sent == ["Hello", "Hello", "quick 0", "quick 1", "quick 2", "quick 3"]
+
+
 # --- the engine: errors ------------------------------------------------------------------------
 
 
@@ -1110,7 +1157,37 @@ async def test_executing_a_finished_run_again_changes_nothing(
     assert await raw_counts(db, run["id"]) == ([(0, 1), (1, 1)], 2)
 
 
-async def test_two_concurrent_executions_write_each_result_once(
+async def test_a_second_delivery_of_a_run_in_flight_changes_nothing(
+    client: AsyncTestClient,
+    app: Litestar,
+    settings: Settings,
+    agent: FakeAgent,
+    judge: FakeOpenAI,
+    db: AsyncSession,
+) -> None:
+    def slow_echo(body: dict[str, Any]) -> str:
+        time.sleep(0.1)  # the second delivery arrives while the first plays turn 1
+        return echo_reply(body)
+
+    agent.reply = slow_echo
+    t, out = await setup(client, agent, judge)
+    scenario = await create_scenario(
+        client, t, turns=[turn("one", criterion("one", "contains")), turn("two")]
+    )
+    run = await start_run(client, t, scenario["id"], out.agent_id)
+    first = asyncio.create_task(execute(app, settings, run["id"]))
+    await agent.requests_received(1, wait_s=10)
+    # The first delivery's heartbeat is alive: the duplicate does not claim the run.
+    assert await execute_run(app.state.session_factory, settings, UUID(run["id"])) is None
+    await first
+    done = await get_run(client, t, run["id"])
+    assert done["status"] == "passed", done
+    assert [r.json["message"] for r in agent.requests] == ["one", "two"]
+    attempts = await db.scalar(select(ScenarioRun.attempts).where(ScenarioRun.id == run["id"]))
+    assert attempts == 1, "a refused duplicate is not a delivery"
+
+
+async def test_a_delivery_thought_dead_and_its_successor_write_each_result_once(
     client: AsyncTestClient,
     app: Litestar,
     settings: Settings,
@@ -1134,7 +1211,11 @@ async def test_two_concurrent_executions_write_each_result_once(
         ],
     )
     run = await start_run(client, t, scenario["id"], out.agent_id)
-    await asyncio.gather(execute(app, settings, run["id"]), execute(app, settings, run["id"]))
+    # Heartbeats that are stale before they are stamped: each delivery takes the other for
+    # dead (as with a worker whose loop stalled), both play, and the turn writes settle
+    # which one goes on.
+    hasty = msgspec.structs.replace(settings, run_heartbeat_timeout_s=-60.0)
+    await asyncio.gather(execute(app, hasty, run["id"]), execute(app, hasty, run["id"]))
     messages = [r.json["message"] for r in agent.requests]
     assert messages.count("one") == 2, f"both executions should have raced on turn 1: {messages}"
     done = await get_run(client, t, run["id"])

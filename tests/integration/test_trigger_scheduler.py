@@ -282,7 +282,7 @@ async def test_the_cron_picks_up_creates_edits_pauses_and_deletes_within_two_sec
 
 
 async def test_the_sweeper_resends_an_execution_whose_message_was_lost(
-    client: AsyncTestClient, app: Litestar, agent: FakeAgent, db: AsyncSession
+    client: AsyncTestClient, app: Litestar, settings: Settings, agent: FakeAgent, db: AsyncSession
 ) -> None:
     t = await tenant(client)
     trigger = await minutely(client, t, agent.url)
@@ -290,15 +290,15 @@ async def test_the_sweeper_resends_an_execution_whose_message_was_lost(
     broker = stub_broker()
     factory = app.state.session_factory
     resent_before = sample("spar_sweeper_resent_total", kind="trigger_executions")
-    await sweep(factory, broker, 300.0)
+    await sweep(factory, broker, settings)
     assert broker.queues[RUN_TRIGGER[0]].qsize() == 0  # just queued: its message is on its way
     await db.execute(
         update(TriggerExecution).values(updated_at=datetime.now(UTC) - timedelta(minutes=2))
     )
     await db.commit()
-    await sweep(factory, broker, 300.0)
+    await sweep(factory, broker, settings)
     assert broker.queues[RUN_TRIGGER[0]].qsize() == 1
-    await sweep(factory, broker, 300.0)  # sent again; not again at once
+    await sweep(factory, broker, settings)  # sent again; not again at once
     assert broker.queues[RUN_TRIGGER[0]].qsize() == 1
     count = await db.scalar(select(func.count()).select_from(TriggerExecution))
     assert count == 1 and fired["status"] == "queued"

@@ -436,6 +436,23 @@ async def test_now_is_rendered_in_the_triggers_zone(
     assert abs((sent - datetime.now(UTC)).total_seconds()) < 60
 
 
+async def test_a_trigger_message_burning_cpu_fails_its_execution_naming_the_template(
+    client: AsyncTestClient, app: Litestar, settings: Settings, agent: FakeAgent
+) -> None:
+    t = await tenant(client)
+    setup = await outbound_setup(client, t, agent.url)
+    loops = "{% for i in range(10000) %}{% for j in range(10000) %}{% endfor %}{% endfor %}hi"
+    created = await create(client, t, scheduled(setup.agent_id, message=loops))
+    fired = (await client.post(path(t, created["id"], "fire"), headers=t.owner.headers)).json()
+    await run_execution(app, settings, fired["id"])
+    done = await get_execution(client, t, created["id"], fired["id"])
+    assert done["status"] == "failed", done
+    assert done["error"] == (
+        "trigger message template failed: rendering used more than 1 s of CPU"
+    ), done
+    assert agent.requests == []
+
+
 async def test_a_failing_agent_or_a_template_error_fails_the_execution(
     client: AsyncTestClient, app: Litestar, settings: Settings, agent: FakeAgent
 ) -> None:

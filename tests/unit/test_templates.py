@@ -1,12 +1,18 @@
-"""User message templates: plain text skips Jinja but must render exactly as Jinja would."""
+"""Message templates: plain text skips Jinja but must render exactly as Jinja would;
+markup renders in the sandbox's own processes, bounded in CPU time, output and memory."""
 
 from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shared.scenarios.runner import _templates, render_message
+from shared.scenarios import sandbox
+from shared.scenarios.templates import MAX_RENDERED_CHARS, environment
 
 # Text with every kind of newline and the characters around Jinja's markup, minus the
 # markup itself (whose absence is what sends a message down the plain path).
@@ -16,10 +22,14 @@ plain = st.text(
 ).filter(lambda text: not any(m in text for m in ("{{", "{%", "{#")))
 
 
+def render_plain(text: str, context: dict[str, object]) -> str:
+    return asyncio.run(sandbox.render(text, context))
+
+
 @settings(max_examples=400, deadline=None)
 @given(plain)
 def test_plain_text_renders_as_jinja_renders_it(text: str) -> None:
-    assert render_message(text, {}) == _templates.from_string(text).render({})
+    assert render_plain(text, {}) == environment.from_string(text).render({})
 
 
 @pytest.mark.parametrize(
@@ -32,29 +42,85 @@ def test_plain_text_renders_as_jinja_renders_it(text: str) -> None:
     ],
 )
 def test_plain_text_examples(text: str, rendered: str) -> None:
-    assert render_message(text, {"unused": 1}) == rendered
-
-
-def test_markup_still_goes_through_the_sandbox() -> None:
-    assert render_message("Hi {{ name }}!\n", {"name": "Ada"}) == "Hi Ada!"
-    assert render_message("{# a comment #}Hi", {}) == "Hi"
+    assert render_plain(text, {"unused": 1}) == rendered
 
 
 def test_a_plain_message_over_the_limit_is_refused_too() -> None:
-    from shared.scenarios.runner import MAX_RENDERED_CHARS, RunAborted
+    assert len(render_plain("x" * MAX_RENDERED_CHARS, {})) == MAX_RENDERED_CHARS
+    with pytest.raises(sandbox.TemplateFailed, match="longer than"):
+        render_plain("x" * (MAX_RENDERED_CHARS + 1), {})
 
-    assert len(render_message("x" * MAX_RENDERED_CHARS, {})) == MAX_RENDERED_CHARS
-    with pytest.raises(RunAborted, match="too long"):
-        render_message("x" * (MAX_RENDERED_CHARS + 1), {})
+
+async def test_markup_renders_in_the_sandbox_as_jinja_renders_it() -> None:
+    for template, context in [
+        ("Hi {{ name }}!\n", {"name": "Ada"}),
+        ("{# a comment #}Hi", {}),
+        ("{% for i in range(3) %}{{ i }}{% endfor %}\n\n", {}),
+        ("{{ text }}", {"text": "ends with a newline\n"}),
+        ("{{ booking.id }} {{ rows[1] }}", {"booking": {"id": "BK-1"}, "rows": [1, 2]}),
+    ]:
+        expected = environment.from_string(template).render(context)
+        assert await sandbox.render(template, context) == expected, template
+
+
+async def test_the_renderers_are_processes_of_their_own() -> None:
+    await sandbox.render("{{ 1 }}", {})
+    pids = sandbox.renderer_pids()
+    assert pids and os.getpid() not in pids
+
+
+@pytest.mark.parametrize(
+    ("template", "reason"),
+    [
+        # Two loops of ten thousand steps: about 10^8 steps of CPU, stopped after a second.
+        (
+            "{% for i in range(10000) %}{% for j in range(10000) %}{% endfor %}{% endfor %}hi",
+            "more than 1 s of CPU",
+        ),
+        # Text emitted in a loop: refused as it passes the limit, not after.
+        ("{% for i in range(100000) %}{{ 'x' * 1000 }}{% endfor %}", "longer than 100,000"),
+        # A value doubled in a loop, never emitted: the memory cap ends it.
+        (
+            "{% set ns = namespace(s='x') %}"
+            "{% for i in range(64) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}{{ ns.s|length }}",
+            "memory",
+        ),
+        ("{{ undefined_name }}", "UndefinedError"),
+        ("{{ 'a' * 1000000000 }}", "too large"),
+        ("{{ self }}", "'self' is reserved"),
+    ],
+    ids=["cpu", "output", "memory", "undefined", "huge-value", "self"],
+)
+async def test_a_template_that_cannot_render_fails_with_the_reason(
+    template: str, reason: str
+) -> None:
+    with pytest.raises(sandbox.TemplateFailed, match=reason):
+        await sandbox.render(template, {})
+    # The renderers outlive what they refused (or are replaced).
+    assert await sandbox.render("{{ 'still ' ~ 'here' }}", {}) == "still here"
+
+
+def peak_memory_kib(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1])
+    raise AssertionError("no VmHWM")
+
+
+def test_endless_text_is_refused_while_it_renders_not_after() -> None:
+    """100 MB of text asked for: the renderer stops at the limit, never holding it all."""
+
+    async def render_and_measure() -> list[int]:  # in a loop of its own: fresh renderers
+        template = "{% for i in range(100000) %}{{ 'y' * 1000 }}{% endfor %}"
+        with pytest.raises(sandbox.TemplateFailed, match="longer than"):
+            await sandbox.render(template, {})
+        return [peak_memory_kib(pid) for pid in sandbox.renderer_pids()]
+
+    peaks = asyncio.run(render_and_measure())
+    assert peaks and max(peaks) < 100 * 1024, f"a renderer peaked at {max(peaks)} KiB"
 
 
 # --- the check at save ----------------------------------------------------------------------------
-
-
-def test_runs_and_the_check_at_save_share_one_environment() -> None:
-    from shared.scenarios.templates import environment
-
-    assert _templates is environment
 
 
 @pytest.mark.parametrize(

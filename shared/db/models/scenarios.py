@@ -139,6 +139,10 @@ class TurnResult(IdMixin, Base):
     skipped: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
     # The knowledge an llm agent was given for this turn (documents and chunks), if any.
     knowledge: Mapped[list[dict[str, Any]] | None] = mapped_column(JSONType)
+    # The credential keys whose values were redacted out of the reply (the values never kept).
+    redacted_keys: Mapped[list[str]] = mapped_column(
+        JSONType, default=list, server_default=text("'[]'::jsonb")
+    )
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
     criteria_results: Mapped[list[CriterionResult]] = relationship(

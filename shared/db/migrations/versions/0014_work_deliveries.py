@@ -1,5 +1,6 @@
 """units of work: deliveries counted on runs, a heartbeat on runs, trigger executions,
-documents and calibrations; at most one default judge per organization
+documents and calibrations; the credential keys redacted out of a turn's reply; at most
+one default judge per organization
 
 Revision ID: 0014
 Revises: 0013
@@ -10,6 +11,7 @@ from collections.abc import Sequence
 
 import sqlalchemy as sa
 from alembic import op
+from sqlalchemy.dialects import postgresql
 
 import shared.db.base
 
@@ -25,6 +27,15 @@ def upgrade() -> None:
     op.add_column(
         "scenario_runs",
         sa.Column("attempts", sa.Integer(), server_default=sa.text("0"), nullable=False),
+    )
+    op.add_column(
+        "turn_results",
+        sa.Column(
+            "redacted_keys",
+            postgresql.JSONB(astext_type=sa.Text()),
+            server_default=sa.text("'[]'::jsonb"),
+            nullable=False,
+        ),
     )
     for table in _HEARTBEATS:
         op.add_column(
@@ -59,4 +70,5 @@ def downgrade() -> None:
     )
     for table in _HEARTBEATS:
         op.drop_column(table, "heartbeat_at")
+    op.drop_column("turn_results", "redacted_keys")
     op.drop_column("scenario_runs", "attempts")

@@ -1,0 +1,360 @@
+"""Units of work: the one way each is claimed, kept alive, retried and given up on.
+
+Four kinds of unit live in PostgreSQL and travel through the queues as ids: scenario runs,
+trigger executions, knowledge documents and calibrations.  Dramatiq delivers at least
+once, a worker can die holding a unit, Redis can restart empty.  For every kind alike:
+
+1. **Claim** (:meth:`Work.claim`): a delivery takes a unit only while it is *waiting*
+   (``pending`` / ``queued``) or *running with no sign of life* (its heartbeat older than
+   ``SPAR_RUN_HEARTBEAT_TIMEOUT_S``, or cleared).  One UPDATE moves it to its running
+   status, counts the delivery (``attempts + 1``) and stamps its heartbeat.  A duplicate
+   delivery of a unit another worker is playing changes nothing.
+2. **Heartbeat** (:func:`perform`): while a unit is in flight, its process stamps
+   ``heartbeat_at`` every ``SPAR_RUN_HEARTBEAT_TIMEOUT_S / 6`` seconds (one UPDATE per
+   kind per beat, for all of that process's units), whatever the unit is waiting on.
+3. **Bounded deliveries** (:func:`perform`): a delivery that raises something the unit's
+   own rules did not turn into an outcome releases the unit (heartbeat cleared) for
+   Dramatiq's retry; when it is the unit's ``max_deliveries``-th delivery, the unit ends
+   terminal instead, with the reason (``error: DataError: …``).  A delivery that finds
+   the unit already claimed that many times (workers killed on it) ends it
+   ``error: gave up after N deliveries that did not finish``.
+4. **Sweep** (:func:`take_stalled`, :func:`take_waiting`, from the scheduler's sweeper):
+   running units whose heartbeat stopped are sent again after the heartbeat timeout;
+   waiting units whose message made no progress for a stall period are sent again; and
+   every waiting unit at once when the broker lost its messages.
+
+Each kind keeps its own outcome rules (a run's end counts in its batch, a document's
+chunks go with it); it hands :func:`perform` what to play and how to end in error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any, TypeVar
+from uuid import UUID
+
+from sqlalchemy import (
+    BindParameter,
+    ColumnElement,
+    Table,
+    Update,
+    and_,
+    any_,
+    bindparam,
+    null,
+    or_,
+    select,
+    update,
+)
+from sqlalchemy.dialects.postgresql import ARRAY
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
+from sqlalchemy.types import Uuid
+
+from shared.db.base import NOW, UTCDateTime, utcnow
+from shared.db.direct import Statement, direct_pool
+from shared.db.models import Calibration, KnowledgeDocument, ScenarioRun, TriggerExecution
+from shared.metrics import WORK_GIVEN_UP
+from shared.settings import Settings
+
+log = logging.getLogger("spar.work")
+T = TypeVar("T")
+
+STALE_BEFORE = bindparam("p_stale", type_=UTCDateTime())
+BEATS_PER_TIMEOUT = 6
+MIN_BEAT_S = 0.5
+
+
+@dataclass(frozen=True, eq=False)
+class Work:
+    """One kind of unit: its table, the statuses a delivery claims, and its limits."""
+
+    kind: str  # names the kind in messages and metric labels
+    table: Table
+    waiting: str  # status of a unit whose message is on its way
+    running: str
+    max_deliveries: int
+    status_column: str = "status"
+    attempts_column: str = "attempts"
+    # Waiting longer than this (not ``SPAR_RUN_STALL_S``) means the message was lost.
+    waiting_stall: timedelta | None = None
+    _beat: Statement = field(init=False, repr=False)
+    _release: Statement = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        running = self.status == self.running
+        units = bindparam("p_units", type_=ARRAY(Uuid()))
+        beat = update(self.table).where(self.id == any_(units), running)
+        released = update(self.table).where(self.id == bindparam("p_unit", type_=Uuid()), running)
+        # Neither is progress: ``updated_at`` stays (an explicit value stops its onupdate).
+        unchanged = {"updated_at": self.table.c.updated_at}
+        beat = beat.values(heartbeat_at=NOW, **unchanged).returning(self.id)
+        released = released.values(heartbeat_at=null(), **unchanged).returning(self.id)
+        object.__setattr__(self, "_beat", Statement(beat))
+        object.__setattr__(self, "_release", Statement(released))
+
+    @property
+    def id(self) -> Any:
+        return self.table.c.id
+
+    @property
+    def status(self) -> Any:
+        return self.table.c[self.status_column]
+
+    @property
+    def attempts(self) -> Any:
+        return self.table.c[self.attempts_column]
+
+    @property
+    def heartbeat(self) -> Any:
+        return self.table.c.heartbeat_at
+
+    def claimable(self) -> ColumnElement[bool]:
+        """Waiting, or running with no heartbeat since ``:p_stale``."""
+        silent = or_(self.heartbeat.is_(None), self.heartbeat < STALE_BEFORE)
+        return or_(self.status == self.waiting, and_(self.status == self.running, silent))
+
+    def claim(self, unit: BindParameter[Any], **values: Any) -> Update:
+        """The UPDATE that claims the unit ``unit`` (parameters ``:p_stale`` and ``:now``,
+        see :func:`claim_params`) with ``values`` set too; add its ``RETURNING``, which
+        should include the attempts counted (:attr:`attempts`)."""
+        return (
+            update(self.table)
+            .where(self.id == unit, self.claimable())
+            .values(
+                {
+                    self.status_column: self.running,
+                    self.attempts_column: self.attempts + 1,
+                    "heartbeat_at": NOW,
+                    "updated_at": NOW,
+                    **values,
+                }
+            )
+        )
+
+
+def claim_params(settings: Settings, now: datetime | None = None) -> dict[str, datetime]:
+    """``:now`` and ``:p_stale`` for a claim (or a sweep) made now."""
+    now = now or utcnow()
+    return {"now": now, "p_stale": now - timedelta(seconds=settings.run_heartbeat_timeout_s)}
+
+
+_runs = ScenarioRun.__table__
+_executions = TriggerExecution.__table__
+_documents = KnowledgeDocument.__table__
+_calibrations = Calibration.__table__
+
+RUNS = Work("run", _runs, waiting="pending", running="running", max_deliveries=5)
+TRIGGER_EXECUTIONS = Work(
+    "trigger_execution",
+    _executions,
+    waiting="queued",
+    running="running",
+    max_deliveries=10,
+    waiting_stall=timedelta(seconds=60),
+)
+DOCUMENTS = Work(
+    "document",
+    _documents,
+    waiting="queued",
+    running="processing",
+    max_deliveries=5,
+    status_column="processing_status",
+    attempts_column="processing_attempts",
+)
+CALIBRATIONS = Work(
+    "calibration", _calibrations, waiting="queued", running="running", max_deliveries=5
+)
+KINDS = (RUNS, TRIGGER_EXECUTIONS, DOCUMENTS, CALIBRATIONS)
+
+
+# --- playing a claimed unit ----------------------------------------------------------------------
+
+
+def reason(exc: BaseException) -> str:
+    """What went wrong, for a unit's error: the exception's type and first line, without
+    the statement text and parameters SQLAlchemy would add."""
+    cause = exc.orig if isinstance(exc, DBAPIError) and exc.orig is not None else exc
+    text = str(cause).strip().splitlines()[0] if str(cause).strip() else ""
+    described = f"{type(cause).__name__}: {text}" if text else type(cause).__name__
+    return described[:500]
+
+
+async def perform(
+    work: Work,
+    factory: async_sessionmaker[AsyncSession],
+    settings: Settings,
+    unit_id: UUID,
+    attempts: int,
+    *,
+    play: Callable[[], Awaitable[T]],
+    give_up: Callable[[str], Awaitable[T]],
+) -> T:
+    """Play the claimed unit ``unit_id`` (claimed for the ``attempts``-th time) with its
+    heartbeat kept, and end it with ``give_up(reason)`` when its deliveries run out.
+
+    ``play`` ends the unit by its kind's own rules; an exception out of it is unexpected
+    (the kind's rules turn every expected failure into an outcome): the unit is released
+    for a retry, or, at its last delivery, given up with the exception as its reason."""
+    if attempts > work.max_deliveries:
+        return await _given_up(
+            work,
+            give_up,
+            f"error: gave up after {work.max_deliveries} deliveries that did not finish",
+        )
+    engine: AsyncEngine = factory.kw["bind"]
+    interval_s = max(settings.run_heartbeat_timeout_s / BEATS_PER_TIMEOUT, MIN_BEAT_S)
+    beats = _heartbeats(engine, interval_s)
+    beats.add(work, unit_id)
+    try:
+        return await play()
+    except asyncio.CancelledError:
+        # Stopped from outside (a time limit, a shutdown): the next delivery may take it.
+        await asyncio.shield(_release(work, engine, unit_id))
+        raise
+    except Exception as exc:
+        why = reason(exc)
+        if attempts >= work.max_deliveries:
+            log.exception("%s %s failed on its last delivery: giving up", work.kind, unit_id)
+            return await _given_up(work, give_up, f"error: {why} (after {attempts} deliveries)")
+        log.exception("%s %s failed (delivery %d): to be retried", work.kind, unit_id, attempts)
+        await _release(work, engine, unit_id)
+        raise
+    finally:
+        beats.discard(work, unit_id)
+
+
+async def _given_up(work: Work, give_up: Callable[[str], Awaitable[T]], why: str) -> T:
+    WORK_GIVEN_UP.labels(work.kind).inc()
+    return await give_up(why)
+
+
+async def _release(work: Work, engine: AsyncEngine, unit_id: UUID) -> None:
+    """Clear the unit's heartbeat: a retry claims it at once instead of waiting it out."""
+    try:
+        async with (await direct_pool(engine)).connection() as conn:
+            await work._release.rows(conn, p_unit=unit_id)
+    except Exception:  # the database is away: the heartbeat times out instead
+        log.warning("could not release %s %s", work.kind, unit_id, exc_info=True)
+
+
+# --- heartbeats ----------------------------------------------------------------------------------
+
+
+class _Heartbeats:
+    """The units a process (one event loop, one engine) has in flight, and the task that
+    stamps their heartbeats while there are any."""
+
+    def __init__(self, engine: AsyncEngine, interval_s: float) -> None:
+        self.engine = engine
+        self.interval_s = interval_s
+        self.units: dict[Work, dict[UUID, int]] = {}
+        self.task: asyncio.Task[None] | None = None
+
+    def add(self, work: Work, unit_id: UUID) -> None:
+        held = self.units.setdefault(work, {})
+        held[unit_id] = held.get(unit_id, 0) + 1
+        if self.task is None or self.task.done():
+            self.task = asyncio.get_running_loop().create_task(self._beat_while_held())
+
+    def discard(self, work: Work, unit_id: UUID) -> None:
+        held = self.units.get(work, {})
+        count = held.get(unit_id, 0) - 1
+        if count > 0:
+            held[unit_id] = count
+        else:
+            held.pop(unit_id, None)
+
+    async def _beat_while_held(self) -> None:
+        while any(self.units.values()):
+            await asyncio.sleep(self.interval_s)
+            for work, held in list(self.units.items()):
+                if not held:
+                    continue
+                try:
+                    async with (await direct_pool(self.engine)).connection() as conn:
+                        await work._beat.rows(conn, p_units=list(held), now=utcnow())
+                except Exception:  # the database is away: beat again next time
+                    log.warning("could not stamp %s heartbeats", work.kind, exc_info=True)
+
+
+_keepers: dict[tuple[asyncio.AbstractEventLoop, AsyncEngine, float], _Heartbeats] = {}
+
+
+def _heartbeats(engine: AsyncEngine, interval_s: float) -> _Heartbeats:
+    key = (asyncio.get_running_loop(), engine, interval_s)
+    keeper = _keepers.get(key)
+    if keeper is None:
+        keeper = _keepers[key] = _Heartbeats(engine, interval_s)
+    return keeper
+
+
+# --- the sweeper's side --------------------------------------------------------------------------
+
+
+async def _take(
+    session: AsyncSession,
+    work: Work,
+    which: ColumnElement[bool],
+    now: datetime,
+    limit: int,
+    params: dict[str, Any],
+) -> list[UUID]:
+    taken = (
+        select(work.id)
+        .where(which)
+        .order_by(work.table.c.updated_at)
+        .limit(limit)
+        .with_for_update(skip_locked=True)
+        .scalar_subquery()
+    )
+    rows = await session.scalars(
+        update(work.table).where(work.id.in_(taken)).values(updated_at=now).returning(work.id),
+        params,
+    )
+    return list(rows)
+
+
+async def take_stalled(
+    session: AsyncSession,
+    work: Work,
+    settings: Settings,
+    *,
+    limit: int,
+    waiting: ColumnElement[bool] | None = None,
+) -> list[UUID]:
+    """Up to ``limit`` units of ``work`` to send again: running with no heartbeat for
+    ``SPAR_RUN_HEARTBEAT_TIMEOUT_S`` (a dead worker), or waiting (and ``waiting``, the
+    kind's own condition, when given) with no progress for the kind's stall period (a lost
+    message).  Each is touched as it is taken, so the next pass leaves it as long again."""
+    params = claim_params(settings)
+    now = params["now"]
+    stall = work.waiting_stall or timedelta(seconds=settings.run_stall_s)
+    silent = and_(
+        work.status == work.running,
+        or_(work.heartbeat.is_(None), work.heartbeat < STALE_BEFORE),
+        work.table.c.updated_at < STALE_BEFORE,
+    )
+    lost = and_(work.status == work.waiting, work.table.c.updated_at < now - stall)
+    if waiting is not None:
+        lost = and_(lost, waiting)
+    return await _take(session, work, or_(silent, lost), now, limit, params)
+
+
+async def take_waiting(
+    session: AsyncSession,
+    work: Work,
+    *,
+    limit: int,
+    waiting: ColumnElement[bool] | None = None,
+) -> list[UUID]:
+    """Up to ``limit`` waiting units of ``work`` (and ``waiting``), whatever their age: to
+    send again when the broker lost every message it held."""
+    which = work.status == work.waiting
+    if waiting is not None:
+        which = and_(which, waiting)
+    return await _take(session, work, which, utcnow(), limit, {})

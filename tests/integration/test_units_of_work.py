@@ -1,0 +1,537 @@
+"""No unit of work is stranded (issue 21, ``shared.work``): runs, trigger executions,
+knowledge documents and calibrations are claimed one way, kept alive by a heartbeat, sent
+again by the sweeper when their worker or their message is lost, and end terminal with
+the reason when they keep failing.  And what comes back from outside is stored cleaned:
+text PostgreSQL cannot hold never crashes the write that records it.
+
+Everything is real (PostgreSQL, Redis, the API, the run engine); the failures are real
+too: a PostgreSQL trigger that refuses a write, a stored credential holding a line break.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator, Iterator
+from datetime import timedelta
+from typing import Any
+from uuid import UUID
+
+import msgspec
+import pytest
+import redis
+from dramatiq import Message
+from litestar import Litestar
+from litestar.testing import AsyncTestClient
+from sqlalchemy import select, text, update
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from scheduler.sweeper import BROKER_MARK, sweep
+from shared.batches.window import dispatch_committed
+from shared.calibration.services import judge_examples
+from shared.crypto import secret_box
+from shared.db.base import utcnow
+from shared.db.models import (
+    Calibration,
+    Credential,
+    KnowledgeDocument,
+    ScenarioRun,
+    TriggerExecution,
+)
+from shared.knowledge.processing import process_document
+from shared.queue import get_broker
+from shared.scenarios.runner import execute_run
+from shared.settings import Settings
+from shared.triggers.executions import execute as execute_trigger
+from shared.work import CALIBRATIONS, DOCUMENTS, RUNS, TRIGGER_EXECUTIONS, Work
+from tests.support.factories import Tenant, stub_broker, tenant
+from tests.support.fakes import FakeAgent, FakeOpenAI, Reply
+from tests.support.scenario_setup import (
+    allow_domain,
+    create_http_agent,
+    create_judge_provider,
+    create_scenario,
+    criterion,
+    get_run,
+    outbound_setup,
+    start_run,
+    turn,
+)
+
+NUL_REPLY = "nul \u0000 inside"
+CLEANED = "nul \ufffd inside"
+
+
+@pytest.fixture
+def agent() -> Iterator[FakeAgent]:
+    with FakeAgent() as fake:
+        yield fake
+
+
+@pytest.fixture
+def judge() -> Iterator[FakeOpenAI]:
+    verdict = {"verdict": "PASS", "critique": "fine \u0000 and \ud800 alone", "evidence": "ok"}
+    with FakeOpenAI(reply=json.dumps(verdict)) as fake:
+        yield fake
+
+
+async def run_once(app: Litestar, settings: Settings, run_id: str) -> Any:
+    return await execute_run(app.state.session_factory, settings, UUID(run_id))
+
+
+# --- text PostgreSQL cannot store -----------------------------------------------------------------
+
+
+async def test_a_reply_and_a_critique_holding_nul_are_stored_cleaned(
+    client: AsyncTestClient,
+    app: Litestar,
+    settings: Settings,
+    agent: FakeAgent,
+    judge: FakeOpenAI,
+) -> None:
+    agent.reply = NUL_REPLY
+    t = await tenant(client)
+    setup = await outbound_setup(client, t, agent.url, judge.url)
+    scenario = await create_scenario(
+        client,
+        t,
+        turns=[turn("Hi", criterion("inside", "contains"), criterion("Polite?"))],
+    )
+    run = await start_run(client, t, scenario["id"], setup.agent_id)
+    await run_once(app, settings, run["id"])
+    done = await get_run(client, t, run["id"])
+    assert done["status"] == "passed", done["error_message"]
+    (result,) = done["turn_results"]
+    assert result["response_content"] == CLEANED
+    critiques = [c["critique"] for c in result["criteria_results"]]
+    assert "fine \ufffd and \ufffd alone" in critiques, critiques
+
+
+async def test_an_llm_agents_output_holding_nul_is_stored_cleaned(
+    client: AsyncTestClient, app: Litestar, settings: Settings
+) -> None:
+    with FakeOpenAI(reply=NUL_REPLY) as provider:
+        t = await tenant(client)
+        await allow_domain(client, t)
+        made = await create_judge_provider(client, t, provider.url, is_default_judge=False)
+        response = await client.post(
+            f"/v1/orgs/{t.id}/agents",
+            json={"name": "llm", "kind": "llm", "llm_provider_id": made["id"]},
+            headers=t.owner.headers,
+        )
+        assert response.status_code == 201, response.text
+        scenario = await create_scenario(
+            client, t, turns=[turn("Hi", criterion("inside", "contains"))]
+        )
+        run = await start_run(client, t, scenario["id"], response.json()["id"])
+        await run_once(app, settings, run["id"])
+    done = await get_run(client, t, run["id"])
+    assert done["status"] == "passed", done
+    assert done["turn_results"][0]["response_content"] == CLEANED
+
+
+async def test_an_error_body_holding_nul_ends_the_run_in_error_with_it_cleaned(
+    client: AsyncTestClient, app: Litestar, settings: Settings, agent: FakeAgent
+) -> None:
+    agent.enqueue(*[Reply(status=500, body=b"broken \\u0000 \x00 here")] * 3)
+    t = await tenant(client)
+    setup = await outbound_setup(client, t, agent.url)
+    scenario = await create_scenario(client, t)
+    run = await start_run(client, t, scenario["id"], setup.agent_id)
+    await run_once(app, settings, run["id"])
+    done = await get_run(client, t, run["id"])
+    assert done["status"] == "error", done
+    assert "agent answered HTTP 500: broken \\u0000 \ufffd here" in done["error_message"]
+
+
+async def test_a_stored_credential_with_a_line_break_ends_the_run_naming_the_header(
+    client: AsyncTestClient,
+    app: Litestar,
+    settings: Settings,
+    agent: FakeAgent,
+    db: AsyncSession,
+) -> None:
+    """A value saved before ``PUT`` refused line breaks is never sent: the run ends in
+    error naming the header (never the value), instead of crashing the HTTP client."""
+    t = await tenant(client)
+    response = await client.put(
+        f"/v1/orgs/{t.id}/credentials/agent-key",
+        json={"value": "abcdefgh-secret"},
+        headers=t.owner.headers,
+    )
+    assert response.status_code in (200, 201), response.text
+    injected = "abcdefgh-secret\r\nX-Injected: yes"
+    await db.execute(
+        update(Credential)
+        .where(Credential.key == "agent-key")
+        .values(ciphertext=secret_box(settings.secret_key).encrypt(injected))
+    )
+    await db.commit()
+    await allow_domain(client, t, headers={"X-Agent-Key": "{{credentials.agent-key}}"})
+    made = await create_http_agent(client, t, agent.url)
+    scenario = await create_scenario(client, t)
+    run = await start_run(client, t, scenario["id"], made["id"])
+    await run_once(app, settings, run["id"])
+    done = await get_run(client, t, run["id"])
+    assert done["status"] == "error", done
+    assert "header 'X-Agent-Key'" in done["error_message"], done["error_message"]
+    assert "abcdefgh-secret" not in done["error_message"]
+    assert agent.requests == []
+
+
+# --- a unit that keeps failing ends, with the reason ----------------------------------------------
+
+
+@pytest.fixture
+async def poisoned_turns(db: AsyncSession) -> AsyncIterator[None]:
+    """PostgreSQL refuses to record any turn whose user message is ``poison``: a write that
+    fails on every delivery, whatever the code does."""
+    await db.execute(
+        text(
+            "CREATE FUNCTION spar_test_poison() RETURNS trigger LANGUAGE plpgsql AS $$ "
+            "BEGIN IF NEW.user_message = 'poison' THEN RAISE EXCEPTION 'poisoned turn'; END IF; "
+            "RETURN NEW; END $$"
+        )
+    )
+    await db.execute(
+        text(
+            "CREATE TRIGGER spar_test_poison BEFORE INSERT ON turn_results "
+            "FOR EACH ROW EXECUTE FUNCTION spar_test_poison()"
+        )
+    )
+    await db.commit()
+    try:
+        yield
+    finally:
+        await db.execute(text("DROP TRIGGER spar_test_poison ON turn_results"))
+        await db.execute(text("DROP FUNCTION spar_test_poison()"))
+        await db.commit()
+
+
+async def test_a_run_that_keeps_failing_ends_in_error_and_its_batch_completes(
+    client: AsyncTestClient,
+    app: Litestar,
+    settings: Settings,
+    agent: FakeAgent,
+    db: AsyncSession,
+    poisoned_turns: None,
+) -> None:
+    t = await tenant(client)
+    setup = await outbound_setup(client, t, agent.url)
+    await create_scenario(client, t, name="fine", tags=["suite"])
+    await create_scenario(client, t, name="poisoned", tags=["suite"], turns=[turn("poison")])
+    response = await client.post(
+        f"/v1/orgs/{t.id}/scenarios/batch-runs",
+        json={"agent_id": setup.agent_id, "tags": ["suite"], "max_concurrency": 2},
+        headers=t.owner.headers,
+    )
+    assert response.status_code == 201, response.text
+    batch_id = response.json()["id"]
+    batch_path = f"/v1/orgs/{t.id}/scenarios/batch-runs/{batch_id}"
+    listed = (await client.get(batch_path, headers=t.owner.headers)).json()["runs"]
+    runs = {r["scenario_name"]: r["id"] for r in listed}
+    handed = await dispatch_committed(app.state.session_factory, UUID(batch_id))
+    assert sorted(map(str, handed)) == sorted(runs.values())
+
+    await run_once(app, settings, runs["fine"])
+    # Each delivery fails at the write; Dramatiq would deliver it again, and again.
+    for delivery in range(1, RUNS.max_deliveries):
+        with pytest.raises(Exception, match="poisoned turn"):
+            await run_once(app, settings, runs["poisoned"])
+        stuck = await get_run(client, t, runs["poisoned"])
+        assert stuck["status"] == "running", (delivery, stuck)
+    # The last delivery it is allowed ends it, with the reason.
+    assert await run_once(app, settings, runs["poisoned"]) == []
+    done = await get_run(client, t, runs["poisoned"])
+    assert done["status"] == "error", done
+    assert done["error_message"] == (
+        f"error: RaiseException: poisoned turn (after {RUNS.max_deliveries} deliveries)"
+    )
+    # Its batch is not held up: completed, counted once.
+    batch = (await client.get(batch_path, headers=t.owner.headers)).json()
+    assert batch["status"] == "completed", batch
+    assert (batch["passed_scenarios"], batch["error_scenarios"]) == (1, 1)
+    assert batch["completed_scenarios"] == batch["total_scenarios"] == 2
+    # Any later delivery changes nothing.
+    assert await run_once(app, settings, runs["poisoned"]) is None
+
+
+async def _waiting_unit_of_each_kind(
+    client: AsyncTestClient,
+    impatient: AsyncTestClient,
+    t: Tenant,
+    agent: FakeAgent,
+    judge: FakeOpenAI,
+) -> dict[str, str]:
+    """One unit of each kind, each waiting for its message: run, execution, document,
+    calibration."""
+    setup = await outbound_setup(client, t, agent.url, judge.url)
+    h = t.owner.headers
+    scenario = await create_scenario(client, t)
+    run = await start_run(client, t, scenario["id"], setup.agent_id)
+    response = await client.post(
+        f"/v1/orgs/{t.id}/triggers/",
+        json={
+            "name": "hook",
+            "trigger_type": "webhook",
+            "agent_id": setup.agent_id,
+            "message": "ping",
+        },
+        headers=h,
+    )
+    assert response.status_code == 201, response.text
+    fired = await client.post(f"/v1/orgs/{t.id}/triggers/{response.json()['id']}/fire", headers=h)
+    assert fired.status_code in (200, 201, 202), fired.text
+    collection = await client.post(
+        f"/v1/orgs/{t.id}/knowledge/collections/", json={"name": "docs"}, headers=h
+    )
+    assert collection.status_code == 201, collection.text
+    document = await client.post(
+        f"/v1/orgs/{t.id}/knowledge/documents/structured",
+        json={
+            "collectionId": collection.json()["id"],
+            "filename": "a.md",
+            "content": "# A\n\ntext",
+        },
+        headers=h,
+    )
+    assert document.status_code == 201, document.text
+    calibration = await impatient.post(
+        f"/v1/orgs/{t.id}/scenarios/calibrate?agent_id={setup.agent_id}",
+        json={
+            "examples": [
+                {
+                    "id": "1",
+                    "user_message": "q",
+                    "agent_response": "a",
+                    "criterion_question": "ok?",
+                    "human_verdict": "PASS",
+                    "human_critique": "",
+                    "tags": [],
+                }
+            ]
+        },
+        headers=h,
+    )
+    assert calibration.status_code == 202, calibration.text
+    return {
+        "run": run["id"],
+        "trigger_execution": fired.json()["id"],
+        "document": document.json()["id"],
+        "calibration": calibration.json()["id"],
+    }
+
+
+KINDS: dict[str, tuple[Work, Any]] = {
+    "run": (RUNS, ScenarioRun),
+    "trigger_execution": (TRIGGER_EXECUTIONS, TriggerExecution),
+    "document": (DOCUMENTS, KnowledgeDocument),
+    "calibration": (CALIBRATIONS, Calibration),
+}
+
+
+async def deliver(app: Litestar, settings: Settings, kind: str, unit_id: str) -> None:
+    factory, unit = app.state.session_factory, UUID(unit_id)
+    if kind == "run":
+        await execute_run(factory, settings, unit)
+    elif kind == "trigger_execution":
+        await execute_trigger(factory, settings, unit, broker=app.state.broker)
+    elif kind == "document":
+        await process_document(factory, settings, unit)
+    else:
+        await judge_examples(factory, settings, unit)
+
+
+async def unit_state(db: AsyncSession, kind: str, unit_id: str) -> tuple[str, str | None, int]:
+    work, model = KINDS[kind]
+    error_column = {
+        "run": "error_message",
+        "trigger_execution": "error",
+        "document": "processing_error",
+        "calibration": "error",
+    }[kind]
+    error = getattr(model, error_column)
+    row = (
+        await db.execute(
+            select(
+                getattr(model, work.status_column), error, getattr(model, work.attempts_column)
+            ).where(model.id == UUID(unit_id))
+        )
+    ).one()
+    await db.commit()
+    return row[0], row[1], row[2]
+
+
+async def test_every_kind_of_unit_whose_workers_kept_dying_ends_in_error(
+    client: AsyncTestClient,
+    impatient: AsyncTestClient,
+    app: Litestar,
+    settings: Settings,
+    agent: FakeAgent,
+    judge: FakeOpenAI,
+    db: AsyncSession,
+) -> None:
+    """Claimed as many times as allowed by deliveries that never finished (workers killed
+    on it): the next delivery ends it in error instead of playing it yet again."""
+    t = await tenant(client)
+    units = await _waiting_unit_of_each_kind(client, impatient, t, agent, judge)
+    long_ago = utcnow() - timedelta(hours=1)
+    for kind, unit_id in units.items():
+        work, model = KINDS[kind]
+        await db.execute(
+            update(model)
+            .where(model.id == UUID(unit_id))
+            .values(
+                {
+                    work.status_column: work.running,
+                    work.attempts_column: work.max_deliveries,
+                    "heartbeat_at": long_ago,
+                }
+            )
+        )
+    await db.commit()
+    for kind, unit_id in units.items():
+        await deliver(app, settings, kind, unit_id)
+        work, _ = KINDS[kind]
+        status, error, attempts = await unit_state(db, kind, unit_id)
+        assert status == ("error" if kind == "run" else "failed"), (kind, status)
+        assert error == (
+            f"error: gave up after {work.max_deliveries} deliveries that did not finish"
+        ), (kind, error)
+        assert attempts == work.max_deliveries + 1
+    assert agent.requests == [] and judge.requests == [], "nothing was played again"
+
+
+# --- heartbeats and the sweeper -------------------------------------------------------------------
+
+
+async def test_a_unit_with_a_live_heartbeat_is_neither_claimed_again_nor_resent(
+    client: AsyncTestClient,
+    impatient: AsyncTestClient,
+    app: Litestar,
+    settings: Settings,
+    agent: FakeAgent,
+    judge: FakeOpenAI,
+    db: AsyncSession,
+) -> None:
+    t = await tenant(client)
+    units = await _waiting_unit_of_each_kind(client, impatient, t, agent, judge)
+    long_ago = utcnow() - timedelta(hours=1)
+    for beat, stale in ((utcnow(), False), (long_ago, True)):
+        for kind, unit_id in units.items():
+            work, model = KINDS[kind]
+            await db.execute(
+                update(model)
+                .where(model.id == UUID(unit_id))
+                .values(
+                    {work.status_column: work.running, "heartbeat_at": beat, "updated_at": long_ago}
+                )
+            )
+        await db.commit()
+        broker = stub_broker()
+        await sweep(app.state.session_factory, broker, settings)
+        sent = {
+            queue: _drain(broker, queue)
+            for queue in ("runs", "triggers", "documents", "calibration")
+        }
+        expected = {
+            "runs": [units["run"]] if stale else [],
+            "triggers": [units["trigger_execution"]] if stale else [],
+            "documents": [units["document"]] if stale else [],
+            "calibration": [units["calibration"]] if stale else [],
+        }
+        assert sent == expected, (stale, sent)
+        if not stale:
+            # A delivery finds it in flight elsewhere: nothing is claimed or played.
+            for kind, unit_id in units.items():
+                await deliver(app, settings, kind, unit_id)
+                status, _, attempts = await unit_state(db, kind, unit_id)
+                assert status == KINDS[kind][0].running and attempts == 0, (kind, status)
+    # Once re-sent, each is claimed and played to its end.
+    for kind, unit_id in units.items():
+        await deliver(app, settings, kind, unit_id)
+        status, _, attempts = await unit_state(db, kind, unit_id)
+        assert status in {"passed", "succeeded", "ready", "completed"}, (kind, status)
+        assert attempts == 1
+
+
+def _drain(broker: Any, queue: str) -> list[str]:
+    """The ids sent to ``queue`` of a stub broker."""
+    found = []
+    pending = broker.queues[queue]
+    while not pending.empty():
+        found.append(Message.decode(pending.get_nowait()).args[0])
+    return found
+
+
+async def test_a_slow_agent_call_keeps_its_run_alive_with_heartbeats(
+    client: AsyncTestClient, app: Litestar, settings: Settings, db: AsyncSession
+) -> None:
+    """The heartbeat beats on its own, whatever the run waits on: an agent answering after
+    three seconds keeps its run's heartbeat fresh, and the sweeper leaves it alone."""
+    quick = msgspec.structs.replace(settings, run_heartbeat_timeout_s=1.5)
+
+    def slow(body: dict[str, Any]) -> str:
+        time.sleep(3.0)
+        return "done"
+
+    with FakeAgent(reply=slow) as agent:
+        t = await tenant(client)
+        setup = await outbound_setup(client, t, agent.url)
+        scenario = await create_scenario(client, t, turns=[turn("Hi")])
+        run = await start_run(client, t, scenario["id"], setup.agent_id)
+        task = asyncio.create_task(run_once(app, quick, run["id"]))
+        await agent.requests_received(1, wait_s=10)
+        beats = set()
+        broker = stub_broker()
+        while not task.done():
+            beat = await db.scalar(
+                select(ScenarioRun.heartbeat_at).where(ScenarioRun.id == UUID(run["id"]))
+            )
+            await db.commit()
+            beats.add(beat)
+            await sweep(app.state.session_factory, broker, quick)
+            await asyncio.sleep(0.25)
+        await task
+    assert len(beats) >= 4, f"the heartbeat was stamped {len(beats)} times in 3 s"
+    assert _drain(broker, "runs") == [], "the sweeper re-sent a run whose heartbeat was alive"
+    assert (await get_run(client, t, run["id"]))["status"] == "passed"
+
+
+async def test_the_sweeper_resends_every_waiting_unit_when_redis_lost_its_messages(
+    client: AsyncTestClient,
+    impatient: AsyncTestClient,
+    app: Litestar,
+    settings: Settings,
+    agent: FakeAgent,
+    judge: FakeOpenAI,
+    db: AsyncSession,
+) -> None:
+    """A Redis restarted without persistence holds no message: every unit still waiting
+    for one is sent again at the next pass, not after ``SPAR_RUN_STALL_S``."""
+    t = await tenant(client)
+    await _waiting_unit_of_each_kind(client, impatient, t, agent, judge)
+    await db.execute(update(ScenarioRun).values(dispatched_at=utcnow()))
+    await db.commit()
+    broker = get_broker(settings.redis_url)
+    r = redis.Redis.from_url(settings.redis_url)
+    r.flushdb()
+
+    def queued() -> dict[str, int]:
+        return {
+            queue: int(r.hlen(f"dramatiq:{queue}.msgs"))
+            for queue in ("runs", "triggers", "documents", "calibration")
+        }
+
+    try:
+        await sweep(app.state.session_factory, broker, settings)  # no mark yet: a loss
+        assert queued() == {"runs": 1, "triggers": 1, "documents": 1, "calibration": 1}
+        assert r.exists(BROKER_MARK)
+        await sweep(app.state.session_factory, broker, settings)  # nothing lost since
+        assert queued() == {"runs": 1, "triggers": 1, "documents": 1, "calibration": 1}
+        r.flushdb()  # what a restart without persistence does
+        await sweep(app.state.session_factory, broker, settings)
+        assert queued() == {"runs": 1, "triggers": 1, "documents": 1, "calibration": 1}
+    finally:
+        r.flushdb()
