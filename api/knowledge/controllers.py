@@ -156,10 +156,9 @@ class DocumentController(Controller):
     async def status(
         self, db_session: DbSession, access: Access, org_id: PathId, document_id: PathId
     ) -> schemas.DocumentStatus:
-        """Processing status, progress, error and metadata (spec 18): any member."""
-        return services.document_status(
-            await services.get_document(db_session, access=access, document_id=document_id)
-        )
+        """Processing status, progress, error and metadata (spec 18): any member.  Without
+        `knowledge:read`, `metadata` holds only the counts, none of the document's text."""
+        return await services.document_status(db_session, access=access, document_id=document_id)
 
     @get(
         "/documents/{document_id:str}/bookmark",

@@ -34,15 +34,28 @@ class OrgAccess:
     permissions: frozenset[str]
     role_name: str | None = None  # system role name, or None for custom roles and tokens
 
-    def require(self, permission: str) -> None:
-        if permission not in self.permissions:
-            raise PermissionDenied(f"missing permission {permission}")
+    def holds(self, permission: str) -> bool:
+        return permission in self.permissions
 
-    def require_role(self, level: str) -> None:
+    def require(self, permission: str, action: str | None = None) -> None:
+        """Refuse unless the caller holds ``permission``; ``action`` names what needs it
+        when that is more than the route itself (a service's own check)."""
+        if not self.holds(permission):
+            if action is None:
+                raise PermissionDenied(f"missing permission {permission}")
+            raise PermissionDenied(f"{action} needs permission {permission}")
+
+    def require_role(self, level: str, action: str = "this endpoint") -> None:
+        """Refuse unless the caller is a user whose system role is ``level`` or above.
+
+        No set of permissions stands in for the role: a custom role holding every
+        permission is refused, and so is a platform token, whatever it holds.
+        """
+        takes = f"{action} takes a member whose role is {' or '.join(ROLE_LEVELS[level])}"
         if not self.principal.is_user:
-            raise PermissionDenied(f"requires the {level} role; platform tokens cannot use this")
+            raise PermissionDenied(f"{takes}; a platform token cannot")
         if self.role_name not in ROLE_LEVELS[level]:
-            raise PermissionDenied(f"requires the {level} role")
+            raise PermissionDenied(takes)
 
     def require_grantable(
         self,

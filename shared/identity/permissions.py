@@ -55,10 +55,10 @@ SYSTEM_ROLES: dict[str, tuple[str, ...]] = {
     GUEST: (),
 }
 
-# Roles that pass a role guard, by the level a route asks for.
-ROLE_LEVELS: dict[str, frozenset[str]] = {
-    ADMIN: frozenset({OWNER, ADMIN}),
-    OWNER: frozenset({OWNER}),
+# Roles that pass a role rule, by the level it asks for.
+ROLE_LEVELS: dict[str, tuple[str, ...]] = {
+    ADMIN: (OWNER, ADMIN),
+    OWNER: (OWNER,),
 }
 
 

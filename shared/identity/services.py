@@ -21,7 +21,7 @@ from shared.db.queries import flush_unique, one_in_org
 from shared.errors import Conflict, InvalidInput, NotFound, PermissionDenied, Unauthorized
 from shared.identity import schemas
 from shared.identity.access import OrgAccess, Principal
-from shared.identity.permissions import GUEST, OWNER, SYSTEM_ROLES, ordered
+from shared.identity.permissions import ADMIN, GUEST, OWNER, SYSTEM_ROLES, ordered
 from shared.identity.throttle import LoginThrottle
 from shared.paging import Paging, paginate
 from shared.schemas import iana_zones
@@ -474,10 +474,24 @@ async def get_member(
     return member_read(row)
 
 
+def _is_system(role: Role, name: str) -> bool:
+    return role.is_system and role.name == name
+
+
+def _require_admin_for(access: OrgAccess, role: Role, action: str) -> None:
+    """The ADMIN role is given, taken away and its members removed only by a user whose
+    role is OWNER or ADMIN.  Being an ADMIN is more than its permissions (it manages
+    platform tokens), so holding every permission, as a custom role or a platform token
+    may, is not enough: it would make an ADMIN, or unmake every one."""
+    if _is_system(role, ADMIN):
+        access.require_role(ADMIN, action)
+
+
 async def _grantable_role(session: AsyncSession, access: OrgAccess, role_id: UUID) -> Role:
     role = await _role_in_org(session, access.organization_id, role_id)
-    if role.is_system and role.name == OWNER:
+    if _is_system(role, OWNER):
         raise PermissionDenied("the OWNER role cannot be granted through the member endpoints")
+    _require_admin_for(access, role, "granting the ADMIN role")
     access.require_grantable(role.permissions)
     return role
 
@@ -485,7 +499,8 @@ async def _grantable_role(session: AsyncSession, access: OrgAccess, role_id: UUI
 async def _managed_membership(
     session: AsyncSession, access: OrgAccess, user_id: UUID, action: str
 ) -> tuple[Membership, Role]:
-    """The target membership, if the caller may act on it: never the owner, never a superior."""
+    """The target membership, if the caller may act on it: never the owner, an ADMIN only
+    as an OWNER or ADMIN, never a member holding more than the caller."""
     row = (
         await session.execute(
             select(Membership, Role)
@@ -499,8 +514,9 @@ async def _managed_membership(
     if row is None:
         raise NotFound("member not found")
     membership, role = row
-    if role.is_system and role.name == OWNER:
+    if _is_system(role, OWNER):
         raise Conflict(f"the organization owner cannot be {action}")
+    _require_admin_for(access, role, "changing or removing an ADMIN")
     access.require_grantable(
         role.permissions, "cannot manage a member holding permissions you lack"
     )

@@ -218,13 +218,27 @@ async def delete_document(session: AsyncSession, *, access: OrgAccess, document_
     await session.execute(delete(KnowledgeDocument).where(KnowledgeDocument.id == document.id))
 
 
-def document_status(document: KnowledgeDocument) -> schemas.DocumentStatus:
+# What the status metadata shows a caller without knowledge:read: counts, never text out
+# of the document (its headings).  Named, not filtered by type: a new key stays hidden
+# until someone decides it is not content.
+COUNTS_ONLY = ("chunkCount", "characterCount", "headingCount")
+
+
+async def document_status(
+    session: AsyncSession, *, access: OrgAccess, document_id: UUID
+) -> schemas.DocumentStatus:
+    """Status, progress and error for any member; the metadata's counts only for a caller
+    who may not read knowledge.  The error is Spar's own reason, not the document's text."""
+    document = await get_document(session, access=access, document_id=document_id)
+    metadata = document.doc_metadata or {}
+    if not access.holds("knowledge:read"):
+        metadata = {key: metadata[key] for key in COUNTS_ONLY if key in metadata}
     return schemas.DocumentStatus(
         document_id=str(document.id),
         status=document.processing_status,
         progress=document.processing_progress,
         error=document.processing_error,
-        metadata=document.doc_metadata or {},
+        metadata=metadata,
     )
 
 

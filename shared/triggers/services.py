@@ -149,6 +149,16 @@ async def _check(session: AsyncSession, trigger: Trigger) -> None:
         raise InvalidInput(("body", "message"), problem, input=trigger.message)
 
 
+def _require_scenarios_run(access: OrgAccess, doing: str, *actions: str) -> None:
+    """A ``batch_run`` trigger starts batch runs, so whoever makes it start them needs
+    ``scenarios:run`` as well as ``triggers:write``, as starting a batch by hand would:
+    to create one, change one (into, out of or within ``batch_run``; pausing excepted),
+    resume it, fire it, or take a new webhook secret for it.  Pausing and deleting only
+    stop it.  The schedule and signed webhooks start what was set up, with no caller."""
+    if "batch_run" in actions:
+        access.require("scenarios:run", doing)
+
+
 # --- create, read, change, delete ----------------------------------------------------------------
 
 
@@ -156,6 +166,7 @@ async def create_trigger(
     session: AsyncSession, *, settings: Settings, access: OrgAccess, body: schemas.TriggerCreate
 ) -> tuple[Trigger, str]:
     """The trigger, ``active``, and its webhook secret (only ever returned here)."""
+    _require_scenarios_run(access, "creating a batch_run trigger", body.action)
     secret = new_webhook_secret()
     now = utcnow()
     trigger = Trigger(
@@ -195,6 +206,8 @@ async def rotate_secret(
     """A new webhook secret (returned only here); the one it replaces stays valid for
     ``previous_valid_for_s`` seconds, then never again."""
     trigger = await get_trigger(session, access=access, trigger_id=trigger_id)
+    # The secret signs webhooks, and a signed webhook starts the trigger.
+    _require_scenarios_run(access, "a new secret for a batch_run trigger", trigger.action)
     secret = new_webhook_secret()
     now = utcnow()
     keep = body.previous_valid_for_s > 0
@@ -256,6 +269,8 @@ async def update_trigger(
     slots afresh: the time it was paused is not caught up."""
     trigger = await get_trigger(session, access=access, trigger_id=trigger_id)
     was = (trigger.status, trigger.cron_expression, trigger.timezone)
+    was_action = trigger.action
+    changed: set[str] = set()
     for name in body.__struct_fields__:
         value = getattr(body, name)
         if value is schemas.UNSET:
@@ -264,7 +279,14 @@ async def update_trigger(
             value = [str(i) for i in dict.fromkeys(value)]
         elif name == "tags":
             value = list(dict.fromkeys(value))
-        setattr(trigger, name, value)
+        if getattr(trigger, name) != value:
+            changed.add(name)
+            setattr(trigger, name, value)
+    paused_only = changed <= {"status"} and trigger.status == TriggerStatus.INACTIVE
+    if changed and not paused_only:
+        _require_scenarios_run(
+            access, "changing a trigger that is or becomes batch_run", was_action, trigger.action
+        )
     await _check(session, trigger)
     if (trigger.status, trigger.cron_expression, trigger.timezone) != was:
         trigger.schedule_from = utcnow()
@@ -334,6 +356,7 @@ async def fire(
 ) -> TriggerExecution:
     """A manual test: an execution now, whatever the trigger's status or type."""
     trigger = await get_trigger(session, access=access, trigger_id=trigger_id)
+    _require_scenarios_run(access, "firing a batch_run trigger", trigger.action)
     execution = TriggerExecution(**_new_execution(trigger, ExecutionSource.MANUAL, payload=payload))
     session.add(execution)
     await session.flush()

@@ -497,6 +497,38 @@ async def test_permissions_and_the_status_endpoint_for_any_member(
     ).status_code == 200
 
 
+async def test_without_knowledge_read_the_status_shows_counts_but_no_headings(
+    client: AsyncTestClient, app: Litestar
+) -> None:
+    t = await tenant(client, with_roles=("VIEWER", "GUEST"))
+    cid = await collection(client, t)
+    doc = await upload(client, t, cid, POLICY)
+    await process(app, doc["id"])
+    empty = await upload(client, t, cid, "# Only a heading\n")
+    await process(app, empty["id"])
+    url = kb(t, "documents", doc["id"], "status")
+    no_read = await create_token(client, t.owner, t.id, permissions=["triggers:read"])
+    reader = await create_token(client, t.owner, t.id, permissions=["knowledge:read"])
+    counts = {"chunkCount": 2, "characterCount": len(POLICY), "headingCount": 3}
+
+    for headers in (t.members["GUEST"].headers, no_read.headers):
+        response = await client.get(url, headers=headers)
+        assert response.status_code == 200, response.text
+        body = response.json()
+        assert (body["status"], body["progress"], body["error"]) == ("ready", 100, None)
+        assert body["metadata"] == counts
+        assert "Exceptions" not in response.text
+        # Spar's own reason for a failure is no content of the document: it stays.
+        failed = await client.get(kb(t, "documents", empty["id"], "status"), headers=headers)
+        assert failed.json()["error"] == "the document has no text to index", failed.text
+        assert "Only a heading" not in failed.text
+
+    for headers in (t.members["VIEWER"].headers, reader.headers):
+        metadata = (await client.get(url, headers=headers)).json()["metadata"]
+        assert {k: metadata[k] for k in counts} == counts
+        assert metadata["headings"][1] == {"level": 2, "text": "Exceptions"}
+
+
 async def test_another_organizations_ids_answer_404(client: AsyncTestClient, app: Litestar) -> None:
     t, other = await tenant(client), await tenant(client)
     theirs = await collection(client, other)

@@ -9,11 +9,14 @@ from uuid import uuid4
 from litestar.testing import AsyncTestClient
 
 from shared.identity.permissions import SYSTEM_ROLES
+from tests.support.design import PERMISSION_CATALOGUE
 from tests.support.factories import (
     Caller,
     Tenant,
     add_member,
     create_org,
+    create_token,
+    member_holding,
     register,
     roles_by_name,
     tenant,
@@ -517,6 +520,114 @@ async def test_a_member_manager_can_assign_roles_whose_permissions_it_holds(
     assert raised.json()["role_id"] == readers
     assert removed.status_code == 204, removed.text
     assert newcomer not in await listed(client, org.owner, org.id)
+
+
+# --- ADMIN takes an OWNER or ADMIN, never a set of permissions (docs/permissions.md) ------------
+
+
+async def everything_but_the_role(client: AsyncTestClient, org: Tenant) -> Caller:
+    """A member whose custom role holds all 22 permissions: what an ADMIN holds, not the role."""
+    assert len(PERMISSION_CATALOGUE) == 22
+    return await member_holding(client, org, list(PERMISSION_CATALOGUE), name="Everything")
+
+
+def assert_refused_for_admin(response: Any) -> None:
+    assert_detail(response, 403)
+    assert "OWNER or ADMIN" in response.json()["detail"], response.text
+
+
+async def test_a_custom_role_with_every_permission_cannot_make_its_member_admin(
+    client: AsyncTestClient,
+) -> None:
+    org = await tenant(client)
+    everything = await everything_but_the_role(client, org)
+
+    promoted_self = await set_role(client, everything, org.id, everything.id, org.roles["ADMIN"])
+    token = await client.post(
+        f"/v1/orgs/{org.id}/platform-tokens/",
+        json={"name": "ci", "permissions": ["org:read"]},
+        headers=everything.headers,
+    )
+
+    assert_refused_for_admin(promoted_self)
+    assert_detail(token, 403)
+    access = await access_in(client, everything, org.id)
+    assert access is not None
+    assert access["role"]["name"] == "Everything"
+
+
+async def test_a_custom_role_with_every_permission_cannot_invite_or_promote_an_admin(
+    client: AsyncTestClient,
+) -> None:
+    org = await tenant(client)
+    everything = await everything_but_the_role(client, org)
+    viewer = await invited(client, org, "VIEWER")
+
+    invitation = await invite(client, everything, org.id, org.roles["ADMIN"])
+    promoted = await set_role(client, everything, org.id, viewer, org.roles["ADMIN"])
+    # The refusal is the ADMIN role's alone: every other role is still theirs to give.
+    member = await set_role(client, everything, org.id, viewer, org.roles["MEMBER"])
+
+    assert_refused_for_admin(invitation)
+    assert_refused_for_admin(promoted)
+    assert member.status_code == 200, member.text
+    roles = {m["role"]["name"] for m in (await listed(client, org.owner, org.id)).values()}
+    assert roles == {"OWNER", "Everything", "MEMBER"}
+
+
+async def test_a_platform_token_with_every_permission_cannot_invite_or_promote_an_admin(
+    client: AsyncTestClient,
+) -> None:
+    org = await tenant(client)
+    token = await create_token(client, org.owner, org.id, list(PERMISSION_CATALOGUE))
+    viewer = await invited(client, org, "VIEWER")
+
+    invitation = await invite(client, token, org.id, org.roles["ADMIN"])
+    promoted = await set_role(client, token, org.id, viewer, org.roles["ADMIN"])
+    member = await invite(client, token, org.id, org.roles["MEMBER"])
+
+    assert_refused_for_admin(invitation)
+    assert_refused_for_admin(promoted)
+    assert member.status_code == 201, member.text
+    roles = sorted(m["role"]["name"] for m in (await listed(client, org.owner, org.id)).values())
+    assert roles == ["MEMBER", "OWNER", "VIEWER"]
+
+
+async def test_only_an_owner_or_admin_demotes_or_removes_an_admin(client: AsyncTestClient) -> None:
+    org = await tenant(client, with_roles=("ADMIN",))
+    everything = await everything_but_the_role(client, org)
+    token = await create_token(client, org.owner, org.id, list(PERMISSION_CATALOGUE))
+    target = await invited(client, org, "ADMIN")
+
+    for caller in (everything, token):
+        demoted = await set_role(client, caller, org.id, target, org.roles["GUEST"])
+        removed = await client.delete(members_path(org.id, target), headers=caller.headers)
+        assert_refused_for_admin(demoted)
+        assert_refused_for_admin(removed)
+    assert (await listed(client, org.owner, org.id))[target]["role"]["name"] == "ADMIN"
+
+    demoted = await set_role(client, org.members["ADMIN"], org.id, target, org.roles["VIEWER"])
+    assert demoted.status_code == 200, demoted.text
+    assert demoted.json()["role"]["name"] == "VIEWER"
+
+
+async def test_an_admin_or_the_owner_invites_and_promotes_admins(client: AsyncTestClient) -> None:
+    org = await tenant(client, with_roles=("ADMIN",))
+    other = await tenant(client, with_roles=("ADMIN",))
+    viewer = await invited(client, org, "VIEWER")
+
+    by_admin = await invite(client, org.members["ADMIN"], org.id, org.roles["ADMIN"])
+    by_owner = await invite(client, org.owner, org.id, org.roles["ADMIN"])
+    promoted = await set_role(client, org.members["ADMIN"], org.id, viewer, org.roles["ADMIN"])
+    # Another organization's ADMIN is nobody here.
+    outsider = await invite(client, other.members["ADMIN"], org.id, org.roles["ADMIN"])
+
+    assert by_admin.status_code == 201, by_admin.text
+    assert by_owner.status_code == 201, by_owner.text
+    assert promoted.status_code == 200, promoted.text
+    assert_detail(outsider, 404)
+    roles = sorted(m["role"]["name"] for m in (await listed(client, org.owner, org.id)).values())
+    assert roles == ["ADMIN", "ADMIN", "ADMIN", "ADMIN", "OWNER"]
 
 
 # --- removing ----------------------------------------------------------------------------------

@@ -1,8 +1,10 @@
 """Every identity endpoint, every kind of principal: the allowed success code or 403.
 
-The expected matrix is written from DESIGN §4 (permission catalogue, system roles) and
-the route requirements, never read from the application's own tables, so a drift in
-either the role definitions or a route's ``access=`` rule shows up here.
+The expected matrix is written from DESIGN §4 (permission catalogue, system roles), the
+route requirements and the rules for handing out access in docs/permissions.md (ADMIN
+is given, taken and removed only by an OWNER or ADMIN), never read from the application's
+own tables, so a drift in the role definitions, a route's ``access=`` rule or a
+service's own check shows up here.
 
 Each test builds one tenant (a user per system role plus two platform tokens) and loops
 over the principals inside it; for a permission rule also over a token holding only that
@@ -46,6 +48,8 @@ class Rule:
 ANYONE = Rule()
 USERS_ONLY = Rule(users_only=True)
 ADMIN_OR_OWNER = Rule(users_only=True, roles=frozenset({"OWNER", "ADMIN"}))
+# Giving the ADMIN role, or acting on an ADMIN: the route's permission and the role too.
+ADMIN_MEMBERS = Rule(users_only=True, permission="members:write", roles=ADMIN_OR_OWNER.roles)
 OWNER_ONLY = Rule(users_only=True, roles=frozenset({"OWNER"}))
 
 
@@ -305,19 +309,22 @@ async def test_member_matrix(client: AsyncTestClient) -> None:
     async def fixed(path: str, body: Any = None) -> Call:
         return Call(path=path, json=body)
 
-    async def invitee() -> str:
-        """A fresh GUEST member (an invited user) to act on; returns its user id."""
+    async def invitee(role: str = "GUEST") -> str:
+        """A fresh member (an invited user) with ``role`` to act on; returns its user id."""
         response = await client.post(
             members,
-            json={"email": unique_email("target"), "role_id": roles["GUEST"]},
+            json={"email": unique_email("target"), "role_id": roles[role]},
             headers=world.owner.headers,
         )
         assert response.status_code == 201, response.text
         return response.json()["user_id"]
 
-    async def invite_call(p: Principal) -> Call:
-        email = unique_email("invitee")
-        return Call(members, {"email": email, "role_id": roles["GUEST"]}, target={"email": email})
+    def invite_as(role: str) -> Prepare:
+        async def invite_call(p: Principal) -> Call:
+            email = unique_email("invitee")
+            return Call(members, {"email": email, "role_id": roles[role]}, target={"email": email})
+
+        return invite_call
 
     async def after_invite(p: Principal, call: Call, response: Any, ok: bool) -> str | None:
         listing = await owner_get(world, f"{members}?limit=500")
@@ -335,18 +342,26 @@ async def test_member_matrix(client: AsyncTestClient) -> None:
     assert response.status_code == 201, response.text
     empty_role = response.json()["id"]
 
-    async def patch_call(p: Principal) -> Call:
-        user_id = await invitee()
-        return Call(f"{members}/{user_id}", {"role_id": empty_role})
+    role_names = {role_id: name for name, role_id in roles.items()} | {empty_role: "nothing"}
+
+    def re_role(before: str, after_id: str) -> Prepare:
+        async def patch_call(p: Principal) -> Call:
+            user_id = await invitee(before)
+            return Call(f"{members}/{user_id}", {"role_id": after_id}, target={"before": before})
+
+        return patch_call
 
     async def after_patch(p: Principal, call: Call, response: Any, ok: bool) -> str | None:
         role = (await owner_get(world, call.path))["role"]["name"]
-        if role != ("nothing" if ok else "GUEST"):
+        if role != (role_names[call.json["role_id"]] if ok else call.target["before"]):
             return f"the member's role is {role} afterwards"
         return None
 
-    async def delete_call(p: Principal) -> Call:
-        return Call(f"{members}/{await invitee()}")
+    def remove(role: str) -> Prepare:
+        async def delete_call(p: Principal) -> Call:
+            return Call(f"{members}/{await invitee(role)}")
+
+        return delete_call
 
     async def after_delete(p: Principal, call: Call, response: Any, ok: bool) -> str | None:
         status = await get_status(world, call.path)
@@ -363,9 +378,42 @@ async def test_member_matrix(client: AsyncTestClient) -> None:
             needs("members:read"),
             lambda p: fixed(f"{members}/{viewer_id}"),
         ),
-        Endpoint("member invite", "POST", 201, needs("members:write"), invite_call, after_invite),
-        Endpoint("member patch", "PATCH", 200, needs("members:write"), patch_call, after_patch),
-        Endpoint("member delete", "DELETE", 204, needs("members:write"), delete_call, after_delete),
+        Endpoint(
+            "member invite", "POST", 201, needs("members:write"), invite_as("GUEST"), after_invite
+        ),
+        Endpoint(
+            "member patch",
+            "PATCH",
+            200,
+            needs("members:write"),
+            re_role("GUEST", empty_role),
+            after_patch,
+        ),
+        Endpoint(
+            "member delete", "DELETE", 204, needs("members:write"), remove("GUEST"), after_delete
+        ),
+        Endpoint(
+            "member invite as ADMIN", "POST", 201, ADMIN_MEMBERS, invite_as("ADMIN"), after_invite
+        ),
+        Endpoint(
+            "member promote to ADMIN",
+            "PATCH",
+            200,
+            ADMIN_MEMBERS,
+            re_role("GUEST", roles["ADMIN"]),
+            after_patch,
+        ),
+        Endpoint(
+            "member re-role an ADMIN",
+            "PATCH",
+            200,
+            ADMIN_MEMBERS,
+            re_role("ADMIN", empty_role),
+            after_patch,
+        ),
+        Endpoint(
+            "member remove an ADMIN", "DELETE", 204, ADMIN_MEMBERS, remove("ADMIN"), after_delete
+        ),
     ]
     problems = await run_matrix(world, endpoints)
     assert not problems, report(problems)

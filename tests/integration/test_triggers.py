@@ -24,7 +24,9 @@ from shared.settings import Settings
 from shared.triggers.executions import execute
 from tests.support.factories import (
     Tenant,
+    create_org,
     create_token,
+    member_holding,
     single_validation_entry,
     stub_broker,
     tenant,
@@ -382,6 +384,119 @@ async def test_another_organizations_trigger_ids_answer_404(
     assert unchanged.json()["name"] == "nightly"
     listed = await client.get(path(t), headers=t.owner.headers)
     assert [tr["id"] for tr in listed.json()["triggers"]] == [mine["id"]]
+
+
+# --- a trigger that runs scenarios needs scenarios:run (docs/permissions.md) ---------------------
+
+TRIGGERS_ONLY = ["triggers:read", "triggers:write"]
+
+
+async def test_a_role_without_scenarios_run_neither_creates_nor_fires_a_batch_run_trigger(
+    client: AsyncTestClient, agent: FakeAgent, db: AsyncSession
+) -> None:
+    t = await tenant(client)
+    setup = await outbound_setup(client, t, agent.url)
+    await create_scenario(client, t, tags=["smoke"])
+    writer = await member_holding(client, t, TRIGGERS_ONLY)
+    token = await create_token(client, t.owner, t.id, TRIGGERS_ONLY)
+    # Running scenarios in an organization of their own gives the writer nothing here.
+    await create_org(client, writer, name="the writer's own")
+    suite = scheduled(setup.agent_id, action="batch_run", tags=["smoke"])
+    existing = await create(client, t, suite)
+
+    for caller in (writer, token):
+        created = await client.post(path(t), json=suite, headers=caller.headers)
+        fired = await client.post(path(t, existing["id"], "fire"), headers=caller.headers)
+        for response in (created, fired):
+            assert response.status_code == 403, response.text
+            assert "scenarios:run" in response.json()["detail"]
+
+    listed = await client.get(path(t), headers=t.owner.headers)
+    assert [tr["id"] for tr in listed.json()["triggers"]] == [existing["id"]]
+    executions = await client.get(path(t, existing["id"], "executions"), headers=t.owner.headers)
+    assert executions.json()["total"] == 0
+    assert await db.scalar(select(func.count()).select_from(BatchRun)) == 0
+    # A trigger that only sends a message needs nothing beyond triggers:write.
+    message = await client.post(path(t), json=scheduled(setup.agent_id), headers=writer.headers)
+    assert message.status_code == 201, message.text
+    fired = await client.post(path(t, message.json()["id"], "fire"), headers=writer.headers)
+    assert fired.status_code == 202, fired.text
+
+
+async def test_changing_what_a_trigger_runs_needs_scenarios_run_but_pausing_it_does_not(
+    client: AsyncTestClient, agent: FakeAgent
+) -> None:
+    t = await tenant(client)
+    setup = await outbound_setup(client, t, agent.url)
+    await create_scenario(client, t, name="smoke", tags=["smoke"])
+    slow = await create_scenario(client, t, name="slow", tags=["slow"])
+    writer = await member_holding(client, t, TRIGGERS_ONLY)
+    message = await create(client, t, scheduled(setup.agent_id))
+    suite = await create(client, t, scheduled(setup.agent_id, action="batch_run", tags=["smoke"]))
+    one = path(t, suite["id"])
+
+    for url, change in [
+        (path(t, message["id"]), {"action": "batch_run", "tags": ["smoke"]}),
+        (one, {"tags": ["smoke", "slow"]}),
+        (one, {"scenario_ids": [slow["id"]]}),
+        (one, {"cron_expression": "* * * * *"}),
+        (one, {"action": "message", "tags": []}),
+    ]:
+        response = await client.patch(url, json=change, headers=writer.headers)
+        assert response.status_code == 403, (change, response.text)
+        assert "scenarios:run" in response.json()["detail"]
+    # A new webhook secret is a way to start the suite: not without scenarios:run either.
+    rotated = await client.post(f"{one}/rotate-secret", headers=writer.headers)
+    assert rotated.status_code == 403, rotated.text
+
+    # Pausing only stops the suite; resuming starts it again.
+    paused = await client.patch(one, json={"status": "inactive"}, headers=writer.headers)
+    assert paused.status_code == 200, paused.text
+    resumed = await client.patch(one, json={"status": "active"}, headers=writer.headers)
+    assert resumed.status_code == 403, resumed.text
+
+    after = (await client.get(one, headers=t.owner.headers)).json()
+    assert (after["action"], after["tags"], after["scenario_ids"], after["status"]) == (
+        "batch_run",
+        ["smoke"],
+        [],
+        "inactive",
+    )
+    assert after["cron_expression"] == "0 2 * * *"
+    unchanged = (await client.get(path(t, message["id"]), headers=t.owner.headers)).json()
+    assert unchanged["action"] == "message"
+    # The message trigger is still the writer's to change, and deleting the suite stops it.
+    renamed = await client.patch(
+        path(t, message["id"]), json={"name": "renamed"}, headers=writer.headers
+    )
+    assert renamed.status_code == 200, renamed.text
+    assert (await client.delete(one, headers=writer.headers)).status_code == 204
+
+
+async def test_with_scenarios_run_a_role_creates_changes_and_fires_a_batch_run_trigger(
+    client: AsyncTestClient, app: Litestar, settings: Settings, agent: FakeAgent
+) -> None:
+    t = await tenant(client)
+    setup = await outbound_setup(client, t, agent.url)
+    await create_scenario(client, t, tags=["smoke"])
+    runner = await member_holding(client, t, [*TRIGGERS_ONLY, "scenarios:run"])
+
+    created = await client.post(
+        path(t),
+        json=scheduled(setup.agent_id, action="batch_run", tags=["smoke"]),
+        headers=runner.headers,
+    )
+    assert created.status_code == 201, created.text
+    one = path(t, created.json()["id"])
+    changed = await client.patch(one, json={"max_concurrency": 3}, headers=runner.headers)
+    assert changed.status_code == 200, changed.text
+    fired = await client.post(f"{one}/fire", headers=runner.headers)
+    assert fired.status_code == 202, fired.text
+
+    await run_execution(app, settings, fired.json()["id"])
+    done = await get_execution(client, t, created.json()["id"], fired.json()["id"])
+    assert done["status"] == "succeeded", done
+    assert done["batch_run_id"] is not None
 
 
 # --- executions -----------------------------------------------------------------------------------

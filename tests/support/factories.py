@@ -113,6 +113,19 @@ async def tenant(client: AsyncTestClient, *, with_roles: tuple[str, ...] = ()) -
     return Tenant(org=org, roles=roles, members=members)
 
 
+async def member_holding(
+    client: AsyncTestClient, t: Tenant, permissions: list[str], name: str | None = None
+) -> Caller:
+    """A member whose custom role (made by the owner) holds exactly ``permissions``."""
+    response = await client.post(
+        f"/v1/orgs/{t.id}/roles",
+        json={"name": name or f"holding {next(_counter)}", "permissions": permissions},
+        headers=t.owner.headers,
+    )
+    assert response.status_code == 201, response.text
+    return await add_member(client, t.owner, t.id, response.json()["id"])
+
+
 def single_validation_entry(response: Any) -> dict[str, Any]:
     """The one entry of a 422 validation body in the spec's shape (§7)."""
     assert response.status_code == 422, response.text
