@@ -31,6 +31,7 @@ from sqlalchemy.orm import Session
 from shared.logs import MESSAGE_OPTION, MessageContext, current_request_id, new_request_id
 from shared.settings import get_settings
 
+MAINTENANCE_CHANCE = 10_000  # per million broker commands
 QUEUES = ("runs", "batches", "documents", "calibration", "triggers")
 RUN_SCENARIO = ("runs", "run_scenario")
 DISPATCH_BATCH = ("batches", "dispatch_batch")
@@ -67,7 +68,16 @@ def _new_event_loop() -> asyncio.AbstractEventLoop:
 
 class PollingRedisBroker(RedisBroker):
     """Dramatiq's Redis broker, an idle consumer of a work queue polling it at least every
-    ``work_poll_ms`` (``SPAR_WORK_POLL_MS``).
+    ``work_poll_ms`` (``SPAR_WORK_POLL_MS``), and a dead worker's messages given back to
+    their queues within about ``heartbeat_timeout_s`` (``SPAR_RUN_HEARTBEAT_TIMEOUT_S``).
+
+    A worker killed with messages fetched but not yet started strands them in its ack set
+    until another worker's maintenance finds it dead: after Dramatiq's heartbeat timeout
+    (60 s by default), at a maintenance that 0.1 % of commands run.  Here the timeout is
+    the run heartbeat's, and maintenance runs with 1 % of commands (about once a second on
+    an idle worker), so those runs come back as fast as the runs the dead worker was
+    playing (:mod:`shared.work`).  A live worker taken for dead has its messages delivered
+    twice, which the claims in SQL make harmless.
 
     Redis pushes nothing to Dramatiq's consumers: an idle one polls, backing off up to its
     idle timeout.  Dramatiq gives consumers and worker threads one timeout
@@ -76,8 +86,12 @@ class PollingRedisBroker(RedisBroker):
     queues' consumers poll this often; the delay queues' consumers and the worker threads,
     which wake only to check for shutdown, keep Dramatiq's timeout."""
 
-    def __init__(self, *, url: str, work_poll_ms: int) -> None:
-        super().__init__(url=url)
+    def __init__(self, *, url: str, work_poll_ms: int, heartbeat_timeout_s: float) -> None:
+        super().__init__(
+            url=url,
+            heartbeat_timeout=int(heartbeat_timeout_s * 1000),
+            maintenance_chance=MAINTENANCE_CHANCE,
+        )
         self.work_poll_ms = work_poll_ms
 
     def consume(self, queue_name: str, prefetch: int = 1, timeout: int = 5000) -> Consumer:
@@ -95,7 +109,11 @@ def get_broker(redis_url: str | None) -> dramatiq.Broker:
     from shared.metrics import ActorMetrics  # imported late: see shared.metrics_dir
 
     broker: dramatiq.Broker = (
-        PollingRedisBroker(url=redis_url, work_poll_ms=get_settings().work_poll_ms)
+        PollingRedisBroker(
+            url=redis_url,
+            work_poll_ms=get_settings().work_poll_ms,
+            heartbeat_timeout_s=get_settings().run_heartbeat_timeout_s,
+        )
         if redis_url
         else StubBroker()
     )

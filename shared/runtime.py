@@ -34,10 +34,12 @@ class Runtime:
             self._http = new_http_session()
         return self._http
 
-    async def warm_up(self) -> None:
+    async def warm_up(self, timeout_s: float = 30.0) -> None:
         """Open now what the first messages would otherwise wait for: the connections of the
-        run engine's database pool (a batch's first window arrives all at once)."""
-        await (await direct_pool(self.engine)).wait()
+        run engine's database pool (a batch's first window arrives all at once).  Raises
+        ``PoolTimeout`` when the database does not let them open within ``timeout_s``;
+        the process still recovers: the next use opens a new pool."""
+        await (await direct_pool(self.engine)).wait(timeout=timeout_s)
 
     async def close(self) -> None:
         if self._http is not None:

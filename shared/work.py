@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -57,6 +58,7 @@ from sqlalchemy.types import Uuid
 
 from shared.db.base import NOW, UTCDateTime, utcnow
 from shared.db.direct import Statement, direct_pool
+from shared.db.engine import DATABASE_AWAY
 from shared.db.models import Calibration, KnowledgeDocument, ScenarioRun, TriggerExecution
 from shared.metrics import WORK_GIVEN_UP
 from shared.settings import Settings
@@ -67,6 +69,7 @@ T = TypeVar("T")
 STALE_BEFORE = bindparam("p_stale", type_=UTCDateTime())
 BEATS_PER_TIMEOUT = 6
 MIN_BEAT_S = 0.5
+PERSIST_WITHIN_S = 60.0
 
 
 @dataclass(frozen=True, eq=False)
@@ -240,6 +243,24 @@ async def _release(work: Work, engine: AsyncEngine, unit_id: UUID) -> None:
             await work._release.rows(conn, p_unit=unit_id)
     except Exception:  # the database is away: the heartbeat times out instead
         log.warning("could not release %s %s", work.kind, unit_id, exc_info=True)
+
+
+async def persist(write: Callable[[], Awaitable[T]], *, within_s: float = PERSIST_WITHIN_S) -> T:
+    """``write()``, tried again while the database is away (:data:`DATABASE_AWAY`) for up
+    to ``within_s``: for the writes that record what an outbound call brought back (a
+    turn, an execution's reply, a calibration's verdicts), so that a database restart or a
+    moment without a free connection never makes a redelivery call the agent again."""
+    deadline = time.monotonic() + within_s
+    delay = 0.2
+    while True:
+        try:
+            return await write()
+        except DATABASE_AWAY:
+            if time.monotonic() + delay > deadline:
+                raise
+            log.warning("the database is away: writing again in %.1f s", delay, exc_info=True)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 5.0)
 
 
 # --- heartbeats ----------------------------------------------------------------------------------

@@ -360,15 +360,22 @@ async def take_waiting(session: AsyncSession, *, limit: int) -> list[UUID]:
 async def _end(
     factory: async_sessionmaker[AsyncSession], calibration_id: UUID, **fields: Any
 ) -> None:
-    async with provide_session(factory) as session:
-        now = utcnow()
-        await session.execute(
-            update(Calibration)
-            .where(
-                Calibration.id == calibration_id, Calibration.status == CalibrationStatus.RUNNING
+    """End a ``running`` calibration, waiting out a database that is away: its verdicts
+    cost the judge's calls (:func:`shared.work.persist`)."""
+
+    async def once() -> None:
+        async with provide_session(factory) as session:
+            now = utcnow()
+            await session.execute(
+                update(Calibration)
+                .where(
+                    Calibration.id == calibration_id,
+                    Calibration.status == CalibrationStatus.RUNNING,
+                )
+                .values(completed_at=now, updated_at=now, **fields)
             )
-            .values(completed_at=now, updated_at=now, **fields)
-        )
+
+    await work.persist(once)
 
 
 async def judge_examples(

@@ -13,6 +13,7 @@ state change on its own (:mod:`shared.scenarios.store`), so autocommit is what i
 from __future__ import annotations
 
 import asyncio
+import weakref
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -87,13 +88,20 @@ async def _configure(connection: AsyncConnection[Any]) -> None:
 # One pool per engine and event loop: a pool's connections belong to the loop they were
 # made in (the test suite drives one engine from two loops).
 _pools: dict[tuple[AsyncEngine, asyncio.AbstractEventLoop], AsyncConnectionPool] = {}
+_opened: weakref.WeakSet[AsyncConnectionPool] = weakref.WeakSet()
 
 
 async def direct_pool(engine: AsyncEngine) -> AsyncConnectionPool:
     """The psycopg pool beside ``engine`` (same database, autocommit connections) for the
-    running event loop, opened on first use; :func:`close_direct_pool` closes it."""
+    running event loop, opened on first use; :func:`close_direct_pool` closes it.
+
+    A pool that was closed (psycopg_pool's ``wait()`` closes a pool it could not fill in
+    time, as when the database was slow or away while a worker booted) cannot be opened
+    again: a new one takes its place, so the process recovers once the database is back."""
     key = (engine, asyncio.get_running_loop())
     pool = _pools.get(key)
+    if pool is not None and pool.closed and pool in _opened:  # closed by a failed wait()
+        pool = None
     if pool is None:
         size = engine.pool.size()  # type: ignore[attr-defined]  # SPAR_DB_POOL_SIZE
         pool = AsyncConnectionPool(
@@ -109,8 +117,9 @@ async def direct_pool(engine: AsyncEngine) -> AsyncConnectionPool:
             name="spar-direct",
         )
         _pools[key] = pool
-    if pool.closed:
+    if pool.closed:  # new: opened here (concurrent first callers all open it: idempotent)
         await pool.open()
+        _opened.add(pool)
     return pool
 
 

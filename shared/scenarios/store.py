@@ -84,6 +84,19 @@ async def _direct(factory: async_sessionmaker[AsyncSession]) -> AsyncIterator[As
         yield connection
 
 
+async def _write(
+    factory: async_sessionmaker[AsyncSession], statement: Statement, params: dict[str, Any]
+) -> Sequence[Any]:
+    """A write recording what the agent and the judge said: it waits out a database that is
+    away (:func:`shared.work.persist`) rather than have a redelivery call them again."""
+
+    async def once() -> Sequence[Any]:
+        async with _direct(factory) as conn:
+            return await statement.rows(conn, **params)
+
+    return await work.persist(once)
+
+
 # --- the claim -----------------------------------------------------------------------------------
 
 
@@ -368,8 +381,7 @@ async def record_turn(
         params["p_status"] = end
         params["p_skipped"] = [{"id": uuid.uuid4(), "turn_index": index} for index in skipped]
     try:
-        async with _direct(factory) as conn:
-            (written,) = await statement.rows(conn, **params)
+        (written,) = await _write(factory, statement, params)
     except psycopg.IntegrityError:
         return None
     if not written.changed:
@@ -389,8 +401,7 @@ async def end(
     ``None`` when this changed nothing (the run was already terminal); otherwise the
     successors to send (none outside a batch, or when nothing is left to hand out)."""
     params = {"p_run": run_id, "p_status": status, "p_error": error, "now": utcnow()}
-    async with _direct(factory) as conn:
-        (ended,) = await _END_IN_ONE.rows(conn, **params)
+    (ended,) = await _write(factory, _END_IN_ONE, params)
     if not ended.changed:
         return None
     return [ended.successor] if ended.successor is not None else []

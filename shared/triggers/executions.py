@@ -7,9 +7,11 @@ At least once, never twice where it counts:
   heartbeat) to ``running`` and counts the delivery; a finished or missed one, or one a
   live worker is carrying out, is left alone, so a redelivered message does nothing;
 * a reply is recorded in the statement that ends the execution, and only if it is still
-  ``running``: once the agent's answer is committed, no delivery sends the message again
-  (a worker dying between the answer and that commit is the one case that sends it twice,
-  under the same ``session_id``, which an agent can deduplicate on);
+  ``running``: once the agent's answer is committed, no delivery sends the message again.
+  That write waits out a database that is away (a restart, no free connection) instead
+  of failing the delivery; a worker dying between the answer and that commit is the one
+  case that sends the message twice, under the same ``session_id``, which an agent can
+  deduplicate on;
 * a batch is created under a lock on the execution row, in the transaction that records
   its id: a second delivery finds the id and creates nothing.
 """
@@ -118,19 +120,25 @@ async def _finish(
     status: ExecutionStatus,
     **fields: Any,
 ) -> bool:
-    """End a ``running`` execution; ``False`` if another delivery ended it first."""
-    async with provide_session(factory) as session:
-        now = utcnow()
-        ended = await session.scalar(
-            update(TriggerExecution)
-            .where(
-                TriggerExecution.id == execution_id,
-                TriggerExecution.status == ExecutionStatus.RUNNING,
+    """End a ``running`` execution; ``False`` if another delivery ended it first.  Waits out
+    a database that is away (:func:`shared.work.persist`): once the agent has answered, no
+    delivery sends it the message again."""
+
+    async def once() -> bool:
+        async with provide_session(factory) as session:
+            now = utcnow()
+            ended = await session.scalar(
+                update(TriggerExecution)
+                .where(
+                    TriggerExecution.id == execution_id,
+                    TriggerExecution.status == ExecutionStatus.RUNNING,
+                )
+                .values(status=status, completed_at=now, updated_at=now, **fields)
+                .returning(TriggerExecution.id)
             )
-            .values(status=status, completed_at=now, updated_at=now, **fields)
-            .returning(TriggerExecution.id)
-        )
-    return ended is not None
+        return ended is not None
+
+    return await work.persist(once)
 
 
 async def _send_message(

@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 import time
 from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
 from datetime import timedelta
 from typing import Any
 from uuid import UUID
@@ -24,6 +26,7 @@ import redis
 from dramatiq import Message
 from litestar import Litestar
 from litestar.testing import AsyncTestClient
+from psycopg_pool import PoolTimeout
 from sqlalchemy import select, text, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -32,6 +35,7 @@ from shared.batches.window import dispatch_committed
 from shared.calibration.services import judge_examples
 from shared.crypto import secret_box
 from shared.db.base import utcnow
+from shared.db.engine import create_engine, create_session_factory
 from shared.db.models import (
     Calibration,
     Credential,
@@ -41,12 +45,14 @@ from shared.db.models import (
 )
 from shared.knowledge.processing import process_document
 from shared.queue import get_broker
+from shared.runtime import Runtime
 from shared.scenarios.runner import execute_run
 from shared.settings import Settings
 from shared.triggers.executions import execute as execute_trigger
 from shared.work import CALIBRATIONS, DOCUMENTS, RUNS, TRIGGER_EXECUTIONS, Work
 from tests.support.factories import Tenant, stub_broker, tenant
 from tests.support.fakes import FakeAgent, FakeOpenAI, Reply
+from tests.support.proxy import DatabaseProxy
 from tests.support.scenario_setup import (
     allow_domain,
     create_http_agent,
@@ -535,3 +541,99 @@ async def test_the_sweeper_resends_every_waiting_unit_when_redis_lost_its_messag
         assert queued() == {"runs": 1, "triggers": 1, "documents": 1, "calibration": 1}
     finally:
         r.flushdb()
+
+
+# --- the database away ----------------------------------------------------------------------------
+
+
+@pytest.fixture
+def proxy(database_url: str) -> Iterator[DatabaseProxy]:
+    with DatabaseProxy(database_url) as made:
+        yield made
+
+
+@asynccontextmanager
+async def runtime_through(proxy: DatabaseProxy, settings: Settings) -> AsyncIterator[Runtime]:
+    """A worker's runtime whose database connections all go through ``proxy``."""
+    through = msgspec.structs.replace(settings, database_url=proxy.url)
+    engine = create_engine(through, pre_ping=False)
+    runtime = Runtime(
+        settings=through, engine=engine, session_factory=create_session_factory(engine)
+    )
+    try:
+        yield runtime
+    finally:
+        await runtime.close()
+
+
+async def test_an_execution_whose_database_goes_away_as_the_agent_answers_calls_it_once(
+    client: AsyncTestClient,
+    app: Litestar,
+    settings: Settings,
+    agent: FakeAgent,
+    proxy: DatabaseProxy,
+) -> None:
+    """The agent answers; at that moment every database connection dies and none can be
+    made for two seconds (a restart, no free slot): the reply is still recorded by the
+    delivery that got it, and the agent is called once."""
+    t = await tenant(client)
+    setup = await outbound_setup(client, t, agent.url)
+    response = await client.post(
+        f"/v1/orgs/{t.id}/triggers/",
+        json={
+            "name": "hook",
+            "trigger_type": "webhook",
+            "agent_id": setup.agent_id,
+            "message": "ping",
+        },
+        headers=t.owner.headers,
+    )
+    assert response.status_code == 201, response.text
+    trigger_id = response.json()["id"]
+    fired = await client.post(
+        f"/v1/orgs/{t.id}/triggers/{trigger_id}/fire", headers=t.owner.headers
+    )
+
+    def answer_as_the_database_goes(body: dict[str, Any]) -> str:
+        proxy.cut()
+        threading.Timer(2.0, proxy.restore).start()
+        return "pong"
+
+    agent.reply = answer_as_the_database_goes
+    async with runtime_through(proxy, settings) as runtime:
+        await execute_trigger(
+            runtime.session_factory,
+            runtime.settings,
+            UUID(fired.json()["id"]),
+            broker=app.state.broker,
+            http=runtime.http,
+        )
+    listed = await client.get(
+        f"/v1/orgs/{t.id}/triggers/{trigger_id}/executions", headers=t.owner.headers
+    )
+    (execution,) = listed.json()["executions"]
+    assert execution["status"] == "succeeded", execution
+    assert execution["response"] == "pong"
+    assert len(agent.requests) == 1
+
+
+async def test_a_worker_whose_database_was_slow_at_boot_recovers(
+    client: AsyncTestClient,
+    settings: Settings,
+    agent: FakeAgent,
+    proxy: DatabaseProxy,
+) -> None:
+    """Its warm-up gives up on filling the run engine's pool (psycopg_pool then closes the
+    pool); once the database answers, the worker's runs play as if nothing happened."""
+    t = await tenant(client)
+    setup = await outbound_setup(client, t, agent.url)
+    scenario = await create_scenario(client, t)
+    run = await start_run(client, t, scenario["id"], setup.agent_id)
+    proxy.hold()
+    async with runtime_through(proxy, settings) as runtime:
+        with pytest.raises(PoolTimeout):
+            await runtime.warm_up(timeout_s=0.5)
+        proxy.release()
+        await execute_run(runtime.session_factory, runtime.settings, UUID(run["id"]))
+    done = await get_run(client, t, run["id"])
+    assert done["status"] == "passed", done

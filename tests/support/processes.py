@@ -140,3 +140,54 @@ def private_redis(fallback: str) -> Iterator[str]:
     finally:
         process.terminate()
         process.wait(timeout=10)
+
+
+NO_PERSISTENCE = ("--save", "", "--appendonly", "no")
+
+
+class RestartableRedis:
+    """A throwaway ``redis-server`` without persistence on a free loopback port, which a
+    test can kill and start again on the same port (everything it held is lost, as with
+    a real restart of such a server)."""
+
+    def __init__(self) -> None:
+        binary = shutil.which("redis-server")
+        if binary is None:
+            raise RuntimeError("redis-server is not installed")
+        self.binary = binary
+        self.port = free_port()
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def __enter__(self) -> RestartableRedis:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def start(self) -> None:
+        self.process = subprocess.Popen(
+            [*(self.binary, "--port", str(self.port), "--bind", "127.0.0.1"), *NO_PERSISTENCE],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                redis.Redis.from_url(self.url).ping()
+                return
+            except redis.ConnectionError:
+                if time.monotonic() > deadline or self.process.poll() is not None:
+                    raise RuntimeError("redis-server did not start") from None
+                time.sleep(0.05)
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(timeout=10)
+
+    def restart(self) -> None:
+        self.stop()
+        self.start()

@@ -1,5 +1,6 @@
-"""A loopback TCP proxy that cuts the first Server-Sent Events stream after its first
-event: a client that follows a batch must reconnect and still see the batch's end."""
+"""Loopback TCP proxies that misbehave on purpose: one cuts the first Server-Sent Events
+stream after its first event (a client that follows a batch must reconnect and still see
+the batch's end); one stands in front of PostgreSQL and is made slow or cut."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ from types import TracebackType
 
 
 class DroppingProxy:
+    """Cuts the first events stream after its first event."""
+
     def __init__(self, upstream_port: int) -> None:
         self.upstream_port = upstream_port
         self.listener = socket.create_server(("127.0.0.1", 0))
@@ -91,3 +94,99 @@ class DroppingProxy:
                 upstream.sendall(chunk)
         except OSError:
             pass
+
+
+class DatabaseProxy:
+    """A loopback TCP proxy in front of PostgreSQL that a test can make slow or cut:
+
+    * :meth:`hold` — new connections are accepted but get no answer until :meth:`release`
+      (a database slow to come up);
+    * :meth:`cut` — every open connection is closed and new ones are refused until
+      :meth:`restore` (a restart, or no connection slot free).
+
+    ``url`` is ``database_url`` with its port replaced by the proxy's.
+    """
+
+    def __init__(self, database_url: str) -> None:
+        from sqlalchemy import make_url
+
+        target = make_url(database_url)
+        self.upstream = (target.host or "127.0.0.1", target.port or 5432)
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.url = target.set(port=self.port).render_as_string(hide_password=False)
+        self.connections = 0  # accepted so far
+        self._open: set[socket.socket] = set()
+        self._lock = threading.Lock()
+        self._let_through = threading.Event()
+        self._let_through.set()
+        self._refusing = False
+
+    def __enter__(self) -> DatabaseProxy:
+        threading.Thread(target=self._accept, daemon=True).start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.listener.close()
+        self.release()
+        self.cut()
+
+    def hold(self) -> None:
+        self._let_through.clear()
+
+    def release(self) -> None:
+        self._let_through.set()
+
+    def cut(self) -> None:
+        with self._lock:
+            self._refusing = True
+            sockets, self._open = list(self._open), set()
+        for sock in sockets:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+            sock.close()
+
+    def restore(self) -> None:
+        with self._lock:
+            self._refusing = False
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._serve, args=(client,), daemon=True).start()
+
+    def _serve(self, client: socket.socket) -> None:
+        with self._lock:
+            self.connections += 1
+            refusing = self._refusing
+        if refusing:
+            client.close()
+            return
+        self._let_through.wait()
+        try:
+            upstream = socket.create_connection(self.upstream)
+        except OSError:
+            client.close()
+            return
+        with self._lock:
+            if self._refusing:
+                client.close()
+                upstream.close()
+                return
+            self._open |= {client, upstream}
+        for source, sink in ((client, upstream), (upstream, client)):
+            threading.Thread(target=self._pipe, args=(source, sink), daemon=True).start()
+
+    def _pipe(self, source: socket.socket, sink: socket.socket) -> None:
+        try:
+            while chunk := source.recv(65536):
+                sink.sendall(chunk)
+        except OSError:
+            pass
+        finally:
+            for sock in (source, sink):
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
