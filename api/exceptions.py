@@ -1,13 +1,17 @@
 """Every error the API answers, in the spec's shapes.
 
 Validation failures: 422 ``{"detail": [{loc, msg, type, input, ctx}]}`` with ``loc``
-starting at ``body``, ``query`` or ``path``.  Everything else: ``{"detail": "message"}``.
+starting at ``body``, ``query`` or ``path``.
+Everything else: ``{"detail": "message"}``; a database out of reach or out of connections
+answers 503 with ``Retry-After``, and an unexpected error 500, its log quoting nothing the
+request sent.
 """
 
 from __future__ import annotations
 
 import logging
 import re
+import traceback
 from typing import Any
 
 import msgspec
@@ -23,6 +27,7 @@ from litestar.status_codes import (
     HTTP_422_UNPROCESSABLE_ENTITY,
     HTTP_429_TOO_MANY_REQUESTS,
     HTTP_500_INTERNAL_SERVER_ERROR,
+    HTTP_503_SERVICE_UNAVAILABLE,
 )
 from litestar.types import Empty
 
@@ -31,11 +36,14 @@ from shared.errors import (
     InvalidInput,
     NotFound,
     PermissionDenied,
+    RetryLater,
+    ServiceUnavailable,
     SparError,
     TooLarge,
     TooManyRequests,
     Unauthorized,
     UnsupportedMediaType,
+    causes,
 )
 from shared.schemas import UnstorableJson, within_depth
 
@@ -68,7 +76,10 @@ _STATUS = {
     TooManyRequests: HTTP_429_TOO_MANY_REQUESTS,
     TooLarge: HTTP_413_REQUEST_ENTITY_TOO_LARGE,
     UnsupportedMediaType: HTTP_415_UNSUPPORTED_MEDIA_TYPE,
+    ServiceUnavailable: HTTP_503_SERVICE_UNAVAILABLE,
 }
+# How long a client waits before sending again a request the database could not serve.
+DATABASE_RETRY_AFTER_S = 5
 
 
 def detail_response(
@@ -187,20 +198,8 @@ def _echo(value: Any) -> Any:
 
 def _msgspec_error(exc: BaseException) -> msgspec.ValidationError | None:
     """msgspec's error behind a ValidationException, also through the ExceptionGroup that
-    Litestar's concurrent dependency resolution wraps it in (those chains can loop)."""
-    seen: set[int] = set()
-    pending: list[BaseException | None] = [exc.__cause__]
-    while pending:
-        current = pending.pop()
-        if current is None or id(current) in seen:
-            continue
-        seen.add(id(current))
-        if isinstance(current, msgspec.ValidationError):
-            return current
-        if isinstance(current, BaseExceptionGroup):
-            pending.extend(current.exceptions)
-        pending.append(current.__cause__)
-    return None
+    Litestar's concurrent dependency resolution wraps it in."""
+    return next((c for c in causes(exc) if isinstance(c, msgspec.ValidationError)), None)
 
 
 _MISSING_PARAMETER = re.compile(
@@ -280,7 +279,7 @@ def handle_invalid_input(_: Request[Any, Any, Any], exc: InvalidInput) -> Respon
 def handle_spar_error(_: Request[Any, Any, Any], exc: SparError) -> Response:
     status = next((code for kind, code in _STATUS.items() if isinstance(exc, kind)), 400)
     headers = {"WWW-Authenticate": "Bearer"} if status == HTTP_401_UNAUTHORIZED else None
-    if isinstance(exc, TooManyRequests):
+    if isinstance(exc, RetryLater):
         headers = {"Retry-After": str(exc.retry_after)}
     return detail_response(status, exc.detail, headers)
 
@@ -299,7 +298,24 @@ def handle_http_exception(_: Request[Any, Any, Any], exc: HTTPException) -> Resp
 
 
 def handle_unexpected(request: Request[Any, Any, Any], exc: Exception) -> Response:
-    log.exception("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
+    # Imported here: the CLI imports this module (for ``locate``) and needs no database driver.
+    from shared.db.errors import database_unavailable, describe_database_error
+
+    where = f"{request.method} {request.url.path}"
+    database = describe_database_error(exc)
+    if database_unavailable(exc):
+        # An outage, not a fault of this request: one line each, no stack.
+        log.warning("database unavailable on %s: %s", where, database or type(exc).__name__)
+        unavailable = ServiceUnavailable(
+            "the database is unavailable; try again shortly", retry_after=DATABASE_RETRY_AFTER_S
+        )
+        return handle_spar_error(request, unavailable)
+    if database is None:
+        log.exception("unhandled error on %s", where, exc_info=exc)
+    else:
+        # Not the exception's text: PostgreSQL's DETAIL can quote the row the request sent.
+        stack = "".join(traceback.format_tb(exc.__traceback__))
+        log.error("unhandled database error on %s: %s\n%s", where, database, stack)
     return detail_response(HTTP_500_INTERNAL_SERVER_ERROR, "internal server error")
 
 
