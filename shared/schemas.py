@@ -20,6 +20,9 @@ import msgspec
 # Characters PostgreSQL and UTF-8 can hold: no NUL, no lone surrogates.
 _STORABLE = "\\x00\\ud800-\\udfff"
 TEXT_PATTERN = f"^[^{_STORABLE}]*$"
+# Text sent in an HTTP header or query value as it is: one line (a CR or LF would end the
+# header and start another one of the caller's making), storable.
+HEADER_TEXT_PATTERN = f"^[^{_STORABLE}\\r\\n]*$"
 _UNSTORABLE = re.compile(f"[{_STORABLE}]")
 MAX_JSON_DEPTH = 32
 
