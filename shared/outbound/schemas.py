@@ -8,7 +8,7 @@ from uuid import UUID
 
 import msgspec
 
-from shared.schemas import HEADER_TEXT_PATTERN, STORABLE, Input, Name255, Output, text
+from shared.schemas import HEADER_TEXT_PATTERN, SECRET, STORABLE, Input, Name255, Output, text
 
 UNSET = msgspec.UNSET
 UnsetType = msgspec.UnsetType
@@ -71,8 +71,9 @@ CredentialValue = Annotated[
         min_length=1,
         max_length=65_536,
         pattern=HEADER_TEXT_PATTERN,
-        description="Write-only. No CR, LF or NUL.",
+        description="Write-only: never shown, not even in an error. No CR, LF or NUL.",
     ),
+    SECRET,
 ]
 
 

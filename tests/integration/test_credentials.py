@@ -261,6 +261,7 @@ async def test_values_with_cr_lf_or_nul_are_422_and_never_stored(
             entry = single_error(await put(client, t, key, value))
             assert entry["loc"] == ["body", "value"], entry
             assert entry["type"] == "string_pattern_mismatch", entry
+            assert entry["input"] is None, "a credential's value is never echoed"
     assert await count_credentials(db) == 1
     stored = await ciphertext_of(db, t.id, "k")
     assert secret_box(settings.secret_key).decrypt(stored) == SECRET
