@@ -1,13 +1,18 @@
 """Every error the API answers, in the spec's shapes.
 
 Validation failures: 422 ``{"detail": [{loc, msg, type, input, ctx}]}`` with ``loc``
-starting at ``body``, ``query`` or ``path``.  Everything else: ``{"detail": "message"}``.
+starting at ``body``, ``query`` or ``path``; every entry is built by :func:`_entry`, which
+repeats nothing of a secret field (``input`` null, and a ``msg`` that does not quote it).
+Everything else: ``{"detail": "message"}``; a database out of reach or out of connections
+answers 503 with ``Retry-After``, and an unexpected error 500, its log quoting nothing the
+request sent.
 """
 
 from __future__ import annotations
 
 import logging
 import re
+import traceback
 from typing import Any
 
 import msgspec
@@ -23,6 +28,7 @@ from litestar.status_codes import (
     HTTP_422_UNPROCESSABLE_ENTITY,
     HTTP_429_TOO_MANY_REQUESTS,
     HTTP_500_INTERNAL_SERVER_ERROR,
+    HTTP_503_SERVICE_UNAVAILABLE,
 )
 from litestar.types import Empty
 
@@ -31,13 +37,16 @@ from shared.errors import (
     InvalidInput,
     NotFound,
     PermissionDenied,
+    RetryLater,
+    ServiceUnavailable,
     SparError,
     TooLarge,
     TooManyRequests,
     Unauthorized,
     UnsupportedMediaType,
+    causes,
 )
-from shared.schemas import UnstorableJson, within_depth
+from shared.schemas import UnstorableJson, holds_secret, within_depth
 
 log = logging.getLogger("spar.api")
 
@@ -68,7 +77,10 @@ _STATUS = {
     TooManyRequests: HTTP_429_TOO_MANY_REQUESTS,
     TooLarge: HTTP_413_REQUEST_ENTITY_TOO_LARGE,
     UnsupportedMediaType: HTTP_415_UNSUPPORTED_MEDIA_TYPE,
+    ServiceUnavailable: HTTP_503_SERVICE_UNAVAILABLE,
 }
+# How long a client waits before sending again a request the database could not serve.
+DATABASE_RETRY_AFTER_S = 5
 
 
 def detail_response(
@@ -179,6 +191,47 @@ def _request_body(request: Request[Any, Any, Any]) -> Any:
         return None
 
 
+def _body_type(request: Request[Any, Any, Any]) -> Any:
+    """The type the handler declares for its body (``None`` when it takes none)."""
+    handler = request.scope.get("route_handler")
+    signature = getattr(handler, "parsed_fn_signature", None)
+    data = signature.parameters.get("data") if signature is not None else None
+    return data.annotation if data is not None else None
+
+
+def _strings(value: Any) -> list[str]:
+    """The strings in ``value`` (itself, or inside a list or an object, keys included)."""
+    found, pending = [], [value]
+    while pending:
+        current = pending.pop()
+        if isinstance(current, str):
+            found.append(current)
+        elif isinstance(current, list):
+            pending.extend(current)
+        elif isinstance(current, dict):
+            pending.extend([*current.keys(), *current.values()])
+    return found
+
+
+def _entry(
+    request: Request[Any, Any, Any],
+    loc: list[str],
+    msg: str,
+    kind: str,
+    value: Any,
+    ctx: dict[str, Any],
+) -> ValidationErrorItem:
+    """The one way a 422's entry is made.  Where ``loc`` is, or is inside, or holds a
+    field marked ``SECRET`` (shared.schemas), the value is not repeated: ``input`` is null
+    and a ``msg`` that quotes any of it (a service's message could) says less."""
+    if loc[:1] == ["body"] and holds_secret(_body_type(request), loc[1:]):
+        refused = _strings(value) + _strings(_lookup(_request_body(request), loc[1:]))
+        if any(text and text in msg for text in refused):
+            msg = "Invalid value (a secret is not repeated)"
+        value = None
+    return ValidationErrorItem(loc=loc, msg=msg, type=kind, input=value, ctx=ctx)
+
+
 def _echo(value: Any) -> Any:
     # A value nested deeper than any field allows is not echoed: encoding it could recurse
     # as deep as the decoder did.
@@ -187,20 +240,8 @@ def _echo(value: Any) -> Any:
 
 def _msgspec_error(exc: BaseException) -> msgspec.ValidationError | None:
     """msgspec's error behind a ValidationException, also through the ExceptionGroup that
-    Litestar's concurrent dependency resolution wraps it in (those chains can loop)."""
-    seen: set[int] = set()
-    pending: list[BaseException | None] = [exc.__cause__]
-    while pending:
-        current = pending.pop()
-        if current is None or id(current) in seen:
-            continue
-        seen.add(id(current))
-        if isinstance(current, msgspec.ValidationError):
-            return current
-        if isinstance(current, BaseExceptionGroup):
-            pending.extend(current.exceptions)
-        pending.append(current.__cause__)
-    return None
+    Litestar's concurrent dependency resolution wraps it in."""
+    return next((c for c in causes(exc) if isinstance(c, msgspec.ValidationError)), None)
 
 
 _MISSING_PARAMETER = re.compile(
@@ -223,12 +264,13 @@ def _items_from_validation(
     if absent is not None:  # Litestar names a missing required parameter only in its text
         source = absent["source"]
         return [
-            ValidationErrorItem(
-                loc=[source, absent["name"]],
-                msg=f"Missing required {source} parameter",
-                type="missing",
-                input=None,
-                ctx={},
+            _entry(
+                request,
+                [source, absent["name"]],
+                f"Missing required {source} parameter",
+                "missing",
+                None,
+                {},
             )
         ]
     tokens = path_tokens(at)
@@ -258,9 +300,7 @@ def _items_from_validation(
         value = request.path_params.get(tokens[0]) if tokens else None
     else:
         value = None
-    return [
-        ValidationErrorItem(loc=[source, *tokens], msg=message, type=kind, input=value, ctx=ctx)
-    ]
+    return [_entry(request, [source, *tokens], message, kind, value, ctx)]
 
 
 # --- handlers ------------------------------------------------------------------------------------
@@ -270,27 +310,23 @@ def handle_validation(request: Request[Any, Any, Any], exc: ValidationException)
     return validation_response(_items_from_validation(request, exc))
 
 
-def handle_invalid_input(_: Request[Any, Any, Any], exc: InvalidInput) -> Response:
-    item = ValidationErrorItem(
-        loc=list(exc.loc), msg=exc.detail, type=exc.type, input=exc.input, ctx=exc.ctx
-    )
+def handle_invalid_input(request: Request[Any, Any, Any], exc: InvalidInput) -> Response:
+    item = _entry(request, list(exc.loc), exc.detail, exc.type, exc.input, exc.ctx)
     return validation_response([item])
 
 
 def handle_spar_error(_: Request[Any, Any, Any], exc: SparError) -> Response:
     status = next((code for kind, code in _STATUS.items() if isinstance(exc, kind)), 400)
     headers = {"WWW-Authenticate": "Bearer"} if status == HTTP_401_UNAUTHORIZED else None
-    if isinstance(exc, TooManyRequests):
+    if isinstance(exc, RetryLater):
         headers = {"Retry-After": str(exc.retry_after)}
     return detail_response(status, exc.detail, headers)
 
 
-def handle_http_exception(_: Request[Any, Any, Any], exc: HTTPException) -> Response:
+def handle_http_exception(request: Request[Any, Any, Any], exc: HTTPException) -> Response:
     if exc.status_code == 400 and isinstance(exc.__cause__, SerializationException):
         # The body could not be decoded at all (malformed, truncated, empty).
-        item = ValidationErrorItem(
-            loc=["body"], msg=str(exc.detail), type="json_invalid", input=None, ctx={}
-        )
+        item = _entry(request, ["body"], str(exc.detail), "json_invalid", None, {})
         return validation_response([item])
     if exc.status_code >= HTTP_500_INTERNAL_SERVER_ERROR:
         log.error("server error: %s", exc.detail)
@@ -299,7 +335,24 @@ def handle_http_exception(_: Request[Any, Any, Any], exc: HTTPException) -> Resp
 
 
 def handle_unexpected(request: Request[Any, Any, Any], exc: Exception) -> Response:
-    log.exception("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
+    # Imported here: the CLI imports this module (for ``locate``) and needs no database driver.
+    from shared.db.errors import database_unavailable, describe_database_error
+
+    where = f"{request.method} {request.url.path}"
+    database = describe_database_error(exc)
+    if database_unavailable(exc):
+        # An outage, not a fault of this request: one line each, no stack.
+        log.warning("database unavailable on %s: %s", where, database or type(exc).__name__)
+        unavailable = ServiceUnavailable(
+            "the database is unavailable; try again shortly", retry_after=DATABASE_RETRY_AFTER_S
+        )
+        return handle_spar_error(request, unavailable)
+    if database is None:
+        log.exception("unhandled error on %s", where, exc_info=exc)
+    else:
+        # Not the exception's text: PostgreSQL's DETAIL can quote the row the request sent.
+        stack = "".join(traceback.format_tb(exc.__traceback__))
+        log.error("unhandled database error on %s: %s\n%s", where, database, stack)
     return detail_response(HTTP_500_INTERNAL_SERVER_ERROR, "internal server error")
 
 

@@ -7,7 +7,7 @@
 
 1. Errors: no 400 (validation answers 422 with the spec's body, see ``api/exceptions.py``;
    every operation can answer it, an unknown query parameter included), 413 where a body
-   is taken, and ``{"detail": "…"}`` for 401/403/404/409 under /v1.
+   is taken, and ``{"detail": "…"}`` for 401/403/404/409/503 under /v1.
 2. Every operation has a summary (from its ``operationId`` unless the handler sets one)
    and a description (the handler's docstring); public operations require no token.
 3. A body Struct declared with ``forbid_unknown_fields=True`` is documented with
@@ -77,6 +77,8 @@ _ERRORS = {
     "403": "Authenticated, but not allowed.",
     "404": "Not found, or not visible to the caller (another organization's ids).",
     "409": "Conflicts with the current state.",
+    "503": "The database is out of reach or out of connections: send the request again "
+    "after `Retry-After` seconds.",
 }
 _METHODS = ("get", "post", "put", "patch", "delete")
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 
@@ -37,12 +38,21 @@ class UnsupportedMediaType(SparError):
     """The request's content is of a type Spar does not take (415)."""
 
 
-class TooManyRequests(SparError):
-    """The caller must wait ``retry_after`` seconds before trying again (429)."""
+class RetryLater(SparError):
+    """The request may succeed if sent again after ``retry_after`` seconds."""
 
     def __init__(self, detail: str, *, retry_after: int) -> None:
         super().__init__(detail)
         self.retry_after = retry_after
+
+
+class TooManyRequests(RetryLater):
+    """The caller must wait before trying again (429)."""
+
+
+class ServiceUnavailable(RetryLater):
+    """Spar cannot serve now, through no fault of the request: its database is out of
+    reach or out of connections (503)."""
 
 
 class InvalidInput(SparError):
@@ -65,3 +75,19 @@ class InvalidInput(SparError):
         self.type = type
         self.input = input
         self.ctx = ctx or {}
+
+
+def causes(exc: BaseException) -> Iterator[BaseException]:
+    """``exc`` and what caused it, through the exception groups on the way (Litestar wraps
+    errors of dependencies in them), each once: those chains can loop."""
+    seen: set[int] = set()
+    pending: list[BaseException | None] = [exc]
+    while pending:
+        current = pending.pop()
+        if current is None or id(current) in seen:
+            continue
+        seen.add(id(current))
+        yield current
+        if isinstance(current, BaseExceptionGroup):
+            pending.extend(current.exceptions)
+        pending.append(current.__cause__)

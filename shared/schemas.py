@@ -4,6 +4,9 @@ Strings are checked where they are declared: ``text()`` refuses the characters P
 and UTF-8 cannot hold.  Free-form JSON (``JsonObject``, or any type marked ``STORABLE``)
 has no declared strings, so ``Input`` walks it after decoding: the same characters are
 refused in its keys and values at any depth, and its nesting is bounded.
+
+A field marked ``SECRET`` (a password, a credential's value) is never repeated: an error
+about it, or about a value that holds it, quotes nothing of it (:func:`holds_secret`).
 """
 
 from __future__ import annotations
@@ -11,7 +14,7 @@ from __future__ import annotations
 import functools
 import re
 import types
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Annotated, Any, Self, Union, get_args, get_origin
 from zoneinfo import available_timezones
 
@@ -20,6 +23,9 @@ import msgspec
 # Characters PostgreSQL and UTF-8 can hold: no NUL, no lone surrogates.
 _STORABLE = "\\x00\\ud800-\\udfff"
 TEXT_PATTERN = f"^[^{_STORABLE}]*$"
+# Text sent in an HTTP header or query value as it is: one line (a CR or LF would end the
+# header and start another one of the caller's making), storable.
+HEADER_TEXT_PATTERN = f"^[^{_STORABLE}\\r\\n]*$"
 _UNSTORABLE = re.compile(f"[{_STORABLE}]")
 MAX_JSON_DEPTH = 32
 
@@ -29,14 +35,20 @@ def text(min_length: int = 0, max_length: int | None = None, **extra: str) -> ms
     return msgspec.Meta(min_length=min_length, max_length=max_length, pattern=TEXT_PATTERN, **extra)
 
 
-class _Storable:
-    """Marks a free-form field of an ``Input``: its value is checked by ``check_json``."""
+class _Mark:
+    """A mark on a field's type, ``Annotated[..., MARK]``, that code reads off the Struct."""
+
+    def __init__(self, name: str) -> None:
+        self._name = name
 
     def __repr__(self) -> str:
-        return "STORABLE"
+        return self._name
 
 
-STORABLE = _Storable()
+STORABLE = _Mark("STORABLE")
+"""Marks a free-form field of an ``Input``: its value is checked by ``check_json``."""
+SECRET = _Mark("SECRET")
+"""Marks a field whose value is never repeated, not even in the error that refuses it."""
 
 Name255 = Annotated[str, text(1, 255)]
 Email = Annotated[
@@ -146,17 +158,72 @@ def check_json(value: Any, path: tuple[str, ...] = ()) -> None:
                         raise _unstorable_text(key, (*at, key))
 
 
-def _is_marked(annotation: Any) -> bool:
-    if STORABLE in getattr(annotation, "__metadata__", ()):
+def _is_marked(annotation: Any, mark: _Mark) -> bool:
+    if mark in getattr(annotation, "__metadata__", ()):
         return True
     if get_origin(annotation) in (Union, types.UnionType):
-        return any(_is_marked(arg) for arg in get_args(annotation))
+        return any(_is_marked(arg, mark) for arg in get_args(annotation))
     return False
 
 
 @functools.cache
 def _free_form_fields(struct: type[msgspec.Struct]) -> tuple[str, ...]:
-    return tuple(f.name for f in msgspec.structs.fields(struct) if _is_marked(f.type))
+    return tuple(f.name for f in msgspec.structs.fields(struct) if _is_marked(f.type, STORABLE))
+
+
+def _members(annotation: Any) -> Iterator[Any]:
+    """The types a value of ``annotation`` may have: a union's members, unannotated."""
+    if get_origin(annotation) is Annotated:
+        yield from _members(get_args(annotation)[0])
+    elif get_origin(annotation) in (Union, types.UnionType):
+        for arg in get_args(annotation):
+            yield from _members(arg)
+    else:
+        yield annotation
+
+
+def _is_struct(kind: Any) -> bool:
+    return isinstance(kind, type) and issubclass(kind, msgspec.Struct)
+
+
+def _inside(annotation: Any, key: str) -> Iterator[Any]:
+    """The types of what ``key`` (a field's name, an index, a key) leads to in a value of
+    ``annotation``."""
+    for kind in _members(annotation):
+        origin, args = get_origin(kind), get_args(kind)
+        if _is_struct(kind):
+            yield from (f.type for f in msgspec.structs.fields(kind) if f.encode_name == key)
+        elif origin in (list, tuple, set, frozenset) and args:
+            yield args[0]
+        elif origin is dict and len(args) == 2:
+            yield args[1]
+
+
+def _holds_marked(annotation: Any, mark: _Mark, seen: set[Any]) -> bool:
+    if _is_marked(annotation, mark):
+        return True
+    for kind in _members(annotation):
+        if kind in seen:
+            continue
+        seen.add(kind)
+        if _is_struct(kind):
+            inner = [f.type for f in msgspec.structs.fields(kind)]
+        else:
+            inner = list(get_args(kind))
+        if any(_holds_marked(item, mark, seen) for item in inner):
+            return True
+    return False
+
+
+def holds_secret(annotation: Any, path: Sequence[str]) -> bool:
+    """Whether the value at ``path`` (field names, indexes, keys) in a body of type
+    ``annotation`` is a ``SECRET`` field's value, is inside one or holds one: a value an
+    error must not repeat."""
+    if _is_marked(annotation, SECRET):
+        return True
+    if path:
+        return any(holds_secret(inner, path[1:]) for inner in _inside(annotation, path[0]))
+    return _holds_marked(annotation, SECRET, set())
 
 
 class Input(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):

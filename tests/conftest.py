@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 from collections.abc import AsyncIterator, Iterator
 
+import httpx
 import msgspec
 import pytest
 from litestar import Litestar
@@ -22,6 +23,7 @@ from shared.db.direct import close_direct_pool
 from shared.db.migrate import upgrade
 from shared.db.models import Base
 from shared.settings import Settings
+from tests.support.live_server import LiveServer
 from tests.support.processes import admin_sql
 
 DEFAULT_TEST_DATABASE_URL = f"postgresql+psycopg://postgres@127.0.0.1:5432/spar_test_{os.getpid()}"
@@ -99,6 +101,16 @@ async def client(app: Litestar) -> AsyncIterator[AsyncTestClient]:
         yield test_client
         # Tests run the workers' code in this loop: the direct pool it opened is this loop's.
         await close_direct_pool(app.state.engine)
+
+
+@pytest.fixture
+async def live_client(settings: Settings) -> AsyncIterator[httpx.AsyncClient]:
+    """A client of the app served by uvicorn on a loopback port, for requests that must
+    meet: the test client hands the app one request at a time, so ten requests gathered
+    through it never overlap.  Same database and keys as ``client``."""
+    with LiveServer(create_app(settings)) as server:
+        async with httpx.AsyncClient(base_url=server.url, timeout=60) as http:
+            yield http
 
 
 @pytest.fixture

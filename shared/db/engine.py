@@ -1,4 +1,9 @@
-"""Async engines and sessions, made lazily inside the process and loop that uses them."""
+"""Async engines and sessions, made lazily inside the process and loop that uses them.
+
+A statement's parameters hold what requests sent (prompts, messages, payloads): an engine
+never puts them into an error's text (``hide_parameters``; see also
+:mod:`shared.db.errors`).
+"""
 
 from __future__ import annotations
 
@@ -50,6 +55,7 @@ def create_engine(settings: Settings, *, pre_ping: bool = True) -> AsyncEngine:
         connect_args={"options": POSTGRES_OPTIONS},
         pool_size=settings.db_pool_size,
         max_overflow=settings.db_pool_size,
+        hide_parameters=True,
     )
     if pre_ping:
         _ping_idle_connections(engine)

@@ -9,9 +9,9 @@ from uuid import UUID
 import msgspec
 
 from shared.identity.permissions import Permission
-from shared.schemas import Email, Input, Name255, Output, TimezoneName, text
+from shared.schemas import SECRET, Email, Input, Name255, Output, TimezoneName, text
 
-Password = Annotated[str, text(8, 128)]
+Password = Annotated[str, text(8, 128), SECRET]
 PersonName = Annotated[str, text(1, 100)]
 RoleName = Annotated[str, text(1, 100)]
 BusinessInformation = Annotated[str, text(0, 20_000)]
@@ -44,7 +44,7 @@ class RegisterBody(Input):
 
 class LoginBody(Input):
     email: Annotated[str, text(1, 320)]
-    password: Annotated[str, text(1, 128)]
+    password: Annotated[str, text(1, 128), SECRET]
 
 
 class AccessToken(Output):

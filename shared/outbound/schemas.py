@@ -8,7 +8,7 @@ from uuid import UUID
 
 import msgspec
 
-from shared.schemas import STORABLE, Input, Name255, Output, text
+from shared.schemas import HEADER_TEXT_PATTERN, SECRET, STORABLE, Input, Name255, Output, text
 
 UNSET = msgspec.UNSET
 UnsetType = msgspec.UnsetType
@@ -64,8 +64,21 @@ class AllowedDomainList(Output):
 # --- credentials ----------------------------------------------------------------------------
 
 
+# Sent in header and query values as it is, so one line: no CR, LF (or NUL).
+CredentialValue = Annotated[
+    str,
+    msgspec.Meta(
+        min_length=1,
+        max_length=65_536,
+        pattern=HEADER_TEXT_PATTERN,
+        description="Write-only: never shown, not even in an error. No CR, LF or NUL.",
+    ),
+    SECRET,
+]
+
+
 class CredentialPut(Input):
-    value: Annotated[str, text(1, 65_536)]
+    value: CredentialValue
     description: Annotated[str, text(0, 1000)] = ""
 
 

@@ -17,12 +17,12 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from uuid import UUID, uuid4
 
-from sqlalchemy import select
+from sqlalchemy import select, update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from shared.crypto import secret_box
 from shared.db.base import utcnow
-from shared.db.models import Agent, AllowedDomain, Credential, LLMProvider, Trigger
+from shared.db.models import Agent, AllowedDomain, Credential, LLMProvider, Organization, Trigger
 from shared.db.queries import flush_unique, one_in_org
 from shared.errors import Conflict, InvalidInput, NotFound
 from shared.identity.access import OrgAccess
@@ -291,8 +291,39 @@ async def list_providers(
     return await paginate(session, query, paging, LLMProvider.created_at, LLMProvider.id)
 
 
+async def _lock_outbound(session: AsyncSession, org_id: UUID) -> None:
+    """Wait for the organization's other writers of providers and agents, then hold them
+    off until this transaction ends.
+
+    At most one default judge per organization (a partial unique index says it too): a
+    provider becomes it by clearing the others in the same transaction, and two doing so
+    at once would each find none to clear.  So every write to an organization's providers
+    takes its organization row first (FOR NO KEY UPDATE: rows that merely reference the
+    organization are still inserted meanwhile), before it reads what it changes.  Agents
+    too: an agent's row holds its providers' rows (foreign keys), and the trigger of
+    migration 0008 takes the organization row after any row written, so a writer that
+    took them in the other order could deadlock with one of these."""
+    await session.execute(
+        select(Organization.id).where(Organization.id == org_id).with_for_update(key_share=True)
+    )
+
+
 async def _settle_provider(session: AsyncSession, provider: LLMProvider) -> None:
-    """Kind-specific rules, credential existence, and a single default judge per org."""
+    """Kind-specific rules, credential existence, and a single default judge per org (the
+    caller holds :func:`_lock_outbound`: the last to commit is the default)."""
+    # The others first, before this provider is flushed (the reads below would autoflush
+    # it): the unique index allows one default at any moment.
+    if provider.is_default_judge:
+        with session.no_autoflush:
+            await session.execute(
+                update(LLMProvider)
+                .where(
+                    LLMProvider.organization_id == provider.organization_id,
+                    LLMProvider.is_default_judge,
+                    LLMProvider.id != provider.id,
+                )
+                .values(is_default_judge=False)
+            )
     if provider.base_url is None:
         if provider.provider == "openai_compatible":
             raise InvalidInput(
@@ -304,21 +335,12 @@ async def _settle_provider(session: AsyncSession, provider: LLMProvider) -> None
         await _require_credentials(
             session, provider.organization_id, {provider.credential_key}, ("body", "credential_key")
         )
-    if provider.is_default_judge:
-        others = await session.scalars(
-            select(LLMProvider).where(
-                LLMProvider.organization_id == provider.organization_id,
-                LLMProvider.is_default_judge,
-                LLMProvider.id != provider.id,
-            )
-        )
-        for other in others:
-            other.is_default_judge = False
 
 
 async def create_provider(
     session: AsyncSession, *, access: OrgAccess, body: schemas.LLMProviderCreate
 ) -> LLMProvider:
+    await _lock_outbound(session, access.organization_id)
     provider = LLMProvider(
         id=uuid4(),
         organization_id=access.organization_id,
@@ -340,6 +362,7 @@ async def create_provider(
 async def update_provider(
     session: AsyncSession, *, access: OrgAccess, provider_id: UUID, body: schemas.LLMProviderUpdate
 ) -> LLMProvider:
+    await _lock_outbound(session, access.organization_id)
     provider = await get_provider(session, access=access, provider_id=provider_id)
     _apply(provider, body)
     provider.updated_at = utcnow()
@@ -349,6 +372,7 @@ async def update_provider(
 
 
 async def delete_provider(session: AsyncSession, *, access: OrgAccess, provider_id: UUID) -> None:
+    await _lock_outbound(session, access.organization_id)
     provider = await get_provider(session, access=access, provider_id=provider_id)
     users = list(
         await session.scalars(
@@ -383,27 +407,34 @@ async def list_agents(
 
 
 async def _settle_agent(session: AsyncSession, agent: Agent) -> None:
-    if agent.kind == "http":
-        if not agent.endpoint_url:
-            raise InvalidInput(("body", "endpoint_url"), "endpoint_url is required for http agents")
-        _check_url(agent.endpoint_url, ("body", "endpoint_url"))
-        agent.protocol = agent.protocol or "spar"
-    elif agent.llm_provider_id is None:
-        raise InvalidInput(
-            ("body", "llm_provider_id"), "llm_provider_id is required for llm agents"
-        )
-    # Every provider reference must be a provider of this organization, whatever the kind.
-    if agent.llm_provider_id is not None:
-        provider = await _provider_in_org(session, agent.organization_id, agent.llm_provider_id)
-        if agent.kind == "llm":
-            agent.model = agent.model or provider.default_model
-    if agent.judge_provider_id is not None:
-        await _provider_in_org(session, agent.organization_id, agent.judge_provider_id)
+    """Kind-specific rules and defaults, and providers of the agent's organization only.
+    The reads do not flush the agent's change first: a provider id that names no row is
+    answered 404 here, not met by its foreign key in PostgreSQL."""
+    with session.no_autoflush:
+        if agent.kind == "http":
+            if not agent.endpoint_url:
+                raise InvalidInput(
+                    ("body", "endpoint_url"), "endpoint_url is required for http agents"
+                )
+            _check_url(agent.endpoint_url, ("body", "endpoint_url"))
+            agent.protocol = agent.protocol or "spar"
+        elif agent.llm_provider_id is None:
+            raise InvalidInput(
+                ("body", "llm_provider_id"), "llm_provider_id is required for llm agents"
+            )
+        # Every provider reference must be a provider of this organization, whatever the kind.
+        if agent.llm_provider_id is not None:
+            provider = await _provider_in_org(session, agent.organization_id, agent.llm_provider_id)
+            if agent.kind == "llm":
+                agent.model = agent.model or provider.default_model
+        if agent.judge_provider_id is not None:
+            await _provider_in_org(session, agent.organization_id, agent.judge_provider_id)
 
 
 async def create_agent(
     session: AsyncSession, *, access: OrgAccess, body: schemas.AgentCreate
 ) -> Agent:
+    await _lock_outbound(session, access.organization_id)
     agent = Agent(organization_id=access.organization_id, **_fields(body))
     await _settle_agent(session, agent)
     session.add(agent)
@@ -414,6 +445,7 @@ async def create_agent(
 async def update_agent(
     session: AsyncSession, *, access: OrgAccess, agent_id: UUID, body: schemas.AgentUpdate
 ) -> Agent:
+    await _lock_outbound(session, access.organization_id)
     agent = await get_agent(session, access=access, agent_id=agent_id)
     _apply(agent, body)
     agent.updated_at = utcnow()
@@ -424,6 +456,7 @@ async def update_agent(
 
 async def delete_agent(session: AsyncSession, *, access: OrgAccess, agent_id: UUID) -> None:
     """Delete an agent no trigger names (409 names the triggers)."""
+    await _lock_outbound(session, access.organization_id)
     agent = await get_agent(session, access=access, agent_id=agent_id)
     triggers = list(
         await session.scalars(

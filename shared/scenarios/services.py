@@ -73,14 +73,18 @@ def _with_turns(query: Select[Any]) -> Select[Any]:
     return query.options(selectinload(Scenario.turns).selectinload(ScenarioTurn.criteria))
 
 
-async def get_scenario(session: AsyncSession, *, access: OrgAccess, scenario_id: UUID) -> Scenario:
-    scenario = await session.scalar(
-        _with_turns(
-            select(Scenario).where(
-                Scenario.id == scenario_id, Scenario.organization_id == access.organization_id
-            )
-        ).execution_options(populate_existing=True)
+async def get_scenario(
+    session: AsyncSession, *, access: OrgAccess, scenario_id: UUID, lock: bool = False
+) -> Scenario:
+    """The scenario with its turns; with ``lock``, once no other transaction changes it,
+    and none can until this one ends (FOR NO KEY UPDATE: runs that merely reference it
+    are still created meanwhile)."""
+    query = select(Scenario).where(
+        Scenario.id == scenario_id, Scenario.organization_id == access.organization_id
     )
+    if lock:
+        query = query.with_for_update(key_share=True)
+    scenario = await session.scalar(_with_turns(query).execution_options(populate_existing=True))
     if scenario is None:
         raise NotFound("scenario not found")
     return scenario
@@ -109,7 +113,9 @@ async def create_scenario(
 async def update_scenario(
     session: AsyncSession, *, access: OrgAccess, scenario_id: UUID, body: schemas.ScenarioUpdate
 ) -> Scenario:
-    scenario = await get_scenario(session, access=access, scenario_id=scenario_id)
+    # Locked: two PUTs replacing the turns at once would each delete the same old turns
+    # and insert their own at the same order_index.  One after the other, the last wins.
+    scenario = await get_scenario(session, access=access, scenario_id=scenario_id, lock=True)
     if body.name not in (schemas.UNSET, None):
         scenario.name = body.name
     if body.description is not schemas.UNSET:

@@ -243,6 +243,32 @@ async def test_empty_or_missing_value_is_422(client: AsyncTestClient, db: AsyncS
     assert await count_credentials(db) == 0
 
 
+async def test_values_with_cr_lf_or_nul_are_422_and_never_stored(
+    client: AsyncTestClient, db: AsyncSession, settings: Settings
+) -> None:
+    """A value is sent in outbound header and query values as it is: a CR or LF would end
+    the header early (``X-Injected: yes`` becomes a header of its own), a NUL cuts it."""
+    t = await tenant(client)
+    await put_ok(client, t, "k", SECRET)
+    for value in (
+        "abcdefgh-secret\r\nX-Injected: yes",
+        "line\nbreak",
+        "carriage\rreturn",
+        "nul\x00inside",
+        "\r\n",
+    ):
+        for key in ("k", "fresh"):
+            entry = single_error(await put(client, t, key, value))
+            assert entry["loc"] == ["body", "value"], entry
+            assert entry["type"] == "string_pattern_mismatch", entry
+            assert entry["input"] is None, "a credential's value is never echoed"
+    assert await count_credentials(db) == 1
+    stored = await ciphertext_of(db, t.id, "k")
+    assert secret_box(settings.secret_key).decrypt(stored) == SECRET
+    # Other characters (a tab, spaces, non-ASCII) are still values.
+    await put_ok(client, t, "tabbed", "Bearer\tsk live é")
+
+
 async def test_a_failed_replace_keeps_the_old_value(
     client: AsyncTestClient, db: AsyncSession, settings: Settings
 ) -> None:

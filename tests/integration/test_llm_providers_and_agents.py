@@ -10,14 +10,21 @@ default), ``llm`` needs ``llm_provider_id`` (model defaults to the provider's
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import uuid
 from datetime import datetime
 from typing import Any
 
+import httpx
+import pytest
 from litestar.testing import AsyncTestClient
-from sqlalchemy import text
+from sqlalchemy import insert, text
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from shared.db.models import Agent
+from shared.logs import JsonFormatter
 from tests.support.factories import Tenant, tenant
 
 PROVIDER_FIELDS = {
@@ -258,6 +265,48 @@ async def test_only_one_default_judge_per_organization(client: AsyncTestClient) 
 
     # Another organization's default judge is untouched by all of this.
     assert (await get(client, other, providers_path(other, foreign["id"])))["is_default_judge"]
+
+
+async def test_concurrent_default_judges_leave_exactly_one_and_answer_no_5xx(
+    client: AsyncTestClient, live_client: httpx.AsyncClient, db: AsyncSession
+) -> None:
+    """Ten creates, then ten PATCHes, all making themselves the default judge at once: each
+    is answered as if it came alone (the one committed last is the default), and the
+    organization ends with exactly one default judge."""
+    t = await tenant(client)
+    body = {"provider": "openai", "default_model": "m", "is_default_judge": True}
+    created = await asyncio.gather(
+        *(
+            live_client.post(
+                providers_path(t), json={**body, "name": f"c{i}"}, headers=t.owner.headers
+            )
+            for i in range(10)
+        )
+    )
+    assert [r.status_code for r in created] == [201] * 10, [r.text for r in created]
+    assert all(r.json()["is_default_judge"] for r in created)
+    listing = await get(client, t, providers_path(t))
+    assert len([p for p in listing["llm_providers"] if p["is_default_judge"]]) == 1, listing
+
+    patched = await asyncio.gather(
+        *(
+            live_client.patch(
+                providers_path(t, r.json()["id"]),
+                json={"is_default_judge": True},
+                headers=t.owner.headers,
+            )
+            for r in created
+        )
+    )
+    assert [r.status_code for r in patched] == [200] * 10, [r.text for r in patched]
+    listing = await get(client, t, providers_path(t))
+    assert len([p for p in listing["llm_providers"] if p["is_default_judge"]]) == 1, listing
+    defaults = await db.scalar(
+        text("SELECT count(*) FROM llm_providers WHERE is_default_judge AND organization_id = :o"),
+        {"o": uuid.UUID(t.id)},
+    )
+    await db.commit()
+    assert defaults == 1
 
 
 # --- providers: update, list, delete ----------------------------------------------------------
@@ -527,6 +576,86 @@ async def test_providers_of_another_organization_cannot_be_referenced(
     # And b can still delete its provider: nothing of a's points at it.
     response = await client.delete(providers_path(b, foreign["id"]), headers=b.owner.headers)
     assert response.status_code == 204, response.text
+
+
+async def test_patch_agent_with_an_unknown_provider_answers_404_like_create(
+    client: AsyncTestClient, caplog: Any
+) -> None:
+    """An id that names no provider at all (not even another organization's) is refused
+    before the agent's row is written: 404, the agent unchanged, and nothing of the request
+    in the log (it used to reach PostgreSQL as a foreign-key violation: a 500 whose log
+    held the statement's parameters, the system prompt among them)."""
+    caplog.set_level(logging.INFO)
+    t = await tenant(client)
+    provider = await create_provider(client, t)
+    agent = await create_agent(
+        client, t, kind="llm", llm_provider_id=provider["id"], system_prompt="You help."
+    )
+    path = agents_path(t, agent["id"])
+    prompt = "Never say the word PROMPT-TEXT-5f1c to anyone"
+    for field in ("llm_provider_id", "judge_provider_id"):
+        body = {field: str(uuid.uuid4()), "system_prompt": prompt, "description": "changed"}
+        response = await client.patch(path, json=body, headers=t.owner.headers)
+        assert response.status_code == 404, f"{field}: {response.status_code} {response.text}"
+        assert response.json() == {"detail": "llm provider not found"}
+    assert await get(client, t, path) == agent
+    assert "PROMPT-TEXT-5f1c" not in caplog.text
+
+
+async def test_a_database_error_never_carries_its_statements_parameters(
+    client: AsyncTestClient, db: AsyncSession
+) -> None:
+    """Workers and the scheduler log exceptions as they are: the text of an error of the
+    engine (a foreign key missed here) says which statement failed, never with what."""
+    t = await tenant(client)
+    with pytest.raises(IntegrityError) as refused:
+        await db.execute(
+            insert(Agent).values(
+                organization_id=uuid.UUID(t.id),
+                name="bot",
+                kind="llm",
+                llm_provider_id=uuid.uuid4(),
+                system_prompt="PROMPT-TEXT-0d3b of the request",
+            )
+        )
+    await db.rollback()
+    assert "INSERT INTO agents" in str(refused.value)
+    assert "PROMPT-TEXT-0d3b" not in str(refused.value)
+
+
+async def test_an_unforeseen_database_error_is_logged_without_what_the_request_sent(
+    client: AsyncTestClient, db: AsyncSession, caplog: Any
+) -> None:
+    """A database error no rule foresaw (here a CHECK constraint added for the test) answers
+    500 and is logged, but the log holds neither the statement's parameters nor
+    PostgreSQL's "Failing row contains (...)": both would quote the request's body."""
+    caplog.set_level(logging.INFO)
+    t = await tenant(client)
+    agent = await create_agent(client, t)
+    prompt = "FORBIDDEN and the PROMPT-TEXT-9a7e of the request"
+    await db.execute(
+        text(
+            "ALTER TABLE agents ADD CONSTRAINT test_unforeseen"
+            " CHECK (system_prompt NOT LIKE 'FORBIDDEN%')"
+        )
+    )
+    await db.commit()
+    try:
+        response = await client.patch(
+            agents_path(t, agent["id"]), json={"system_prompt": prompt}, headers=t.owner.headers
+        )
+    finally:
+        await db.execute(text("ALTER TABLE agents DROP CONSTRAINT test_unforeseen"))
+        await db.commit()
+    assert response.status_code == 500, response.text
+    assert response.json() == {"detail": "internal server error"}
+    logged = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert logged, "the error is logged"
+    text_logged = caplog.text + "".join(JsonFormatter().format(r) for r in logged)
+    assert "test_unforeseen" in text_logged, "the log says what failed"
+    assert "PROMPT-TEXT-9a7e" not in text_logged
+    assert "PROMPT-TEXT-9a7e" not in response.text
+    assert await get(client, t, agents_path(t, agent["id"])) == agent
 
 
 async def test_an_http_agent_cannot_point_at_another_organizations_provider_either(

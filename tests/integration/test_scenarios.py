@@ -10,11 +10,15 @@ organization's scenario is indistinguishable from a missing one.
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from datetime import datetime
 from typing import Any
 
+import httpx
 from litestar.testing import AsyncTestClient
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncSession
 
 from tests.support.factories import Tenant, create_token, tenant
 from tests.support.scenario_setup import (
@@ -272,6 +276,38 @@ async def test_put_turns_replaces_every_turn_with_new_ids(client: AsyncTestClien
     again = await get_scenario(client, t, created["id"])
     assert again == data
     assert [tr["user_message"] for tr in again["turns"]] == ["New first", "New second"]
+
+
+async def test_concurrent_puts_of_turns_each_apply_whole(
+    client: AsyncTestClient, live_client: httpx.AsyncClient, db: AsyncSession
+) -> None:
+    """Ten PUTs replacing the turns at once: every one answers 200 (they apply one after
+    the other), and the scenario ends with exactly the turns of one of them, in order."""
+    t = await tenant(client)
+    created = await create_scenario(client, t, **full_body())
+    path = scenarios_path(t, created["id"])
+    bodies = [
+        {"turns": [turn(f"put {i} turn {j}", criterion(f"c{i}.{j}")) for j in range(1 + i % 3)]}
+        for i in range(10)
+    ]
+    responses = await asyncio.gather(
+        *(live_client.put(path, json=body, headers=t.owner.headers) for body in bodies)
+    )
+    assert [r.status_code for r in responses] == [200] * 10, [r.text[:200] for r in responses]
+    for response, body in zip(responses, bodies, strict=True):
+        check_structure(response.json(), body)  # each answer is its own PUT, applied whole
+
+    final = await get_scenario(client, t, created["id"])
+    sent = [[tr["user_message"] for tr in body["turns"]] for body in bodies]
+    kept = [tr["user_message"] for tr in final["turns"]]
+    assert kept in sent, kept
+    check_structure(final, bodies[sent.index(kept)])
+    stored = await db.scalar(
+        text("SELECT count(*) FROM scenario_turns WHERE scenario_id = :s"),
+        {"s": uuid.UUID(created["id"])},
+    )
+    await db.commit()
+    assert stored == len(kept), "no turn of another PUT is left behind"
 
 
 async def test_put_other_fields_and_nulls(client: AsyncTestClient) -> None:

@@ -6,18 +6,22 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 from uuid import UUID, uuid4
 
+import msgspec
+import psycopg
 import pytest
 from litestar import Litestar
 from litestar.testing import AsyncTestClient
-from sqlalchemy import func, select, update
+from sqlalchemy import func, make_url, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 from standardwebhooks import Webhook
 
+from api.app import create_app
 from shared.db.models import Trigger, TriggerExecution
 from shared.settings import Settings
 from shared.triggers.executions import execute
@@ -29,6 +33,7 @@ from tests.support.factories import (
     tenant,
 )
 from tests.support.fakes import FakeAgent
+from tests.support.processes import admin_sql
 from tests.support.scenario_setup import outbound_setup
 
 
@@ -319,3 +324,88 @@ async def test_a_rotated_secret_signs_at_once_and_the_old_one_only_until_it_expi
     reader = await create_token(client, t.owner, t.id, ["triggers:read"])
     assert (await client.post(rotate, headers=reader.headers)).status_code == 403
     assert (await deliver(newest)).status_code == 202  # none of those changed the secret
+
+
+# --- the database out of connections -------------------------------------------------------------
+
+
+def _psycopg_url(url: str) -> str:
+    return make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
+
+
+@pytest.fixture
+def one_connection_role(database_url: str) -> Iterator[str]:
+    """The test database's URL as a role of this run's own that PostgreSQL lets hold a
+    single connection (``CONNECTION LIMIT 1``; a superuser has no limit), with the rights
+    the API needs there."""
+    role = f"spar_one_connection_{os.getpid()}"
+    admin_sql(
+        database_url,
+        f'DROP ROLE IF EXISTS "{role}"',
+        f'CREATE ROLE "{role}" LOGIN CONNECTION LIMIT 1',
+    )
+    with psycopg.connect(_psycopg_url(database_url), autocommit=True) as conn:
+        conn.execute(f'GRANT USAGE ON SCHEMA public TO "{role}"')
+        conn.execute(
+            f'GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public TO "{role}"'
+        )
+        conn.execute(f'GRANT USAGE, SELECT ON ALL SEQUENCES IN SCHEMA public TO "{role}"')
+    try:
+        yield make_url(database_url).set(username=role).render_as_string(hide_password=False)
+    finally:
+        with psycopg.connect(_psycopg_url(database_url), autocommit=True) as conn:
+            conn.execute(f'DROP OWNED BY "{role}"')
+        admin_sql(database_url, f'DROP ROLE IF EXISTS "{role}"')
+
+
+def assert_unavailable(response: Any) -> None:
+    """503 ``{"detail": str}`` with a Retry-After, and nothing of the failure inside."""
+    assert response.status_code == 503, response.text
+    assert set(response.json()) == {"detail"} and isinstance(response.json()["detail"], str)
+    assert int(response.headers["retry-after"]) > 0
+    for leak in ("Traceback", "SQL", "SELECT", "psycopg", "connection", "127.0.0.1"):
+        assert leak not in response.text, response.text
+
+
+async def test_a_delivery_while_postgresql_has_no_connection_to_give_answers_503(
+    client: AsyncTestClient,
+    settings: Settings,
+    agent: FakeAgent,
+    db: AsyncSession,
+    one_connection_role: str,
+) -> None:
+    """PostgreSQL refusing a connection (its limit reached) answers 503 with Retry-After, a
+    delivery and an authenticated request alike; once the connection is given back, a
+    delivery goes through."""
+    t = await tenant(client)
+    trigger = await webhook_trigger(client, t, agent.url)
+    starved = create_app(msgspec.structs.replace(settings, database_url=one_connection_role))
+    async with AsyncTestClient(app=starved, base_url="http://testserver.local") as other:
+        with psycopg.connect(_psycopg_url(one_connection_role)):  # the role's only connection
+            response = await other.post(
+                hook(trigger), content=BODY, headers=signed(trigger["webhook_secret"], BODY)
+            )
+            assert_unavailable(response)
+            assert_unavailable(await other.get("/v1/organizations", headers=t.owner.headers))
+        assert await executions(db) == 0
+        response = await other.post(
+            hook(trigger), content=BODY, headers=signed(trigger["webhook_secret"], BODY)
+        )
+        assert response.status_code == 202, response.text
+    assert await executions(db) == 1
+
+
+async def test_a_delivery_while_the_database_is_down_answers_503(
+    client: AsyncTestClient, settings: Settings, agent: FakeAgent
+) -> None:
+    t = await tenant(client)
+    trigger = await webhook_trigger(client, t, agent.url)
+    down = msgspec.structs.replace(
+        settings, database_url="postgresql+psycopg://postgres@127.0.0.1:1/nowhere"
+    )
+    async with AsyncTestClient(app=create_app(down), base_url="http://testserver.local") as other:
+        response = await other.post(
+            hook(trigger), content=BODY, headers=signed(trigger["webhook_secret"], BODY)
+        )
+        assert_unavailable(response)
+        assert_unavailable(await other.get("/v1/organizations", headers=t.owner.headers))

@@ -8,12 +8,27 @@ Also: authentication comes before validation, unknown routes and wrong methods a
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from litestar.testing import AsyncTestClient
+import msgspec
+import pytest
+from litestar import Litestar, put
+from litestar.params import JSONBody
+from litestar.testing import AsyncTestClient, TestClient
 
-from tests.support.factories import Tenant, create_token, tenant, unique_email
+from api.exceptions import EXCEPTION_HANDLERS
+from shared.errors import InvalidInput
+from shared.outbound.schemas import CredentialPut
+from tests.support.factories import (
+    Tenant,
+    create_token,
+    register,
+    single_validation_entry,
+    tenant,
+    unique_email,
+)
 
 ANY = object()  # the entry's value is not pinned beyond its JSON type (checked apart)
 
@@ -442,3 +457,118 @@ async def test_unknown_route_and_wrong_method(client: AsyncTestClient) -> None:
             elif not isinstance(body["detail"], str) or not body["detail"]:
                 problems.append(f"{where}: detail is not a message: {body!r}")
     assert not problems, report(problems)
+
+
+# --- secret fields: never echoed -----------------------------------------------------------------
+
+# Characters JSON, HTML and URLs each escape their own way, and some beyond ASCII.
+SECRET = 'sk-"quoted"\\back/slash+plus<&>é€𝄞-7f3a'
+
+
+def secret_forms(secret: str) -> set[str]:
+    """``secret`` as an answer could carry it: raw, JSON-escaped in ASCII or not."""
+    return {
+        secret,
+        json.dumps(secret)[1:-1],
+        json.dumps(secret, ensure_ascii=False)[1:-1],
+        msgspec.json.encode(secret).decode()[1:-1],
+    }
+
+
+def assert_not_echoed(response: Any, what: str) -> None:
+    assert response.status_code < 500, f"{what}: {response.status_code} {response.text[:300]}"
+    for form in secret_forms(SECRET):
+        assert form not in response.text, f"{what}: the secret is in the answer: {response.text}"
+    assert len(response.content) < 2_000, f"{what}: the answer grows with the input"
+
+
+def over(length: int) -> str:
+    """The secret repeated past ``length`` characters."""
+    return SECRET * (length // len(SECRET) + 1)
+
+
+# What is sent as a secret field's value.
+SECRET_VALUES: dict[str, Any] = {
+    "NUL inside": f"{SECRET}\x00{SECRET}",
+    "CR and LF inside": f"{SECRET}\r\nX-Injected: {SECRET}",
+    "an array": [SECRET],
+    "an object": {"value": SECRET},
+}
+CREDENTIAL_VALUES = {**SECRET_VALUES, "over 64 KiB": over(74_000)}
+PASSWORDS = {**SECRET_VALUES, "over 128 characters": over(128)}
+
+
+@pytest.mark.parametrize("kind", CREDENTIAL_VALUES)
+async def test_a_refused_credential_value_is_never_echoed(
+    client: AsyncTestClient, kind: str
+) -> None:
+    """74 KB of value used to come back in ``input``; now none of it does."""
+    t = await tenant(client)
+    response = await client.put(
+        f"/v1/orgs/{t.id}/credentials/k",
+        json={"value": CREDENTIAL_VALUES[kind]},
+        headers=t.owner.headers,
+    )
+    assert_not_echoed(response, kind)
+    entry = single_validation_entry(response)
+    assert (entry["loc"], entry["input"]) == (["body", "value"], None), entry
+
+
+@pytest.mark.parametrize("route", ["register", "login"])
+@pytest.mark.parametrize("kind", PASSWORDS)
+async def test_a_refused_password_is_never_echoed(
+    client: AsyncTestClient, route: str, kind: str
+) -> None:
+    email = unique_email()
+    if route == "login":
+        await register(client, email)
+    body = {"email": email, "password": PASSWORDS[kind]}
+    if route == "register":
+        body |= {"first_name": "A", "last_name": "B"}
+    response = await client.post(f"/v1/auth/{route}", json=body)
+    assert_not_echoed(response, f"{route}, {kind}")
+    if kind != "CR and LF inside":  # a password may hold them
+        entry = single_validation_entry(response)
+        assert (entry["loc"], entry["input"]) == (["body", "password"], None), entry
+
+
+WHOLE_BODIES = {
+    "a JSON array": json.dumps([{"password": SECRET}]).encode(),
+    "a JSON string": json.dumps(SECRET).encode(),
+    "truncated JSON": f'{{"email": "a@example.com", "password": "{SECRET}'.encode(),
+    "a lone surrogate": f'{{"email": "a@example.com", "password": "{SECRET}\\ud800"}}'.encode(),
+    "invalid UTF-8": f'{{"email": "a@example.com", "password": "{SECRET}'.encode() + b'\xff"}',
+}
+
+
+@pytest.mark.parametrize("route", ["register", "login"])
+@pytest.mark.parametrize("kind", WHOLE_BODIES)
+async def test_a_body_holding_a_password_is_never_echoed_whole(
+    client: AsyncTestClient, route: str, kind: str
+) -> None:
+    """Refused as a whole (``loc`` ["body"]), a body that holds a secret field is not
+    echoed either: not the decoded body, not a decoder's message about it."""
+    response = await client.post(
+        f"/v1/auth/{route}",
+        content=WHOLE_BODIES[kind],
+        headers={"Content-Type": "application/json"},
+    )
+    assert_not_echoed(response, kind)
+    entry = single_validation_entry(response)
+    assert (entry["loc"], entry["input"]) == (["body"], None), entry
+
+
+def test_a_service_refusing_a_secret_field_cannot_echo_it() -> None:
+    """Whatever builds the 422 (here a service's InvalidInput that quotes the value in its
+    message and its input), a secret field's value stays out of it."""
+
+    @put("/credential", sync_to_thread=False)
+    def refuse(data: JSONBody[CredentialPut]) -> None:
+        raise InvalidInput(("body", "value"), f"refused {data.value!r}", input=data.value)
+
+    app = Litestar([refuse], exception_handlers=EXCEPTION_HANDLERS)  # type: ignore[arg-type]
+    with TestClient(app) as test_client:
+        response = test_client.put("/credential", json={"value": SECRET})
+    assert_not_echoed(response, "InvalidInput")
+    entry = single_validation_entry(response)
+    assert (entry["loc"], entry["input"]) == (["body", "value"], None), entry
