@@ -58,7 +58,7 @@ from sqlalchemy.types import Uuid
 
 from shared.db.base import NOW, UTCDateTime, utcnow
 from shared.db.direct import Statement, direct_pool
-from shared.db.engine import DATABASE_AWAY
+from shared.db.errors import database_unavailable
 from shared.db.models import Calibration, KnowledgeDocument, ScenarioRun, TriggerExecution
 from shared.metrics import WORK_GIVEN_UP
 from shared.settings import Settings
@@ -246,17 +246,18 @@ async def _release(work: Work, engine: AsyncEngine, unit_id: UUID) -> None:
 
 
 async def persist(write: Callable[[], Awaitable[T]], *, within_s: float = PERSIST_WITHIN_S) -> T:
-    """``write()``, tried again while the database is away (:data:`DATABASE_AWAY`) for up
-    to ``within_s``: for the writes that record what an outbound call brought back (a
-    turn, an execution's reply, a calibration's verdicts), so that a database restart or a
-    moment without a free connection never makes a redelivery call the agent again."""
+    """``write()``, tried again while the database is away
+    (:func:`shared.db.errors.database_unavailable`) for up to ``within_s``.  For the
+    writes that record what an outbound call brought back (a turn, an execution's reply, a
+    calibration's verdicts): a database restart, or a moment without a free connection,
+    never makes a redelivery call the agent again."""
     deadline = time.monotonic() + within_s
     delay = 0.2
     while True:
         try:
             return await write()
-        except DATABASE_AWAY:
-            if time.monotonic() + delay > deadline:
+        except Exception as exc:
+            if not database_unavailable(exc) or time.monotonic() + delay > deadline:
                 raise
             log.warning("the database is away: writing again in %.1f s", delay, exc_info=True)
             await asyncio.sleep(delay)

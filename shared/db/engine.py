@@ -12,10 +12,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 import msgspec
-import psycopg
-import psycopg_pool
 from sqlalchemy import event
-from sqlalchemy import exc as sa_exc
 from sqlalchemy.exc import DisconnectionError
 from sqlalchemy.ext.asyncio import (
     AsyncEngine,
@@ -26,17 +23,6 @@ from sqlalchemy.ext.asyncio import (
 
 from shared.db.direct import POSTGRES_OPTIONS, close_direct_pool, json_text
 from shared.settings import Settings
-
-# The database is away, or has no connection to spare (a restart, a network cut, every
-# connection slot taken): the statement itself was fine, and will be once it is back.
-DATABASE_AWAY: tuple[type[Exception], ...] = (
-    sa_exc.OperationalError,
-    sa_exc.InterfaceError,
-    sa_exc.TimeoutError,  # no connection free in the engine's pool
-    psycopg.OperationalError,
-    psycopg.InterfaceError,
-    psycopg_pool.PoolTimeout,
-)
 
 # JSON columns (snapshots, cost summaries, results) are written on every turn: msgspec is
 # several times faster than the standard library at both ends.

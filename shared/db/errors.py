@@ -31,6 +31,8 @@ def database_unavailable(exc: BaseException) -> bool:
             return True
         if isinstance(cause, DBAPIError) and cause.connection_invalidated:
             return True
+        if isinstance(cause, psycopg.InterfaceError):  # a connection that was closed under it
+            return True
         if isinstance(cause, psycopg.OperationalError):
             # No SQLSTATE: failed on the client side (refused, lost, a pool's timeout).
             state = cause.sqlstate
