@@ -4,15 +4,18 @@ Egress injects an organization's credentials into outbound calls (an allowed dom
 header and query values, a provider's API key).  A careless agent or judge that tells back
 what it received would put them into replies, critiques, evidence and error messages: Spar
 stores and shows those to a VIEWER.  Against loopback fakes that echo their headers and
-query string (raw, JSON-escaped, URL-encoded and base64), runs go through the real engine,
-then the whole database (``pg_dump``), every read route a VIEWER has and the logs are
-searched for each secret in each of those forms.
+query string (raw, JSON-escaped, URL-encoded, HTML-escaped and base64), runs go through the
+real engine, then the whole database (``pg_dump``), every read route a VIEWER has and the
+logs are searched for each secret in each of those forms.  A credential made of every
+character an encoder treats apart, echoed as base64 of the headers' JSON and HTML-escaped,
+is searched for in the run the API and the UI show (issue 21).
 """
 
 from __future__ import annotations
 
 import asyncio
 import base64
+import html
 import json
 import logging
 import subprocess
@@ -20,6 +23,7 @@ from collections.abc import Iterator
 from urllib.parse import quote, quote_plus
 from uuid import UUID
 
+import markupsafe
 import pytest
 from litestar import Litestar
 from litestar.testing import AsyncTestClient
@@ -27,10 +31,11 @@ from sqlalchemy import make_url
 
 from shared.batches.services import dispatch_committed
 from shared.outbound.egress import DomainRule, EgressPolicy
+from shared.outbound.redact import PLACEHOLDER
 from shared.scenarios.runner import execute_run
 from shared.settings import Settings
 from tests.support.factories import Caller, Tenant, tenant
-from tests.support.fakes import FakeEchoAgent, FakeEchoJudge
+from tests.support.fakes import FakeEchoAgent, FakeEchoJudge, echo_of_request
 from tests.support.scenario_setup import (
     allow_domain,
     create_http_agent,
@@ -284,3 +289,80 @@ async def test_every_form_of_every_credential_is_redacted_but_short_values_only_
     assert policy.redact("pin: pin42, spin42x, pin420") == "pin: [redacted], spin42x, pin420"
     # A secret the call itself sent (a provider's key) is redacted though no credential holds it.
     assert policy.redact("key sk-provider-key-123", "sk-provider-key-123") == "key [redacted]"
+
+
+# Quotes, a backslash, a slash, a plus, <&> and non-ASCII; "Tr1ckyS3cret" is in each of its
+# textual forms.
+TRICKY = 'Tr1ckyS3cret+Agent/Key="<&>"\\pässwörd€'
+
+
+def tricky_forms() -> list[str]:
+    """TRICKY as an echo, the API's JSON or a page could show it: as is and as a Python
+    server reads a header (UTF-8 as Latin-1); URL-encoded; JSON-escaped once and twice;
+    HTML-escaped as html.escape and the UI's markupsafe write it; and base64 of each."""
+    as_latin1 = TRICKY.encode().decode("latin-1")
+    texts = {"Tr1ckyS3cret", quote(TRICKY, safe=""), quote(TRICKY), quote_plus(TRICKY)}
+    for text in (TRICKY, as_latin1):
+        for ensure_ascii in (True, False):
+            once = json.dumps(text, ensure_ascii=ensure_ascii)[1:-1]
+            texts |= {text, once, json.dumps(once, ensure_ascii=ensure_ascii)[1:-1]}
+        for escaped in list(texts):
+            texts |= {html.escape(escaped), str(markupsafe.escape(escaped))}
+    return sorted(texts | {core for text in texts for core in base64_forms(text)})
+
+
+TRICKY_FORMS = tricky_forms()
+
+
+def tricky_leaks(text: str) -> list[str]:
+    return [form for form in TRICKY_FORMS if form in text]
+
+
+async def test_a_credential_echoed_as_base64_of_json_and_as_html_is_redacted_in_api_and_ui(
+    client: AsyncTestClient, app: Litestar, settings: Settings, echo_agent: FakeEchoAgent
+) -> None:
+    t = await tenant(client)
+    response = await client.put(
+        f"/v1/orgs/{t.id}/credentials/tricky", json={"value": TRICKY}, headers=t.owner.headers
+    )
+    assert response.status_code == 201, response.text
+    await allow_domain(client, t, headers={"X-Agent-Token": "{{credentials.tricky}}"})
+    agent = await create_http_agent(client, t, echo_agent.url)
+    scenario = await create_scenario(
+        client, t, turns=[turn("What did you get?", criterion("x-agent-token: .*", "regex"))]
+    )
+
+    run = await start_run(client, t, scenario["id"], agent["id"])
+    await execute_run(app.state.session_factory, settings, UUID(run["id"]))
+
+    # The credential went out (as UTF-8, which this Python server reads as Latin-1), and the
+    # agent told it back in each form: the test sees what it looks for.
+    request = echo_agent.requests[0]
+    assert request.header("x-agent-token", "").encode("latin-1").decode() == TRICKY
+    told = echo_of_request(request, echo_agent.known).splitlines()
+    in_base64 = [line for line in told if line.startswith("headers as base64 of JSON: ")]
+    in_html = [line for line in told if line.startswith("x-agent-token: ") and "&quot;" in line]
+    assert len(in_base64) == 2 and len(in_html) == 2
+    assert all(tricky_leaks(line) for line in in_base64 + in_html)
+
+    # What Spar kept is that echo with the credential replaced in each of those lines.
+    final = await get_run(client, t, run["id"])
+    assert final["status"] == "passed", final
+    kept = final["turn_results"][0]["response_content"].splitlines()
+    assert len(kept) == len(told)
+    assert kept.count("x-agent-token: [redacted]") == 3  # as is, and in both HTML echoes
+    kept_base64 = [line for line in kept if line.startswith("headers as base64 of JSON: ")]
+    assert len(kept_base64) == 2 and all(PLACEHOLDER in line for line in kept_base64)
+
+    runs = f"/v1/orgs/{t.id}/scenarios/runs"
+    shown = [
+        await client.get(f"{runs}/{run['id']}", headers=t.owner.headers),
+        await client.get(runs, headers=t.owner.headers),
+        await client.get(
+            f"/ui/orgs/{t.id}/runs/{run['id']}",
+            headers={"Cookie": f"spar_ui_token={t.owner.token}"},
+        ),
+    ]
+    assert [r.status_code for r in shown] == [200, 200, 200]
+    assert PLACEHOLDER in shown[-1].text  # the page shows the reply
+    assert [tricky_leaks(r.text) for r in shown] == [[], [], []]

@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import html
 import ipaddress
 import itertools
 import json
@@ -471,7 +472,10 @@ class FakeAgent(FakeServer):
 def echo_of_request(request: RecordedRequest, known: tuple[str, ...] = ()) -> str:
     """What a careless service that tells back everything it was sent would say: its
     headers as received (plain and as JSON), its query string raw and decoded, each header
-    value base64-encoded, and ``known`` strings it learnt some other way."""
+    value base64-encoded, the base64 of the headers' JSON and the headers HTML-escaped (both
+    also read as UTF-8, as a Go server reads them, where this Python server reads Latin-1),
+    and ``known`` strings it learnt some other way."""
+    as_utf8 = {name: _as_utf8(value) for name, value in request.headers.items()}
     lines = [f"{name}: {value}" for name, value in request.headers.items()]
     lines.append(f"query: {request.raw_query}")
     lines.append(
@@ -487,8 +491,18 @@ def echo_of_request(request: RecordedRequest, known: tuple[str, ...] = ()) -> st
             }
         )
     )
+    for headers in (request.headers, as_utf8):
+        document = json.dumps(headers, ensure_ascii=False).encode()
+        lines.append(f"headers as base64 of JSON: {base64.b64encode(document).decode()}")
+        lines.extend(html.escape(f"{name}: {value}") for name, value in headers.items())
     lines.extend(known)
     return "\n".join(lines)
+
+
+def _as_utf8(header: str) -> str:
+    """A header value as received (its bytes as Latin-1, as http.server decodes them), read
+    as UTF-8 instead."""
+    return header.encode("latin-1").decode("utf-8", "replace")
 
 
 class FakeEchoAgent(FakeServer):
