@@ -58,7 +58,7 @@ from sqlalchemy.types import Uuid
 
 from shared.db.base import NOW, UTCDateTime, utcnow
 from shared.db.direct import Statement, direct_pool
-from shared.db.errors import database_unavailable
+from shared.db.errors import database_unavailable, describe_database_error
 from shared.db.models import Calibration, KnowledgeDocument, ScenarioRun, TriggerExecution
 from shared.metrics import WORK_GIVEN_UP
 from shared.settings import Settings
@@ -221,14 +221,25 @@ async def perform(
         raise
     except Exception as exc:
         why = reason(exc)
-        if attempts >= work.max_deliveries:
-            log.exception("%s %s failed on its last delivery: giving up", work.kind, unit_id)
+        last = attempts >= work.max_deliveries
+        _log_failure(work, unit_id, attempts, "giving up" if last else "to be retried", exc)
+        if last:
             return await _given_up(work, give_up, f"error: {why} (after {attempts} deliveries)")
-        log.exception("%s %s failed (delivery %d): to be retried", work.kind, unit_id, attempts)
         await _release(work, engine, unit_id)
         raise
     finally:
         beats.discard(work, unit_id)
+
+
+def _log_failure(work: Work, unit_id: UUID, attempts: int, then: str, exc: Exception) -> None:
+    """The failure with its traceback; a database error only described (its text can
+    quote the values it refused: what an agent said, what a request sent)."""
+    described = describe_database_error(exc)
+    message = "%s %s failed (delivery %d): %s"
+    if described is None:
+        log.error(message, work.kind, unit_id, attempts, then, exc_info=exc)
+    else:
+        log.error(message + ": %s", work.kind, unit_id, attempts, then, described)
 
 
 async def _given_up(work: Work, give_up: Callable[[str], Awaitable[T]], why: str) -> T:

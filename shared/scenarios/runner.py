@@ -3,7 +3,10 @@
 Every state change is guarded in SQL (:mod:`shared.scenarios.store`), so a redelivered
 message changes nothing twice:
 
-* claiming moves ``pending`` to ``running`` (a terminal run is left alone);
+* claiming moves ``pending`` (or ``running`` with a dead heartbeat) to ``running`` and
+  counts the delivery (:mod:`shared.work`: the heartbeat while it plays, the end in error
+  of a run whose deliveries ran out); a terminal run, or one a live worker plays, is left
+  alone;
 * each finished turn is committed with its criterion results and the run's cost, all or
   nothing, before the next turn starts; ``(run_id, turn_index)`` is unique, so a
   duplicate execution cannot write a turn twice;
@@ -11,6 +14,10 @@ message changes nothing twice:
   the conversation from what was stored;
 * finishing only moves a ``pending`` or ``running`` run to a terminal state, never back,
   and counts it in its batch, whose next run takes its place, in the same commit.
+
+The user message is rendered in a renderer process (:mod:`shared.scenarios.sandbox`);
+deterministic checks read the agent's reply as it was sent, the judge and the store the
+reply redacted.
 """
 
 from __future__ import annotations

@@ -13,7 +13,8 @@ released the moment it ends — the batch row, which every run of a batch writes
 held across a round trip to a busy worker.
 
 Every change is guarded in SQL, so a redelivered message changes nothing twice: a claim
-only takes a run that is not terminal, a turn is written only while the run is
+only takes a run that is pending, or running with a dead heartbeat (:mod:`shared.work`),
+and counts the delivery; a turn is written only while the run is
 ``running`` and once per ``(run, turn_index)``, an end only moves a ``pending`` or
 ``running`` run.  No parameter is named after a column: Core would add it to an
 UPDATE's SET clause.

@@ -15,6 +15,8 @@ import os
 import signal
 import time
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -133,6 +135,29 @@ def assert_exact(final: dict[str, Any]) -> None:
         ), run
 
 
+@contextmanager
+def spar(variables: dict[str, str], directory: Path, workers: int) -> Iterator[tuple[str, list]]:
+    """``spar serve``, ``spar scheduler`` and ``workers`` workers: the API's URL and the
+    worker processes."""
+    port = free_port()
+    api = f"http://127.0.0.1:{port}"
+    with ExitStack() as stack:
+        stack.enter_context(
+            spar_process(
+                ["serve", "--host", "127.0.0.1", "--port", str(port)],
+                variables,
+                cwd=directory,
+                health_url=f"{api}/health/live",
+            )
+        )
+        stack.enter_context(spar_process(["scheduler"], variables, cwd=directory))
+        started = [
+            stack.enter_context(spar_process(WORKER, variables, cwd=directory))
+            for _ in range(workers)
+        ]
+        yield api, started
+
+
 def in_flight(state: dict[str, Any]) -> int:
     return sum(1 for r in state["runs"] if r["status"] == "running")
 
@@ -143,19 +168,7 @@ async def test_a_worker_killed_mid_batch_has_its_runs_terminal_within_a_minute(
     with RestartableRedis() as redis_server, FakeAgent(reply=slow_echo) as agent:
         t, agent_id = await suite(client, agent.url)
         variables = env(database_url, settings, redis_server.url)
-        port = free_port()
-        api = f"http://127.0.0.1:{port}"
-        with (
-            spar_process(
-                ["serve", "--host", "127.0.0.1", "--port", str(port)],
-                variables,
-                cwd=tmp_path,
-                health_url=f"{api}/health/live",
-            ),
-            spar_process(["scheduler"], variables, cwd=tmp_path),
-            spar_process(WORKER, variables, cwd=tmp_path) as doomed,
-            spar_process(WORKER, variables, cwd=tmp_path),
-        ):
+        with spar(variables, tmp_path, workers=2) as (api, (doomed, _)):
             batch = Batch(api, t, agent_id)
             # Kill one worker once the batch is well under way and runs are in flight.
             before = batch.wait_until(
@@ -186,18 +199,7 @@ async def test_a_redis_restart_mid_batch_has_every_run_terminal_within_a_minute(
     with RestartableRedis() as redis_server, FakeAgent(reply=slow_echo) as agent:
         t, agent_id = await suite(client, agent.url)
         variables = env(database_url, settings, redis_server.url)
-        port = free_port()
-        api = f"http://127.0.0.1:{port}"
-        with (
-            spar_process(
-                ["serve", "--host", "127.0.0.1", "--port", str(port)],
-                variables,
-                cwd=tmp_path,
-                health_url=f"{api}/health/live",
-            ),
-            spar_process(["scheduler"], variables, cwd=tmp_path),
-            spar_process(WORKER, variables, cwd=tmp_path),
-        ):
+        with spar(variables, tmp_path, workers=1) as (api, _):
             batch = Batch(api, t, agent_id)
             before = batch.wait_until(
                 lambda s: s["completed_scenarios"] >= SCENARIOS // 4,

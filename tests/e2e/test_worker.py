@@ -185,6 +185,8 @@ async def test_a_worker_killed_mid_run_is_resumed_by_the_next(
     client, db, app, worker_env, tmp_path: Path
 ):
     worker_args = ["worker", "--processes", "1", "--threads", "2", "--queues", "runs"]
+    # The dead worker's heartbeat must go stale before another may take its run: 3 s here.
+    worker_env = {**worker_env, "SPAR_RUN_HEARTBEAT_TIMEOUT_S": "3"}
     with (
         FakeAgent(reply=lambda body: (time.sleep(0.6), f"ok {body['message']}")[1]) as agent,
         FakeOpenAI(reply=VERDICT) as judge,
@@ -208,8 +210,10 @@ async def test_a_worker_killed_mid_run_is_resumed_by_the_next(
         assert 1 <= committed < 4
         with spar_process(worker_args, worker_env, cwd=tmp_path):
             # The killed worker never acknowledged the message: the broker hands it out again
-            # after its heartbeat times out, and the scheduler's sweeper re-enqueues stuck
-            # runs.  Either way it is the same message again: send it as they would.
+            # after its heartbeat times out, and the scheduler's sweeper re-enqueues a run
+            # whose heartbeat stopped.  Either way it is the same message again, once the
+            # heartbeat is stale: send it as they would.
+            await asyncio.sleep(3.5)
             send(get_broker(worker_env["SPAR_REDIS_URL"]), RUN_SCENARIO, run_id)
             run = await _poll(
                 client, t, run_id, until=lambda r: r["status"] in {"passed", "failed", "error"}

@@ -349,6 +349,17 @@ async def deliver(app: Litestar, settings: Settings, kind: str, unit_id: str) ->
         await judge_examples(factory, settings, unit)
 
 
+async def set_running(db: AsyncSession, kind: str, unit_id: str, **values: Any) -> None:
+    """Put the unit in its running status, with ``values`` (columns) set too."""
+    work, model = KINDS[kind]
+    await db.execute(
+        update(model)
+        .where(model.id == UUID(unit_id))
+        .values({work.status_column: work.running, **values})
+    )
+    await db.commit()
+
+
 async def unit_state(db: AsyncSession, kind: str, unit_id: str) -> tuple[str, str | None, int]:
     work, model = KINDS[kind]
     error_column = {
@@ -384,19 +395,10 @@ async def test_every_kind_of_unit_whose_workers_kept_dying_ends_in_error(
     units = await _waiting_unit_of_each_kind(client, impatient, t, agent, judge)
     long_ago = utcnow() - timedelta(hours=1)
     for kind, unit_id in units.items():
-        work, model = KINDS[kind]
-        await db.execute(
-            update(model)
-            .where(model.id == UUID(unit_id))
-            .values(
-                {
-                    work.status_column: work.running,
-                    work.attempts_column: work.max_deliveries,
-                    "heartbeat_at": long_ago,
-                }
-            )
+        work = KINDS[kind][0]
+        await set_running(
+            db, kind, unit_id, heartbeat_at=long_ago, **{work.attempts_column: work.max_deliveries}
         )
-    await db.commit()
     for kind, unit_id in units.items():
         await deliver(app, settings, kind, unit_id)
         work, _ = KINDS[kind]
@@ -426,15 +428,7 @@ async def test_a_unit_with_a_live_heartbeat_is_neither_claimed_again_nor_resent(
     long_ago = utcnow() - timedelta(hours=1)
     for beat, stale in ((utcnow(), False), (long_ago, True)):
         for kind, unit_id in units.items():
-            work, model = KINDS[kind]
-            await db.execute(
-                update(model)
-                .where(model.id == UUID(unit_id))
-                .values(
-                    {work.status_column: work.running, "heartbeat_at": beat, "updated_at": long_ago}
-                )
-            )
-        await db.commit()
+            await set_running(db, kind, unit_id, heartbeat_at=beat, updated_at=long_ago)
         broker = stub_broker()
         await sweep(app.state.session_factory, broker, settings)
         sent = {
