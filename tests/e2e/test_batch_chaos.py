@@ -5,9 +5,11 @@ a client follows the batch's progress stream from a real ``spar serve``.
 The batch must still complete with every run terminal, exact counters (equal to what
 the runs themselves say, and to what the scenarios were built to produce), the window
 never exceeded, and no turn or criterion result written twice.  Recovery comes from
-Dramatiq's at-least-once delivery and the scheduler's sweeper (``SPAR_RUN_STALL_S=3``,
-``SPAR_SWEEP_INTERVAL_S=1``), which re-sends runs the dead worker held and refills the
-window if the worker died between a run's end and its refill.  The stream must report
+Dramatiq's at-least-once delivery and the scheduler's sweeper
+(``SPAR_RUN_HEARTBEAT_TIMEOUT_S=3``, ``SPAR_RUN_STALL_S=3``, ``SPAR_SWEEP_INTERVAL_S=1``),
+which re-sends runs the dead worker held and refills the window if the worker died
+between a run's end and its refill.  (``tests/e2e/test_recovery.py`` measures the same
+recovery with the default settings.)  The stream must report
 every run once, counts that only grow, and end with the final counts.
 """
 
@@ -132,6 +134,7 @@ def chaos_env(database_url: str, settings: Any) -> dict[str, str]:
         "SPAR_LOG_LEVEL": "WARNING",
         "SPAR_SWEEP_INTERVAL_S": "1",
         "SPAR_RUN_STALL_S": "3",
+        "SPAR_RUN_HEARTBEAT_TIMEOUT_S": "3",
     }
 
 
