@@ -315,18 +315,19 @@ async def test_a_batch_survives_a_worker_killed_mid_batch(
                 worker_a.wait()
                 at_kill = state["completed_scenarios"]
                 held |= held_runs(r, worker_a_id)
-                stranded = set(
-                    map(
-                        str,
-                        await db.scalars(
-                            select(ScenarioRun.id).where(
-                                ScenarioRun.id.in_([UUID(run_id) for run_id in held]),
-                                ScenarioRun.status.in_(("pending", "running")),
-                            )
-                        ),
+                unfinished = (
+                    await db.execute(
+                        select(ScenarioRun.id, ScenarioRun.status).where(
+                            ScenarioRun.id.in_([UUID(run_id) for run_id in held]),
+                            ScenarioRun.status.in_(("pending", "running")),
+                        )
                     )
-                )
+                ).all()
                 await db.commit()
+                stranded = {str(run_id) for run_id, _ in unfinished}
+                # Those A was playing: another worker must take each over once A's heartbeat
+                # on it is stale (the broker gives A's messages back, or the sweeper re-sends).
+                taken_over = {run_id for run_id, status in unfinished if status == "running"}
                 assert at_kill < SCENARIOS, "the batch ended before the kill: make it longer"
                 assert len(seen) == 2, "worker B never took a run"
 
@@ -349,17 +350,29 @@ async def test_a_batch_survives_a_worker_killed_mid_batch(
                     await asyncio.to_thread(progress.join, 30)
 
     elapsed = time.monotonic() - started
-    # The recovery path was taken: the sweeper re-sent the runs the dead worker held.
+    # The recovery path was taken: each run A was playing was claimed again by another
+    # worker, whichever came first: the broker giving back A's unacknowledged messages, or
+    # the sweeper re-sending runs whose heartbeat stopped.
     resent = sweeper_resent(tmp_path)
+    claims = dict(
+        (
+            await db.execute(
+                select(ScenarioRun.id, ScenarioRun.attempts).where(ScenarioRun.id.in_(taken_over))
+            )
+        ).all()
+    )
+    await db.commit()
     print(
         f"\nchaos: {SCENARIOS} runs; worker A killed at {at_kill} completed holding "
         f"{len(held)} runs messages ({len(stranded)} runs unfinished); done in {elapsed:.1f}s; "
         f"agent calls {len(agent.requests)} (ideal {2 * SCENARIOS - SCENARIOS // 20}), judge "
         f"calls {len(judge.requests)}; most runs at the agent at once {agent.max_runs_at_once}; "
-        f"most in flight {max(samples)}; runs re-sent by the sweeper {resent}"
+        f"most in flight {max(samples)}; runs re-sent by the sweeper {resent}; runs A was "
+        f"playing, taken over {len(claims)}"
     )
     assert stranded, "worker A held no unfinished run when killed: the kill tested nothing"
-    assert resent >= 1, f"the sweeper re-sent nothing after the kill\n{logs(tmp_path)}"
+    assert claims, "worker A was playing no run when killed: the kill tested nothing"
+    assert all(attempts >= 2 for attempts in claims.values()), claims
 
     # The batch completed, every run terminal, as each scenario was built to end.
     assert final["status"] == "completed", {k: v for k, v in final.items() if k != "runs"}
