@@ -469,11 +469,12 @@ async def test_a_slow_agent_call_keeps_its_run_alive_with_heartbeats(
     client: AsyncTestClient, app: Litestar, settings: Settings, db: AsyncSession
 ) -> None:
     """The heartbeat beats on its own, whatever the run waits on: an agent answering after
-    three seconds keeps its run's heartbeat fresh, and the sweeper leaves it alone."""
-    quick = msgspec.structs.replace(settings, run_heartbeat_timeout_s=1.5)
+    four seconds, longer than the heartbeat timeout, keeps its run's heartbeat fresh, and
+    the sweeper leaves it alone."""
+    quick = msgspec.structs.replace(settings, run_heartbeat_timeout_s=3.0)  # a beat each 0.5 s
 
     def slow(body: dict[str, Any]) -> str:
-        time.sleep(3.0)
+        time.sleep(4.0)
         return "done"
 
     with FakeAgent(reply=slow) as agent:
@@ -494,7 +495,7 @@ async def test_a_slow_agent_call_keeps_its_run_alive_with_heartbeats(
             await sweep(app.state.session_factory, broker, quick)
             await asyncio.sleep(0.25)
         await task
-    assert len(beats) >= 4, f"the heartbeat was stamped {len(beats)} times in 3 s"
+    assert len(beats) >= 4, f"the heartbeat was stamped {len(beats)} times in 4 s"
     assert _drain(broker, "runs") == [], "the sweeper re-sent a run whose heartbeat was alive"
     assert (await get_run(client, t, run["id"]))["status"] == "passed"
 
