@@ -325,20 +325,6 @@ class Redactor:
             "utf-8", "surrogateescape"
         )
 
-    def value(self, value: Any) -> Any:
-        """A decoded JSON value with every string in it (keys too) redacted."""
-        if self._pattern is None:
-            return value
-        if isinstance(value, str):
-            return self.text(value)
-        if isinstance(value, dict):
-            return {
-                (self.text(k) if isinstance(k, str) else k): self.value(v) for k, v in value.items()
-            }
-        if isinstance(value, list):
-            return [self.value(v) for v in value]
-        return value
-
     def _base64_run(self, match: re.Match[str]) -> str:
         """A run of base64 characters with those holding a secret's bits replaced."""
         run = match.group()

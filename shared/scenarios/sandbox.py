@@ -94,6 +94,7 @@ class _Child:
 
     def __init__(self, process: asyncio.subprocess.Process) -> None:
         self.process = process
+        self.killed = False
 
     @property
     def pid(self) -> int:
@@ -127,9 +128,11 @@ class _Child:
 
     @property
     def alive(self) -> bool:
-        return self.process.returncode is None
+        # Killed: gone, even before its exit is reaped (returncode still None until then).
+        return not self.killed and self.process.returncode is None
 
     def kill(self) -> None:
+        self.killed = True
         with suppress(ProcessLookupError):
             self.process.kill()
 

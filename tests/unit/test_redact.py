@@ -25,6 +25,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from jinja2.utils import htmlsafe_json_dumps
 
+from shared.outbound.egress import EgressResponse
 from shared.outbound.redact import PLACEHOLDER, Redactor
 
 SECRETS = [
@@ -185,12 +186,20 @@ def test_a_short_value_is_redacted_only_as_a_whole_token_and_never_in_base64() -
     assert redactor.text(encoded) == encoded
 
 
-def test_json_values_and_bytes_are_redacted_like_text() -> None:
+def test_json_answers_and_bytes_are_redacted_like_text() -> None:
     secret = SECRETS[0]
     value = {f"key {secret}": [secret, 1, None, {"nested": f"<{secret}>"}]}
-    assert REDACTOR.value(value) == {
-        "key [redacted]": ["[redacted]", 1, None, {"nested": "<[redacted]>"}]
-    }
+    answer = EgressResponse(
+        status_code=200,
+        headers={},
+        raw=json.dumps(value).encode(),
+        url="http://agent.example/",
+        latency_ms=0.0,
+        attempts=1,
+        redactor=REDACTOR,
+    )
+    assert answer.json() == {"key [redacted]": ["[redacted]", 1, None, {"nested": "<[redacted]>"}]}
+    assert answer.json_as_received() == value  # only for checks: never kept
     # Bytes that are not UTF-8 pass through untouched around the secret.
     assert REDACTOR.bytes(b"\xff " + secret.encode() + b" \xfe") == b"\xff [redacted] \xfe"
 
