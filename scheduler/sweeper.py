@@ -28,15 +28,12 @@ import dramatiq
 from dramatiq.brokers.redis import RedisBroker
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from shared import work
 from shared.batches import window
-from shared.calibration import services as calibration
-from shared.knowledge import processing
 from shared.metrics import SWEEPER_RESENT
 from shared.queue import CALIBRATE, PROCESS_DOCUMENT, RUN_SCENARIO, RUN_TRIGGER, send
 from shared.runtime import provide_session
-from shared.scenarios import store
 from shared.settings import Settings
-from shared.triggers import firing
 
 log = logging.getLogger("spar.sweeper")
 MAX_PER_PASS = 1000
@@ -60,53 +57,44 @@ def mark_broker(broker: dramatiq.Broker) -> None:
         broker.client.set(BROKER_MARK, uuid.uuid4().hex)
 
 
+# Each kind of unit, the actor its message goes to, and its label in the metric and log.
+UNITS: tuple[tuple[work.Work, tuple[str, str], str], ...] = (
+    (work.RUNS, RUN_SCENARIO, "runs"),
+    (work.TRIGGER_EXECUTIONS, RUN_TRIGGER, "trigger_executions"),
+    (work.DOCUMENTS, PROCESS_DOCUMENT, "documents"),
+    (work.CALIBRATIONS, CALIBRATE, "calibrations"),
+)
+
+
 async def sweep(
     factory: async_sessionmaker[AsyncSession], broker: dramatiq.Broker, settings: Settings
 ) -> tuple[int, int]:
     """One pass; returns (runs sent again, runs dispatched for batches)."""
     lost = broker_lost_its_messages(broker)
     async with provide_session(factory) as session:
-        runs = await store.take_stalled(session, settings, limit=MAX_PER_PASS)
-        executions = await firing.take_stalled(session, settings, limit=MAX_PER_PASS)
-        documents = await processing.take_stalled(session, settings, limit=MAX_PER_PASS)
-        calibrations = await calibration.take_stalled(session, settings, limit=MAX_PER_PASS)
-        if lost:
-            runs = _union(runs, await store.take_waiting(session, limit=MAX_PER_PASS))
-            executions = _union(executions, await firing.take_waiting(session, limit=MAX_PER_PASS))
-            documents = _union(
-                documents, await processing.take_waiting(session, limit=MAX_PER_PASS)
-            )
-            calibrations = _union(
-                calibrations, await calibration.take_waiting(session, limit=MAX_PER_PASS)
-            )
-    sent: dict[str, list[UUID]] = {
-        "runs": _send(broker, RUN_SCENARIO, runs),
-        "trigger_executions": _send(broker, RUN_TRIGGER, executions),
-        "documents": _send(broker, PROCESS_DOCUMENT, documents),
-        "calibrations": _send(broker, CALIBRATE, calibrations),
+        taken = [
+            await work.take(session, unit, settings, limit=MAX_PER_PASS, broker_lost=lost)
+            for unit, _, _ in UNITS
+        ]
+    sent = {
+        label: _send(broker, target, ids)
+        for (_, target, label), ids in zip(UNITS, taken, strict=True)
     }
     if lost:
         mark_broker(broker)
     dispatched = await window.reoffer(factory)
     sent["batch_runs"] = _send(broker, RUN_SCENARIO, dispatched)
-    for kind, ids in sent.items():
-        SWEEPER_RESENT.labels(kind).inc(len(ids))
+    for label, ids in sent.items():
+        SWEEPER_RESENT.labels(label).inc(len(ids))
     if any(sent.values()):
         log.info(
             "sweeper re-sent %d stalled runs, %d trigger executions, %d documents and "
             "%d calibrations%s, dispatched %d",
-            len(runs),
-            len(executions),
-            len(documents),
-            len(calibrations),
+            *(len(sent[label]) for _, _, label in UNITS),
             " (the broker had lost its messages)" if lost else "",
             len(dispatched),
         )
-    return len(runs), len(dispatched)
-
-
-def _union(first: list[UUID], second: list[UUID]) -> list[UUID]:
-    return list(dict.fromkeys([*first, *second]))
+    return len(sent["runs"]), len(dispatched)
 
 
 def _send(broker: dramatiq.Broker, target: tuple[str, str], ids: list[UUID]) -> list[UUID]:

@@ -18,7 +18,7 @@ once, a worker can die holding a unit, Redis can restart empty.  For every kind 
    terminal instead, with the reason (``error: DataError: …``).  A delivery that finds
    the unit already claimed that many times (workers killed on it) ends it
    ``error: gave up after N deliveries that did not finish``.
-4. **Sweep** (:func:`take_stalled`, :func:`take_waiting`, from the scheduler's sweeper):
+4. **Sweep** (:func:`take`, from the scheduler's sweeper):
    running units whose heartbeat stopped are sent again after the heartbeat timeout;
    waiting units whose message made no progress for a stall period are sent again; and
    every waiting unit at once when the broker lost its messages.
@@ -48,7 +48,6 @@ from sqlalchemy import (
     bindparam,
     null,
     or_,
-    select,
     update,
 )
 from sqlalchemy.dialects.postgresql import ARRAY
@@ -60,6 +59,7 @@ from shared.db.base import NOW, UTCDateTime, utcnow
 from shared.db.direct import Statement, direct_pool
 from shared.db.errors import database_unavailable, describe_database_error
 from shared.db.models import Calibration, KnowledgeDocument, ScenarioRun, TriggerExecution
+from shared.db.queries import touch_stalled
 from shared.metrics import WORK_GIVEN_UP
 from shared.settings import Settings
 
@@ -77,7 +77,7 @@ class Work:
     """One kind of unit: its table, the statuses a delivery claims, and its limits."""
 
     kind: str  # names the kind in messages and metric labels
-    table: Table
+    model: Any  # its ORM model
     waiting: str  # status of a unit whose message is on its way
     running: str
     max_deliveries: int
@@ -85,6 +85,8 @@ class Work:
     attempts_column: str = "attempts"
     # Waiting longer than this (not ``SPAR_RUN_STALL_S``) means the message was lost.
     waiting_stall: timedelta | None = None
+    # Which waiting units are the sweeper's to send (all when ``None``).
+    sweepable: Any = None
     _beat: Statement = field(init=False, repr=False)
     _release: Statement = field(init=False, repr=False)
 
@@ -99,6 +101,10 @@ class Work:
         released = released.values(heartbeat_at=null(), **unchanged).returning(self.id)
         object.__setattr__(self, "_beat", Statement(beat))
         object.__setattr__(self, "_release", Statement(released))
+
+    @property
+    def table(self) -> Table:
+        return self.model.__table__
 
     @property
     def id(self) -> Any:
@@ -116,10 +122,14 @@ class Work:
     def heartbeat(self) -> Any:
         return self.table.c.heartbeat_at
 
+    def silent(self, stale_before: Any) -> ColumnElement[bool]:
+        """Running with no heartbeat since ``stale_before`` (or cleared)."""
+        beat = or_(self.heartbeat.is_(None), self.heartbeat < stale_before)
+        return and_(self.status == self.running, beat)
+
     def claimable(self) -> ColumnElement[bool]:
         """Waiting, or running with no heartbeat since ``:p_stale``."""
-        silent = or_(self.heartbeat.is_(None), self.heartbeat < STALE_BEFORE)
-        return or_(self.status == self.waiting, and_(self.status == self.running, silent))
+        return or_(self.status == self.waiting, self.silent(STALE_BEFORE))
 
     def claim(self, unit: BindParameter[Any], **values: Any) -> Update:
         """The UPDATE that claims the unit ``unit`` (parameters ``:p_stale`` and ``:now``,
@@ -140,21 +150,24 @@ class Work:
         )
 
 
-def claim_params(settings: Settings, now: datetime | None = None) -> dict[str, datetime]:
-    """``:now`` and ``:p_stale`` for a claim (or a sweep) made now."""
-    now = now or utcnow()
+def claim_params(settings: Settings) -> dict[str, datetime]:
+    """``:now`` and ``:p_stale`` for a claim made now."""
+    now = utcnow()
     return {"now": now, "p_stale": now - timedelta(seconds=settings.run_heartbeat_timeout_s)}
 
 
-_runs = ScenarioRun.__table__
-_executions = TriggerExecution.__table__
-_documents = KnowledgeDocument.__table__
-_calibrations = Calibration.__table__
-
-RUNS = Work("run", _runs, waiting="pending", running="running", max_deliveries=5)
+RUNS = Work(
+    "run",
+    ScenarioRun,
+    waiting="pending",
+    running="running",
+    max_deliveries=5,
+    # A batch's runs never handed out are its window's to hand out, not the sweeper's.
+    sweepable=or_(ScenarioRun.batch_run_id.is_(None), ScenarioRun.dispatched_at.is_not(None)),
+)
 TRIGGER_EXECUTIONS = Work(
     "trigger_execution",
-    _executions,
+    TriggerExecution,
     waiting="queued",
     running="running",
     max_deliveries=10,
@@ -162,7 +175,7 @@ TRIGGER_EXECUTIONS = Work(
 )
 DOCUMENTS = Work(
     "document",
-    _documents,
+    KnowledgeDocument,
     waiting="queued",
     running="processing",
     max_deliveries=5,
@@ -170,9 +183,8 @@ DOCUMENTS = Work(
     attempts_column="processing_attempts",
 )
 CALIBRATIONS = Work(
-    "calibration", _calibrations, waiting="queued", running="running", max_deliveries=5
+    "calibration", Calibration, waiting="queued", running="running", max_deliveries=5
 )
-KINDS = (RUNS, TRIGGER_EXECUTIONS, DOCUMENTS, CALIBRATIONS)
 
 
 # --- playing a claimed unit ----------------------------------------------------------------------
@@ -329,65 +341,27 @@ def _heartbeats(engine: AsyncEngine, interval_s: float) -> _Heartbeats:
 # --- the sweeper's side --------------------------------------------------------------------------
 
 
-async def _take(
-    session: AsyncSession,
-    work: Work,
-    which: ColumnElement[bool],
-    now: datetime,
-    limit: int,
-    params: dict[str, Any],
-) -> list[UUID]:
-    taken = (
-        select(work.id)
-        .where(which)
-        .order_by(work.table.c.updated_at)
-        .limit(limit)
-        .with_for_update(skip_locked=True)
-        .scalar_subquery()
-    )
-    rows = await session.scalars(
-        update(work.table).where(work.id.in_(taken)).values(updated_at=now).returning(work.id),
-        params,
-    )
-    return list(rows)
-
-
-async def take_stalled(
+async def take(
     session: AsyncSession,
     work: Work,
     settings: Settings,
     *,
     limit: int,
-    waiting: ColumnElement[bool] | None = None,
+    broker_lost: bool = False,
 ) -> list[UUID]:
     """Up to ``limit`` units of ``work`` to send again: running with no heartbeat for
-    ``SPAR_RUN_HEARTBEAT_TIMEOUT_S`` (a dead worker), or waiting (and ``waiting``, the
-    kind's own condition, when given) with no progress for the kind's stall period (a lost
-    message).  Each is touched as it is taken, so the next pass leaves it as long again."""
-    params = claim_params(settings)
-    now = params["now"]
-    stall = work.waiting_stall or timedelta(seconds=settings.run_stall_s)
-    silent = and_(
-        work.status == work.running,
-        or_(work.heartbeat.is_(None), work.heartbeat < STALE_BEFORE),
-        work.table.c.updated_at < STALE_BEFORE,
-    )
-    lost = and_(work.status == work.waiting, work.table.c.updated_at < now - stall)
-    if waiting is not None:
-        lost = and_(lost, waiting)
-    return await _take(session, work, or_(silent, lost), now, limit, params)
-
-
-async def take_waiting(
-    session: AsyncSession,
-    work: Work,
-    *,
-    limit: int,
-    waiting: ColumnElement[bool] | None = None,
-) -> list[UUID]:
-    """Up to ``limit`` waiting units of ``work`` (and ``waiting``), whatever their age: to
-    send again when the broker lost every message it held."""
-    which = work.status == work.waiting
-    if waiting is not None:
-        which = and_(which, waiting)
-    return await _take(session, work, which, utcnow(), limit, {})
+    ``SPAR_RUN_HEARTBEAT_TIMEOUT_S`` (a dead worker), or waiting with no progress for the
+    kind's stall period (a lost message), or, when the broker lost every message it held,
+    waiting at all.  Each is touched as it is taken, so the next pass leaves it as long
+    again."""
+    now = utcnow()
+    stale_before = now - timedelta(seconds=settings.run_heartbeat_timeout_s)
+    updated_at = work.table.c.updated_at
+    dead = and_(work.silent(stale_before), updated_at < stale_before)
+    waiting = work.status == work.waiting
+    if work.sweepable is not None:
+        waiting = and_(waiting, work.sweepable)
+    if not broker_lost:
+        stall = work.waiting_stall or timedelta(seconds=settings.run_stall_s)
+        waiting = and_(waiting, updated_at < now - stall)
+    return await touch_stalled(session, work.model, or_(dead, waiting), now=now, limit=limit)

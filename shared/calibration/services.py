@@ -345,18 +345,6 @@ async def _claim(
         return claimed, row.business_information or "", row.outbound_version
 
 
-async def take_stalled(session: AsyncSession, settings: Settings, *, limit: int) -> list[UUID]:
-    """Calibrations to send again (:func:`shared.work.take_stalled`): ``queued`` without a
-    change for ``SPAR_RUN_STALL_S`` (a lost message), ``running`` with a dead heartbeat (a
-    killed worker)."""
-    return await work.take_stalled(session, CALIBRATIONS, settings, limit=limit)
-
-
-async def take_waiting(session: AsyncSession, *, limit: int) -> list[UUID]:
-    """Every ``queued`` calibration: its message was lost with the broker's."""
-    return await work.take_waiting(session, CALIBRATIONS, limit=limit)
-
-
 async def _end(
     factory: async_sessionmaker[AsyncSession], calibration_id: UUID, **fields: Any
 ) -> None:

@@ -243,18 +243,6 @@ async def _make_ready(
             raise _Abandoned
 
 
-async def take_stalled(session: AsyncSession, settings: Settings, *, limit: int) -> list[UUID]:
-    """Documents to send again (:func:`shared.work.take_stalled`): ``queued`` without a
-    change for ``SPAR_RUN_STALL_S`` (a lost message), ``processing`` with a dead heartbeat
-    (a killed worker)."""
-    return await work.take_stalled(session, DOCUMENTS, settings, limit=limit)
-
-
-async def take_waiting(session: AsyncSession, *, limit: int) -> list[UUID]:
-    """Every ``queued`` document: its message was lost with the broker's."""
-    return await work.take_waiting(session, DOCUMENTS, limit=limit)
-
-
 async def _fail(factory: async_sessionmaker[AsyncSession], document_id: UUID, reason: str) -> None:
     async with provide_session(factory) as session:
         failed = await session.execute(

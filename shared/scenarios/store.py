@@ -408,24 +408,6 @@ async def end(
     return [ended.successor] if ended.successor is not None else []
 
 
-# --- the sweeper's side ---------------------------------------------------------------------------
-
-# Runs of a batch never handed out are the window's to hand out, not the sweeper's.
-_SENT = or_(_runs.c.batch_run_id.is_(None), _runs.c.dispatched_at.is_not(None))
-
-
-async def take_stalled(session: AsyncSession, settings: Settings, *, limit: int) -> list[UUID]:
-    """Up to ``limit`` runs to send again (:func:`shared.work.take_stalled`): running with a
-    dead heartbeat, or sent and still ``pending`` after ``SPAR_RUN_STALL_S``.  The run
-    engine resumes each after its last committed turn, and a duplicate changes nothing."""
-    return await work.take_stalled(session, RUNS, settings, limit=limit, waiting=_SENT)
-
-
-async def take_waiting(session: AsyncSession, *, limit: int) -> list[UUID]:
-    """Every run sent and still ``pending``: its message was lost with the broker's."""
-    return await work.take_waiting(session, RUNS, limit=limit, waiting=_SENT)
-
-
 # --- boot -----------------------------------------------------------------------------------------
 
 

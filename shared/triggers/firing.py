@@ -7,9 +7,8 @@ up to now.  Each becomes one ``trigger_executions`` row, unique on
 job at the slot's time, its catch-up pass after a restart, a second scheduler in a
 split-brain moment) records it; everyone else's insert does nothing.  A slot within the
 grace time (``SPAR_TRIGGER_GRACE_S``) is queued and its execution sent after commit; an
-older one is recorded ``missed`` and never runs.
-
-The sweeper's share: executions whose message was lost are sent again.
+older one is recorded ``missed`` and never runs.  An execution whose message is lost is
+sent again by the sweeper (:mod:`shared.work`).
 """
 
 from __future__ import annotations
@@ -24,13 +23,10 @@ from sqlalchemy import func, select
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from shared import work
 from shared.db.models import Trigger, TriggerExecution
 from shared.queue import RUN_TRIGGER, send_after_commit
-from shared.settings import Settings
 from shared.triggers.schedule import Schedule
 from shared.triggers.schemas import ExecutionSource, ExecutionStatus, TriggerStatus
-from shared.work import TRIGGER_EXECUTIONS
 
 # Missed slots are recorded for the last day at most, the latest MAX_MISSED of them: a
 # minute-by-minute trigger whose schedulers were down for a week records its last 100
@@ -158,14 +154,3 @@ def _execution(
         "updated_at": now,
         "completed_at": now if status == ExecutionStatus.MISSED else None,
     }
-
-
-async def take_stalled(session: AsyncSession, settings: Settings, *, limit: int) -> list[UUID]:
-    """Executions to send again (:func:`shared.work.take_stalled`): ``queued`` for a
-    minute (a lost message), ``running`` with a dead heartbeat (a killed worker)."""
-    return await work.take_stalled(session, TRIGGER_EXECUTIONS, settings, limit=limit)
-
-
-async def take_waiting(session: AsyncSession, *, limit: int) -> list[UUID]:
-    """Every ``queued`` execution: its message was lost with the broker's."""
-    return await work.take_waiting(session, TRIGGER_EXECUTIONS, limit=limit)

@@ -37,11 +37,8 @@ from shared.crypto import secret_box
 from shared.db.base import utcnow
 from shared.db.engine import create_engine, create_session_factory
 from shared.db.models import (
-    Calibration,
     Credential,
-    KnowledgeDocument,
     ScenarioRun,
-    TriggerExecution,
 )
 from shared.knowledge.processing import process_document
 from shared.queue import get_broker
@@ -329,11 +326,11 @@ async def _waiting_unit_of_each_kind(
     }
 
 
-KINDS: dict[str, tuple[Work, Any]] = {
-    "run": (RUNS, ScenarioRun),
-    "trigger_execution": (TRIGGER_EXECUTIONS, TriggerExecution),
-    "document": (DOCUMENTS, KnowledgeDocument),
-    "calibration": (CALIBRATIONS, Calibration),
+KINDS: dict[str, Work] = {
+    "run": RUNS,
+    "trigger_execution": TRIGGER_EXECUTIONS,
+    "document": DOCUMENTS,
+    "calibration": CALIBRATIONS,
 }
 
 
@@ -351,7 +348,8 @@ async def deliver(app: Litestar, settings: Settings, kind: str, unit_id: str) ->
 
 async def set_running(db: AsyncSession, kind: str, unit_id: str, **values: Any) -> None:
     """Put the unit in its running status, with ``values`` (columns) set too."""
-    work, model = KINDS[kind]
+    work = KINDS[kind]
+    model = work.model
     await db.execute(
         update(model)
         .where(model.id == UUID(unit_id))
@@ -361,7 +359,8 @@ async def set_running(db: AsyncSession, kind: str, unit_id: str, **values: Any) 
 
 
 async def unit_state(db: AsyncSession, kind: str, unit_id: str) -> tuple[str, str | None, int]:
-    work, model = KINDS[kind]
+    work = KINDS[kind]
+    model = work.model
     error_column = {
         "run": "error_message",
         "trigger_execution": "error",
@@ -395,13 +394,13 @@ async def test_every_kind_of_unit_whose_workers_kept_dying_ends_in_error(
     units = await _waiting_unit_of_each_kind(client, impatient, t, agent, judge)
     long_ago = utcnow() - timedelta(hours=1)
     for kind, unit_id in units.items():
-        work = KINDS[kind][0]
+        work = KINDS[kind]
         await set_running(
             db, kind, unit_id, heartbeat_at=long_ago, **{work.attempts_column: work.max_deliveries}
         )
     for kind, unit_id in units.items():
         await deliver(app, settings, kind, unit_id)
-        work, _ = KINDS[kind]
+        work = KINDS[kind]
         status, error, attempts = await unit_state(db, kind, unit_id)
         assert status == ("error" if kind == "run" else "failed"), (kind, status)
         assert error == (
@@ -447,7 +446,7 @@ async def test_a_unit_with_a_live_heartbeat_is_neither_claimed_again_nor_resent(
             for kind, unit_id in units.items():
                 await deliver(app, settings, kind, unit_id)
                 status, _, attempts = await unit_state(db, kind, unit_id)
-                assert status == KINDS[kind][0].running and attempts == 0, (kind, status)
+                assert status == KINDS[kind].running and attempts == 0, (kind, status)
     # Once re-sent, each is claimed and played to its end.
     for kind, unit_id in units.items():
         await deliver(app, settings, kind, unit_id)
