@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
@@ -136,7 +137,9 @@ def assert_exact(final: dict[str, Any]) -> None:
 
 
 @contextmanager
-def spar(variables: dict[str, str], directory: Path, workers: int) -> Iterator[tuple[str, list]]:
+def spar(
+    variables: dict[str, str], directory: Path, workers: int
+) -> Iterator[tuple[str, list[subprocess.Popen[bytes]]]]:
     """``spar serve``, ``spar scheduler`` and ``workers`` workers: the API's URL and the
     worker processes."""
     port = free_port()
@@ -162,29 +165,51 @@ def in_flight(state: dict[str, Any]) -> int:
     return sum(1 for r in state["runs"] if r["status"] == "running")
 
 
-async def test_a_worker_killed_mid_batch_has_its_runs_terminal_within_a_minute(
-    client: AsyncTestClient, database_url: str, settings: Any, tmp_path: Path
-) -> None:
+async def recovery_after(
+    fault: Callable[[RestartableRedis, list[subprocess.Popen[bytes]]], None],
+    client: AsyncTestClient,
+    database_url: str,
+    settings: Any,
+    directory: Path,
+    *,
+    workers: int,
+    under_way: Callable[[dict[str, Any]], bool],
+) -> tuple[dict[str, Any], dict[str, Any], float]:
+    """Run the suite as a batch on real processes, cause ``fault`` (given the Redis and the
+    workers) once the batch is ``under_way``, and wait for the batch's end: the batch
+    before the fault, at its end, and the seconds from the fault to the end."""
     with RestartableRedis() as redis_server, FakeAgent(reply=slow_echo) as agent:
         t, agent_id = await suite(client, agent.url)
         variables = env(database_url, settings, redis_server.url)
-        with spar(variables, tmp_path, workers=2) as (api, (doomed, _)):
+        with spar(variables, directory, workers=workers) as (api, started):
             batch = Batch(api, t, agent_id)
-            # Kill one worker once the batch is well under way and runs are in flight.
-            before = batch.wait_until(
-                lambda s: s["completed_scenarios"] >= SCENARIOS // 4 and in_flight(s) >= 4,
-                60,
-                "the batch never got under way",
-                tmp_path,
-            )
-            os.killpg(doomed.pid, signal.SIGKILL)
-            doomed.wait()
-            killed_at = time.monotonic()
-            assert before["completed_scenarios"] < SCENARIOS, "the batch ended before the kill"
+            before = batch.wait_until(under_way, 60, "the batch never got under way", directory)
+            fault(redis_server, started)
+            faulted_at = time.monotonic()
+            assert before["completed_scenarios"] < SCENARIOS, "the batch ended before the fault"
             final = batch.wait_until(
-                lambda s: s["status"] != "running", 2 * TARGET_S, "not over", tmp_path
+                lambda s: s["status"] != "running", 2 * TARGET_S, "not over", directory
             )
-            recovered_s = time.monotonic() - killed_at
+            return before, final, time.monotonic() - faulted_at
+
+
+async def test_a_worker_killed_mid_batch_has_its_runs_terminal_within_a_minute(
+    client: AsyncTestClient, database_url: str, settings: Any, tmp_path: Path
+) -> None:
+    def kill_one_worker(_: RestartableRedis, workers: list[subprocess.Popen[bytes]]) -> None:
+        os.killpg(workers[0].pid, signal.SIGKILL)
+        workers[0].wait()
+
+    # Killed once the batch is well under way and runs are in flight.
+    before, final, recovered_s = await recovery_after(
+        kill_one_worker,
+        client,
+        database_url,
+        settings,
+        tmp_path,
+        workers=2,
+        under_way=lambda s: s["completed_scenarios"] >= SCENARIOS // 4 and in_flight(s) >= 4,
+    )
     print(
         f"\nkill -9 of a worker at {before['completed_scenarios']}/{SCENARIOS} done, "
         f"{in_flight(before)} in flight: every run terminal {recovered_s:.1f} s later"
@@ -196,24 +221,18 @@ async def test_a_worker_killed_mid_batch_has_its_runs_terminal_within_a_minute(
 async def test_a_redis_restart_mid_batch_has_every_run_terminal_within_a_minute(
     client: AsyncTestClient, database_url: str, settings: Any, tmp_path: Path
 ) -> None:
-    with RestartableRedis() as redis_server, FakeAgent(reply=slow_echo) as agent:
-        t, agent_id = await suite(client, agent.url)
-        variables = env(database_url, settings, redis_server.url)
-        with spar(variables, tmp_path, workers=1) as (api, _):
-            batch = Batch(api, t, agent_id)
-            before = batch.wait_until(
-                lambda s: s["completed_scenarios"] >= SCENARIOS // 4,
-                60,
-                "the batch never got under way",
-                tmp_path,
-            )
-            redis_server.restart()  # every queued message is gone
-            restarted_at = time.monotonic()
-            assert before["completed_scenarios"] < SCENARIOS, "the batch ended first"
-            final = batch.wait_until(
-                lambda s: s["status"] != "running", 2 * TARGET_S, "not over", tmp_path
-            )
-            recovered_s = time.monotonic() - restarted_at
+    def restart_redis(redis_server: RestartableRedis, _: list[subprocess.Popen[bytes]]) -> None:
+        redis_server.restart()  # every queued message is gone
+
+    before, final, recovered_s = await recovery_after(
+        restart_redis,
+        client,
+        database_url,
+        settings,
+        tmp_path,
+        workers=1,
+        under_way=lambda s: s["completed_scenarios"] >= SCENARIOS // 4,
+    )
     print(
         f"\nRedis restarted at {before['completed_scenarios']}/{SCENARIOS} done: every run "
         f"terminal {recovered_s:.1f} s later"

@@ -260,6 +260,23 @@ async def test_a_run_that_keeps_failing_ends_in_error_and_its_batch_completes(
     assert await run_once(app, settings, runs["poisoned"]) is None
 
 
+async def fired_trigger(client: AsyncTestClient, t: Tenant, agent_id: str) -> tuple[str, str]:
+    """A webhook trigger sending ``ping`` to the agent, fired by hand: the trigger's id and
+    its execution's, ``queued``."""
+    response = await client.post(
+        f"/v1/orgs/{t.id}/triggers/",
+        json={"name": "hook", "trigger_type": "webhook", "agent_id": agent_id, "message": "ping"},
+        headers=t.owner.headers,
+    )
+    assert response.status_code == 201, response.text
+    trigger_id = response.json()["id"]
+    fired = await client.post(
+        f"/v1/orgs/{t.id}/triggers/{trigger_id}/fire", headers=t.owner.headers
+    )
+    assert fired.status_code == 202, fired.text
+    return trigger_id, fired.json()["id"]
+
+
 async def _waiting_unit_of_each_kind(
     client: AsyncTestClient,
     impatient: AsyncTestClient,
@@ -273,19 +290,7 @@ async def _waiting_unit_of_each_kind(
     h = t.owner.headers
     scenario = await create_scenario(client, t)
     run = await start_run(client, t, scenario["id"], setup.agent_id)
-    response = await client.post(
-        f"/v1/orgs/{t.id}/triggers/",
-        json={
-            "name": "hook",
-            "trigger_type": "webhook",
-            "agent_id": setup.agent_id,
-            "message": "ping",
-        },
-        headers=h,
-    )
-    assert response.status_code == 201, response.text
-    fired = await client.post(f"/v1/orgs/{t.id}/triggers/{response.json()['id']}/fire", headers=h)
-    assert fired.status_code in (200, 201, 202), fired.text
+    _, execution_id = await fired_trigger(client, t, setup.agent_id)
     collection = await client.post(
         f"/v1/orgs/{t.id}/knowledge/collections/", json={"name": "docs"}, headers=h
     )
@@ -320,7 +325,7 @@ async def _waiting_unit_of_each_kind(
     assert calibration.status_code == 202, calibration.text
     return {
         "run": run["id"],
-        "trigger_execution": fired.json()["id"],
+        "trigger_execution": execution_id,
         "document": document.json()["id"],
         "calibration": calibration.json()["id"],
     }
@@ -572,21 +577,7 @@ async def test_an_execution_whose_database_goes_away_as_the_agent_answers_calls_
     delivery that got it, and the agent is called once."""
     t = await tenant(client)
     setup = await outbound_setup(client, t, agent.url)
-    response = await client.post(
-        f"/v1/orgs/{t.id}/triggers/",
-        json={
-            "name": "hook",
-            "trigger_type": "webhook",
-            "agent_id": setup.agent_id,
-            "message": "ping",
-        },
-        headers=t.owner.headers,
-    )
-    assert response.status_code == 201, response.text
-    trigger_id = response.json()["id"]
-    fired = await client.post(
-        f"/v1/orgs/{t.id}/triggers/{trigger_id}/fire", headers=t.owner.headers
-    )
+    trigger_id, execution_id = await fired_trigger(client, t, setup.agent_id)
 
     def answer_as_the_database_goes(body: dict[str, Any]) -> str:
         proxy.cut()
@@ -598,7 +589,7 @@ async def test_an_execution_whose_database_goes_away_as_the_agent_answers_calls_
         await execute_trigger(
             runtime.session_factory,
             runtime.settings,
-            UUID(fired.json()["id"]),
+            UUID(execution_id),
             broker=app.state.broker,
             http=runtime.http,
         )

@@ -7,7 +7,18 @@ from __future__ import annotations
 import contextlib
 import socket
 import threading
+from collections.abc import Callable
 from types import TracebackType
+
+
+def serve_each(listener: socket.socket, serve: Callable[[socket.socket], None]) -> None:
+    """Accept connections until ``listener`` closes, each served by ``serve`` on a thread."""
+    while True:
+        try:
+            client, _ = listener.accept()
+        except OSError:
+            return
+        threading.Thread(target=serve, args=(client,), daemon=True).start()
 
 
 class DroppingProxy:
@@ -20,7 +31,9 @@ class DroppingProxy:
         self.event_streams = 0  # connections that asked for an events stream
         self.dropped = 0
         self._lock = threading.Lock()
-        self._thread = threading.Thread(target=self._accept, daemon=True)
+        self._thread = threading.Thread(
+            target=serve_each, args=(self.listener, self._serve), daemon=True
+        )
 
     @property
     def url(self) -> str:
@@ -37,14 +50,6 @@ class DroppingProxy:
         traceback: TracebackType | None,
     ) -> None:
         self.listener.close()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                client, _ = self.listener.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._serve, args=(client,), daemon=True).start()
 
     def _serve(self, client: socket.socket) -> None:
         upstream = socket.create_connection(("127.0.0.1", self.upstream_port))
@@ -123,7 +128,7 @@ class DatabaseProxy:
         self._refusing = False
 
     def __enter__(self) -> DatabaseProxy:
-        threading.Thread(target=self._accept, daemon=True).start()
+        threading.Thread(target=serve_each, args=(self.listener, self._serve), daemon=True).start()
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -149,14 +154,6 @@ class DatabaseProxy:
     def restore(self) -> None:
         with self._lock:
             self._refusing = False
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                client, _ = self.listener.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._serve, args=(client,), daemon=True).start()
 
     def _serve(self, client: socket.socket) -> None:
         with self._lock:
