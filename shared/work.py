@@ -67,6 +67,7 @@ log = logging.getLogger("spar.work")
 T = TypeVar("T")
 
 STALE_BEFORE = bindparam("p_stale", type_=UTCDateTime())
+UNIT = bindparam("p_unit", type_=Uuid())  # the unit a statement is about, unless it names one
 BEATS_PER_TIMEOUT = 6
 MIN_BEAT_S = 0.5
 PERSIST_WITHIN_S = 60.0
@@ -94,7 +95,7 @@ class Work:
         running = self.status == self.running
         units = bindparam("p_units", type_=ARRAY(Uuid()))
         beat = update(self.table).where(self.id == any_(units), running)
-        released = update(self.table).where(self.id == bindparam("p_unit", type_=Uuid()), running)
+        released = update(self.table).where(self.id == UNIT, running)
         # Neither is progress: ``updated_at`` stays (an explicit value stops its onupdate).
         unchanged = {"updated_at": self.table.c.updated_at}
         beat = beat.values(heartbeat_at=NOW, **unchanged).returning(self.id)
@@ -131,10 +132,10 @@ class Work:
         """Waiting, or running with no heartbeat since ``:p_stale``."""
         return or_(self.status == self.waiting, self.silent(STALE_BEFORE))
 
-    def claim(self, unit: BindParameter[Any], **values: Any) -> Update:
-        """The UPDATE that claims the unit ``unit`` (parameters ``:p_stale`` and ``:now``,
-        see :func:`claim_params`) with ``values`` set too; add its ``RETURNING``, which
-        should include the attempts counted (:attr:`attempts`)."""
+    def claim(self, unit: BindParameter[Any] = UNIT, **values: Any) -> Update:
+        """The UPDATE that claims the unit ``unit`` (``:p_unit`` unless given; also
+        ``:p_stale`` and ``:now``, see :func:`claim_params`) with ``values`` set too; add
+        its ``RETURNING``, which should include the attempts counted (:attr:`attempts`)."""
         return (
             update(self.table)
             .where(self.id == unit, self.claimable())

@@ -18,9 +18,8 @@ from uuid import UUID
 
 import aiohttp
 import msgspec
-from sqlalchemy import bindparam, select, update
+from sqlalchemy import select, update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
-from sqlalchemy.types import Uuid
 
 from shared import work
 from shared.calibration import schemas
@@ -322,7 +321,7 @@ def measure(
     )
 
 
-_CLAIM = CALIBRATIONS.claim(bindparam("p_unit", type_=Uuid())).returning(Calibration)
+_CLAIM = CALIBRATIONS.claim().returning(Calibration)
 
 
 async def _claim(

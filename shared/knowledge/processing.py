@@ -25,10 +25,9 @@ from dataclasses import dataclass
 from typing import Any
 from uuid import UUID
 
-from sqlalchemy import bindparam, delete, exists, insert, select, update
+from sqlalchemy import delete, exists, insert, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
-from sqlalchemy.types import Uuid
 
 from shared import work
 from shared.db.base import utcnow
@@ -67,9 +66,7 @@ class _Abandoned(Exception):
     """The document was deleted (or finished by another delivery) meanwhile."""
 
 
-_CLAIM = DOCUMENTS.claim(
-    bindparam("p_unit", type_=Uuid()), processing_progress=0, processing_error=None
-).returning(
+_CLAIM = DOCUMENTS.claim(processing_progress=0, processing_error=None).returning(
     _docs.id,
     _docs.organization_id,
     _docs.collection_id,

@@ -24,9 +24,8 @@ from typing import Any
 from uuid import UUID
 
 import aiohttp
-from sqlalchemy import bindparam, func, select, update
+from sqlalchemy import func, select, update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
-from sqlalchemy.types import Uuid
 
 from shared import work
 from shared.batches.schemas import BatchRunCreate
@@ -57,8 +56,7 @@ class _Claimed:
 
 
 _CLAIM = TRIGGER_EXECUTIONS.claim(
-    bindparam("p_unit", type_=Uuid()),
-    started_at=func.coalesce(TriggerExecution.started_at, NOW),
+    started_at=func.coalesce(TriggerExecution.started_at, NOW)
 ).returning(TriggerExecution.id)
 
 
