@@ -25,7 +25,7 @@ from api.requests import SparRequest
 from api.scenarios.controllers import CONTROLLERS as SCENARIO_CONTROLLERS
 from api.triggers.controllers import CONTROLLERS as TRIGGER_CONTROLLERS
 from api.ui.controllers import TEMPLATES, ui_assets, ui_router
-from shared.db.engine import create_engine, create_session_factory, dispose_engine
+from shared.db.engine import Database, create_engine
 from shared.identity.throttle import LoginThrottle
 from shared.metrics import mark_process_dead
 from shared.queue import get_broker
@@ -67,14 +67,13 @@ def create_app(settings: Settings | None = None) -> Litestar:
     _check_access_rules(ui)
 
     async def open_database(app: Litestar) -> None:
-        app.state.engine = create_engine(settings)
-        app.state.session_factory = create_session_factory(app.state.engine)
+        app.state.database = Database(create_engine(settings))
         app.state.broker = get_broker(settings.redis_url)
         app.state.login_throttle = LoginThrottle.from_settings(settings)
 
     async def close_database(app: Litestar) -> None:
         await app.state.login_throttle.close()
-        await dispose_engine(app.state.engine)
+        await app.state.database.dispose()
 
     app = Litestar(
         route_handlers=[HealthController, metrics, v1, ui, ui_assets(), docs_assets()],
@@ -112,10 +111,10 @@ def create_dev_app() -> Litestar:
         # The scheduler (trigger cron and sweeper) in the API's loop; it still takes the
         # lock, so a second spar dev on the same database stands by.
         app.state.scheduler_stop = asyncio.Event()
-        app.state.leadership = Leadership(app.state.engine)
+        app.state.leadership = Leadership(app.state.database.engine)
         app.state.scheduler = asyncio.create_task(
             lead_forever(
-                app.state.session_factory,
+                app.state.database,
                 app.state.broker,
                 app.state.settings,
                 app.state.scheduler_stop,

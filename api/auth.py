@@ -21,9 +21,7 @@ from litestar.connection import ASGIConnection
 from litestar.datastructures import State
 from litestar.exceptions import ValidationException
 from litestar.handlers import BaseRouteHandler
-from sqlalchemy.ext.asyncio import AsyncEngine
 
-from shared.db.engine import autocommit
 from shared.errors import PermissionDenied, Unauthorized
 from shared.identity import services
 from shared.identity.access import AccessRule, OrgAccess, Principal
@@ -31,7 +29,6 @@ from shared.identity.access import AccessRule, OrgAccess, Principal
 ACCESS_KEY = "access"
 _PRINCIPAL_STATE = "spar_principal"
 _ACCESS_STATE = "spar_org_access"
-_AUTOCOMMIT_STATE = "autocommit_engine"
 
 
 def bearer_token(connection: ASGIConnection[Any, Any, Any, Any]) -> str:
@@ -56,15 +53,6 @@ def _org_id(connection: ASGIConnection[Any, Any, Any, Any]) -> UUID | None:
         ) from None
 
 
-def autocommit_engine(state: State) -> AsyncEngine:
-    """The app's engine in autocommit (same pool), made once: the guard's lookups and the
-    sessions of requests that only read use it."""
-    made: tuple[AsyncEngine, AsyncEngine] | None = state.get(_AUTOCOMMIT_STATE)
-    if made is None or made[0] is not state.engine:  # (a test may swap the engine)
-        made = state[_AUTOCOMMIT_STATE] = (state.engine, autocommit(state.engine))
-    return made[1]
-
-
 async def authenticate(
     state: State, token: str, org_id: UUID | None = None
 ) -> tuple[Principal, OrgAccess | None]:
@@ -73,7 +61,7 @@ async def authenticate(
     One autocommit round trip for token, user and role (no BEGIN, no COMMIT), on a
     connection of its own: the handler's session may not be wanted, and a session opened
     here could not be closed if the request failed before the handler's dependencies."""
-    async with autocommit_engine(state).connect() as db:
+    async with state.database.autocommit.connect() as db:
         return await services.authenticate(db, token, org_id)
 
 

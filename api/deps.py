@@ -12,7 +12,7 @@ from litestar.di import NamedDependency, Provide
 from litestar.params import FromPath, QueryParameter
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from api.auth import autocommit_engine, provide_access, provide_principal
+from api.auth import provide_access, provide_principal
 from shared.identity.access import OrgAccess, Principal
 from shared.paging import DEFAULT_LIMIT, MAX_LIMIT, MAX_OFFSET, Paging
 from shared.settings import Settings
@@ -40,19 +40,10 @@ _READ_METHODS = frozenset({"GET", "HEAD"})
 async def provide_db_session(
     state: State, request: Request[Any, Any, Any]
 ) -> AsyncIterator[AsyncSession]:
-    """One transaction per request: committed after the handler, rolled back on error
-    (a GET or HEAD reads in autocommit)."""
-    if request.method in _READ_METHODS:
-        session = state.session_factory(bind=autocommit_engine(state))
-    else:
-        session = state.session_factory()
-    async with session:
-        try:
-            yield session
-            await session.commit()
-        except BaseException:
-            await session.rollback()
-            raise
+    """One transaction per request (:meth:`Database.transaction`): committed after the
+    handler, rolled back on error; a GET or HEAD reads in autocommit."""
+    async with state.database.transaction(read_only=request.method in _READ_METHODS) as session:
+        yield session
 
 
 def provide_settings(state: State) -> Settings:

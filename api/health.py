@@ -12,7 +12,6 @@ from litestar.status_codes import HTTP_503_SERVICE_UNAVAILABLE
 from sqlalchemy import text
 
 from api.http import reject_unknown_query
-from shared.runtime import provide_session
 
 
 class HealthStatus(msgspec.Struct):
@@ -44,7 +43,7 @@ class HealthController(Controller):
         """The process can serve: the database and the broker answer (503 otherwise)."""
         checks: dict[str, str] = {}
         try:
-            async with provide_session(state.session_factory) as session:
+            async with state.database.transaction() as session:
                 await session.execute(text("SELECT 1"))
             checks["database"] = "ok"
         except Exception as exc:  # a probe reports, it does not raise

@@ -20,11 +20,10 @@ from uuid import UUID
 
 from apscheduler.jobstores.base import JobLookupError
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
-from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from shared.db.base import utcnow
+from shared.db.engine import Database
 from shared.metrics import TRIGGER_SLOTS
-from shared.runtime import provide_session
 from shared.settings import Settings
 from shared.triggers.firing import ScheduledTrigger, fire_due, scheduled_trigger, scheduled_triggers
 from shared.triggers.schedule import ScheduleTrigger
@@ -35,10 +34,8 @@ EARLY_WAKE = timedelta(seconds=2)
 
 
 class TriggerCron:
-    def __init__(
-        self, factory: async_sessionmaker[AsyncSession], broker: Any, settings: Settings
-    ) -> None:
-        self._factory = factory
+    def __init__(self, database: Database, broker: Any, settings: Settings) -> None:
+        self._database = database
         self._broker = broker
         self._grace = timedelta(seconds=settings.trigger_grace_s)
         self._scheduler: AsyncIOScheduler | None = None
@@ -72,7 +69,7 @@ class TriggerCron:
         """Mirror the active scheduled triggers as jobs; fire what is due and unrecorded."""
         if self._scheduler is None:
             return
-        async with provide_session(self._factory) as session:
+        async with self._database.transaction() as session:
             triggers = await scheduled_triggers(session)
         now = utcnow()
         wanted = {str(t.id): t for t in triggers}
@@ -101,7 +98,7 @@ class TriggerCron:
     async def _fire(self, trigger_id: UUID) -> None:
         """The job: record the trigger's due slots, as the database sees them now."""
         try:
-            async with provide_session(self._factory) as session:
+            async with self._database.transaction() as session:
                 trigger = await scheduled_trigger(session, trigger_id)
             if trigger is None:
                 return  # paused or deleted since: the next sync drops the job
@@ -116,7 +113,7 @@ class TriggerCron:
             log.exception("firing trigger %s failed", trigger_id)
 
     async def _record(self, trigger: ScheduledTrigger) -> None:
-        async with provide_session(self._factory) as session:
+        async with self._database.transaction() as session:
             fired = await fire_due(
                 session, trigger, now=utcnow(), grace=self._grace, broker=self._broker
             )

@@ -16,11 +16,11 @@ import signal
 import time
 
 import dramatiq
-from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from scheduler.cron import TriggerCron
 from scheduler.leader import Leadership
 from scheduler.sweeper import sweep
+from shared.db.engine import Database
 from shared.metrics import SCHEDULER_LEADING, serve_process_metrics
 from shared.queue import get_broker
 from shared.runtime import get_runtime
@@ -29,17 +29,15 @@ from shared.settings import Settings
 log = logging.getLogger("spar.scheduler")
 
 
-async def _sweep_once(
-    factory: async_sessionmaker[AsyncSession], broker: dramatiq.Broker, settings: Settings
-) -> None:
+async def _sweep_once(database: Database, broker: dramatiq.Broker, settings: Settings) -> None:
     try:
-        await sweep(factory, broker, settings)
+        await sweep(database, broker, settings)
     except Exception:  # one failed pass must not end the scheduler
         log.exception("sweep failed")
 
 
 async def lead_forever(
-    factory: async_sessionmaker[AsyncSession],
+    database: Database,
     broker: dramatiq.Broker,
     settings: Settings,
     stop: asyncio.Event,
@@ -47,7 +45,7 @@ async def lead_forever(
     cron: TriggerCron | None = None,
 ) -> None:
     """Lead when the lock is ours, stand by when it is not, until ``stop`` is set."""
-    cron = cron or TriggerCron(factory, broker, settings)
+    cron = cron or TriggerCron(database, broker, settings)
     next_sweep = next_poll = 0.0
     try:
         while not stop.is_set():
@@ -70,7 +68,7 @@ async def lead_forever(
                     await cron.start()
                     next_poll = time.monotonic() + settings.trigger_poll_s
                 if time.monotonic() >= next_sweep:
-                    await _sweep_once(factory, broker, settings)
+                    await _sweep_once(database, broker, settings)
                     next_sweep = time.monotonic() + settings.sweep_interval_s
                 wait = max(0.0, min(next_sweep, next_poll) - time.monotonic())
                 changed = await leadership.wait_for_change(min(wait, settings.leader_retry_s))
@@ -88,10 +86,10 @@ async def lead_forever(
 
 async def run_forever(stop: asyncio.Event) -> None:
     runtime = get_runtime()
-    leadership = Leadership(runtime.engine)
+    leadership = Leadership(runtime.database.engine)
     try:
         await lead_forever(
-            runtime.session_factory,
+            runtime.database,
             get_broker(runtime.settings.redis_url),
             runtime.settings,
             stop,

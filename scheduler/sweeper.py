@@ -26,13 +26,12 @@ from uuid import UUID
 
 import dramatiq
 from dramatiq.brokers.redis import RedisBroker
-from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from shared import work
 from shared.batches import window
+from shared.db.engine import Database
 from shared.metrics import SWEEPER_RESENT
 from shared.queue import CALIBRATE, PROCESS_DOCUMENT, RUN_SCENARIO, RUN_TRIGGER, send
-from shared.runtime import provide_session
 from shared.settings import Settings
 
 log = logging.getLogger("spar.sweeper")
@@ -66,12 +65,10 @@ UNITS: tuple[tuple[work.Work, tuple[str, str], str], ...] = (
 )
 
 
-async def sweep(
-    factory: async_sessionmaker[AsyncSession], broker: dramatiq.Broker, settings: Settings
-) -> tuple[int, int]:
+async def sweep(database: Database, broker: dramatiq.Broker, settings: Settings) -> tuple[int, int]:
     """One pass; returns (runs sent again, runs dispatched for batches)."""
     lost = broker_lost_its_messages(broker)
-    async with provide_session(factory) as session:
+    async with database.transaction() as session:
         taken = [
             await work.take(session, unit, settings, limit=MAX_PER_PASS, broker_lost=lost)
             for unit, _, _ in UNITS
@@ -82,7 +79,7 @@ async def sweep(
     }
     if lost:
         mark_broker(broker)
-    dispatched = await window.reoffer(factory)
+    dispatched = await window.reoffer(database)
     sent["batch_runs"] = _send(broker, RUN_SCENARIO, dispatched)
     for label, ids in sent.items():
         SWEEPER_RESENT.labels(label).inc(len(ids))

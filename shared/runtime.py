@@ -7,15 +7,14 @@ and one pooled HTTP session for egress.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 
 import aiohttp
-from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
+from sqlalchemy.ext.asyncio import AsyncSession
 
 from shared.db.direct import direct_pool
-from shared.db.engine import create_engine, create_session_factory, dispose_engine, session_scope
+from shared.db.engine import Database, create_engine
 from shared.outbound.egress import new_http_session
 from shared.settings import Settings, get_settings
 
@@ -23,8 +22,7 @@ from shared.settings import Settings, get_settings
 @dataclass
 class Runtime:
     settings: Settings
-    engine: AsyncEngine
-    session_factory: async_sessionmaker[AsyncSession]
+    database: Database
     _http: aiohttp.ClientSession | None = field(default=None, repr=False)
 
     @property
@@ -39,12 +37,12 @@ class Runtime:
         run engine's database pool (a batch's first window arrives all at once).  Raises
         ``PoolTimeout`` when the database does not let them open within ``timeout_s``;
         the process still recovers: the next use opens a new pool."""
-        await (await direct_pool(self.engine)).wait(timeout=timeout_s)
+        await (await direct_pool(self.database.engine)).wait(timeout=timeout_s)
 
     async def close(self) -> None:
         if self._http is not None:
             await self._http.close()
-        await dispose_engine(self.engine)
+        await self.database.dispose()
 
 
 _runtime: Runtime | None = None
@@ -54,20 +52,13 @@ def get_runtime() -> Runtime:
     global _runtime
     if _runtime is None:
         settings = get_settings()
-        engine = create_engine(settings, pre_ping=False)
         _runtime = Runtime(
-            settings=settings, engine=engine, session_factory=create_session_factory(engine)
+            settings=settings, database=Database(create_engine(settings, pre_ping=False))
         )
     return _runtime
 
 
-@asynccontextmanager
-async def provide_session(
-    factory: async_sessionmaker[AsyncSession] | None = None,
-) -> AsyncIterator[AsyncSession]:
-    """The one way to get a database session outside a request (actors, the scheduler, the
-    CLI): one transaction, committed when the block ends, rolled back if it raises.  The
-    block owns the transaction; the services it calls never commit.  ``factory`` defaults
-    to the process's; code handed one (the run engine, tests) passes it."""
-    async with session_scope(factory or get_runtime().session_factory) as session:
-        yield session
+def provide_session(database: Database | None = None) -> AbstractAsyncContextManager[AsyncSession]:
+    """A transaction outside a request (actors, the scheduler): :meth:`Database.transaction`
+    of ``database``, by default the process's."""
+    return (database or get_runtime().database).transaction()

@@ -238,13 +238,44 @@ class Input(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
         for name in _free_form_fields(type(self)):
             check_json(getattr(self, name), (name,))
 
+    def changes(self) -> dict[str, Any]:
+        """The fields the client sent: those of an update body left ``UNSET`` are not."""
+        return {
+            name: value
+            for name in self.__struct_fields__
+            if (value := getattr(self, name)) is not msgspec.UNSET
+        }
+
+    def apply_to(self, row: object, **computed: Any) -> None:
+        """The one way a PATCH is applied: each field the client sent (:meth:`changes`), then
+        the values the service ``computed`` from them, set on ``row``.  ``updated_at`` is
+        the model's (``onupdate``), set when the session flushes the change."""
+        for name, value in {**self.changes(), **computed}.items():
+            setattr(row, name, value)
+
 
 class Output(msgspec.Struct, kw_only=True):
     """Base of response bodies."""
 
     @classmethod
-    def from_row(cls, row: object) -> Self:
-        """The body read off ``row`` (an ORM object): each field from the attribute of its
-        name, nested bodies from loaded relationships or JSON values.  A body with computed
-        fields has a small function beside its service that builds on this one."""
-        return msgspec.convert(row, cls, from_attributes=True)
+    def from_row(cls, row: object, **computed: Any) -> Self:
+        """The one way a row becomes a body: each field from the attribute of its name on
+        ``row`` (an ORM object or a result row), nested bodies from loaded relationships or
+        JSON values; a field the row does not hold (or holds otherwise) given in
+        ``computed``."""
+        return msgspec.convert(
+            _Overlay(row, computed) if computed else row, cls, from_attributes=True
+        )
+
+
+class _Overlay:
+    """``row`` with some attributes replaced, for :meth:`Output.from_row`."""
+
+    __slots__ = ("_computed", "_row")
+
+    def __init__(self, row: object, computed: dict[str, Any]) -> None:
+        self._row, self._computed = row, computed
+
+    def __getattr__(self, name: str) -> Any:
+        computed = self._computed
+        return computed[name] if name in computed else getattr(self._row, name)

@@ -52,11 +52,12 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.exc import DBAPIError
-from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 from sqlalchemy.types import Uuid
 
 from shared.db.base import NOW, UTCDateTime, utcnow
 from shared.db.direct import Statement, direct_pool
+from shared.db.engine import Database
 from shared.db.errors import database_unavailable, describe_database_error
 from shared.db.models import Calibration, KnowledgeDocument, ScenarioRun, TriggerExecution
 from shared.db.queries import touch_stalled
@@ -202,7 +203,7 @@ def reason(exc: BaseException) -> str:
 
 async def perform(
     work: Work,
-    factory: async_sessionmaker[AsyncSession],
+    database: Database,
     settings: Settings,
     unit_id: UUID,
     attempts: int,
@@ -222,7 +223,7 @@ async def perform(
             give_up,
             f"error: gave up after {work.max_deliveries} deliveries that did not finish",
         )
-    engine: AsyncEngine = factory.kw["bind"]
+    engine: AsyncEngine = database.engine
     interval_s = max(settings.run_heartbeat_timeout_s / BEATS_PER_TIMEOUT, MIN_BEAT_S)
     beats = _heartbeats(engine, interval_s)
     beats.add(work, unit_id)

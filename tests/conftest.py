@@ -100,7 +100,7 @@ async def client(app: Litestar) -> AsyncIterator[AsyncTestClient]:
     async with AsyncTestClient(app=app, base_url="http://testserver.local") as test_client:
         yield test_client
         # Tests run the workers' code in this loop: the direct pool it opened is this loop's.
-        await close_direct_pool(app.state.engine)
+        await close_direct_pool(app.state.database.engine)
 
 
 @pytest.fixture
@@ -120,7 +120,7 @@ async def impatient(settings: Settings, app: Litestar) -> AsyncIterator[AsyncTes
     quick = create_app(msgspec.structs.replace(settings, calibration_wait_s=0.2))
     async with AsyncTestClient(app=quick, base_url="http://testserver.local") as client:
         yield client
-        await close_direct_pool(quick.state.engine)
+        await close_direct_pool(quick.state.database.engine)
 
 
 @pytest.fixture(autouse=True)
@@ -139,13 +139,12 @@ async def _clean_database(request: pytest.FixtureRequest) -> AsyncIterator[None]
         return
     app: Litestar = request.getfixturevalue("app")
     tables = ", ".join(f'"{t.name}"' for t in Base.metadata.sorted_tables)
-    async with app.state.engine.begin() as conn:
+    async with app.state.database.engine.begin() as conn:
         await conn.execute(text(f"TRUNCATE {tables} RESTART IDENTITY CASCADE"))
 
 
 @pytest.fixture
 async def db(app: Litestar, client: AsyncTestClient):  # type: ignore[no-untyped-def]
     """A session on the test database, for setting up states the API cannot reach (expiry)."""
-    async with app.state.session_factory() as session:
+    async with app.state.database.transaction() as session:
         yield session
-        await session.commit()

@@ -30,7 +30,7 @@ from workers.broker import broker  # noqa: F401 - the broker the actor is declar
 async def calibrate(calibration_id: str) -> None:
     runtime = get_runtime()
     await judge_examples(
-        runtime.session_factory, runtime.settings, UUID(calibration_id), http=runtime.http
+        runtime.database, runtime.settings, UUID(calibration_id), http=runtime.http
     )
 
 
@@ -43,4 +43,4 @@ async def calibrate(calibration_id: str) -> None:
     time_limit=10 * 60 * 1000,
 )
 async def judge_trust(batch_id: str) -> None:
-    await trust.compute(get_runtime().session_factory, UUID(batch_id))
+    await trust.compute(get_runtime().database, UUID(batch_id))

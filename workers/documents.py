@@ -28,4 +28,4 @@ from workers.broker import broker  # noqa: F401 - the broker the actor is declar
 )
 async def process_document(document_id: str) -> None:
     runtime = get_runtime()
-    await process(runtime.session_factory, runtime.settings, UUID(document_id))
+    await process(runtime.database, runtime.settings, UUID(document_id))

@@ -32,10 +32,7 @@ async def run_scenario(run_id: str) -> None:
     runtime = get_runtime()
     # The runs that took this one's place in its batch's window are committed: send them.
     for successor in (
-        await execute_run(
-            runtime.session_factory, runtime.settings, UUID(run_id), http=runtime.http
-        )
-        or ()
+        await execute_run(runtime.database, runtime.settings, UUID(run_id), http=runtime.http) or ()
     ):
         send(broker, RUN_SCENARIO, str(successor))
 
@@ -49,5 +46,5 @@ async def run_scenario(run_id: str) -> None:
     time_limit=60 * 1000,
 )
 async def dispatch_batch(batch_id: str) -> None:
-    for run_id in await dispatch_committed(get_runtime().session_factory, UUID(batch_id)):
+    for run_id in await dispatch_committed(get_runtime().database, UUID(batch_id)):
         send(broker, RUN_SCENARIO, str(run_id))

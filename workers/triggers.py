@@ -29,7 +29,7 @@ from workers.broker import broker
 async def run_trigger_execution(execution_id: str) -> None:
     runtime = get_runtime()
     await execute(
-        runtime.session_factory,
+        runtime.database,
         runtime.settings,
         UUID(execution_id),
         broker=broker,

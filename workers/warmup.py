@@ -20,14 +20,14 @@ from shared.batches.window import dispatch_committed
 from shared.db.direct import direct_pool
 from shared.errors import NotFound
 from shared.outbound import services as outbound
-from shared.runtime import Runtime, provide_session
+from shared.runtime import Runtime
 from shared.scenarios import sandbox, store
 
 
 async def warm_up(runtime: Runtime) -> None:
     await runtime.warm_up()
-    await _open_engine_pool(runtime.engine, runtime.settings.db_pool_size)
-    await _rehearse_run_engine(runtime.engine)
+    await _open_engine_pool(runtime.database.engine, runtime.settings.db_pool_size)
+    await _rehearse_run_engine(runtime.database.engine)
     await _rehearse_sessions(runtime)
     await sandbox.warm_up()  # a renderer for message templates, started in this loop
     runtime.http  # noqa: B018 - the process's egress session, made in this loop
@@ -52,10 +52,10 @@ async def _rehearse_run_engine(engine: AsyncEngine) -> None:
 
 async def _rehearse_sessions(runtime: Runtime) -> None:
     """A batch's dispatch and a run's configuration load, for ids that name nothing."""
-    factory, settings = runtime.session_factory, runtime.settings
-    await dispatch_committed(factory, uuid4())
+    database, settings = runtime.database, runtime.settings
+    await dispatch_committed(database, uuid4())
     org = uuid4()
-    async with provide_session(factory) as session:
+    async with database.transaction() as session:
         await outbound.load_egress_policy(session, settings, org)
         await outbound.default_judge_provider_id(session, org)
         for load in (outbound.load_agent, outbound.load_provider):

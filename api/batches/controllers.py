@@ -131,7 +131,7 @@ async def _progress(
     while True:
         # Only what ended lately (a run commits within moments of its completed_at).
         now = await services.progress(
-            state.session_factory,
+            state.database,
             access,
             batch_id,
             ended_since=since - RECENT if since is not None else None,

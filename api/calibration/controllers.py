@@ -45,7 +45,7 @@ class CalibrationController(Controller):
         """Judge labelled examples with the agent's judge and measure its agreement with
         the humans: 200 with the metrics, or 202 `{id, status}` if still judging."""
         calibration_id = await services.start(
-            state.session_factory,
+            state.database,
             settings=settings,
             access=access,
             agent_id=agent_id,
@@ -53,7 +53,7 @@ class CalibrationController(Controller):
             broker=state.broker,
         )
         done = await services.wait(
-            state.session_factory, calibration_id, seconds=settings.calibration_wait_s
+            state.database, calibration_id, seconds=settings.calibration_wait_s
         )
         if done is None:
             return Response(

@@ -32,7 +32,7 @@ from sqlalchemy import (
     or_,
     select,
 )
-from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+from sqlalchemy.ext.asyncio import AsyncSession
 
 from shared.batches import schemas, window
 from shared.batches.schemas import BatchStatus
@@ -40,6 +40,7 @@ from shared.batches.window import ACTIVE
 from shared.batches.window import dispatch_committed as dispatch_committed  # its old home
 from shared.calibration import trust
 from shared.db.base import NOW, utcnow
+from shared.db.engine import Database
 from shared.db.models import BatchRun, Scenario, ScenarioRun, TurnResult
 from shared.db.queries import one_in_org
 from shared.errors import Conflict, InvalidInput, NotFound
@@ -47,7 +48,6 @@ from shared.identity.access import OrgAccess
 from shared.outbound.services import agent_in_org
 from shared.paging import Paging, paginate
 from shared.queue import JUDGE_TRUST, send_after_commit
-from shared.runtime import provide_session
 from shared.scenarios.schemas import TERMINAL_STATUSES
 from shared.scenarios.services import snapshot_source, tag_filter
 
@@ -284,7 +284,7 @@ class Progress(msgspec.Struct, frozen=True):
 
 
 async def progress(
-    factory: async_sessionmaker[AsyncSession],
+    database: Database,
     access: OrgAccess,
     batch_id: UUID,
     *,
@@ -292,7 +292,7 @@ async def progress(
 ) -> Progress:
     """The batch and its runs that ended at ``ended_since`` or later (all of them without
     it, and always all of them once the batch is over, so no run is ever missed)."""
-    async with provide_session(factory) as session:
+    async with database.transaction() as session:
         batch = await get_batch(session, access, batch_id)
         over = is_over(batch)
         ended = await run_summaries(

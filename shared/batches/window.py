@@ -42,12 +42,12 @@ from sqlalchemy import (
     select,
     update,
 )
-from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+from sqlalchemy.ext.asyncio import AsyncSession
 
 from shared.batches.schemas import BatchStatus
 from shared.db.base import NOW, utcnow
+from shared.db.engine import Database
 from shared.db.models import BatchRun, ScenarioRun
-from shared.runtime import provide_session
 from shared.scenarios.schemas import RunStatus
 
 ACTIVE = (BatchStatus.QUEUED, BatchStatus.RUNNING)
@@ -242,21 +242,19 @@ async def dispatch(session: AsyncSession, batch_id: UUID) -> list[UUID]:
     return ids
 
 
-async def dispatch_committed(
-    factory: async_sessionmaker[AsyncSession], batch_id: UUID
-) -> list[UUID]:
+async def dispatch_committed(database: Database, batch_id: UUID) -> list[UUID]:
     """:func:`dispatch` in its own transaction: the returned runs are committed, send them."""
-    async with provide_session(factory) as session:
+    async with database.transaction() as session:
         return await dispatch(session, batch_id)
 
 
-async def reoffer(factory: async_sessionmaker[AsyncSession]) -> list[UUID]:
+async def reoffer(database: Database) -> list[UUID]:
     """Offer every active batch a dispatch (the sweeper's pass): runs whose place was lost
     with a message are handed out again.  Each batch in its own transaction; the returned
     runs are committed, send them."""
-    async with provide_session(factory) as session:
+    async with database.transaction() as session:
         batches: Sequence[UUID] = list(await session.scalars(select(_batches.c.id).where(_active)))
     handed: list[UUID] = []
     for batch_id in batches:
-        handed += await dispatch_committed(factory, batch_id)
+        handed += await dispatch_committed(database, batch_id)
     return handed

@@ -19,13 +19,14 @@ from uuid import UUID
 import aiohttp
 import msgspec
 from sqlalchemy import select, update
-from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+from sqlalchemy.ext.asyncio import AsyncSession
 
 from shared import work
 from shared.calibration import schemas
 from shared.calibration.schemas import CalibrationStatus
 from shared.calibration.stats import Confusion, wilson
 from shared.db.base import utcnow
+from shared.db.engine import Database
 from shared.db.models import Agent, Calibration, Criterion, Organization, Scenario, ScenarioTurn
 from shared.db.queries import one_in_org
 from shared.errors import Conflict, InvalidInput, NotFound
@@ -35,7 +36,6 @@ from shared.outbound.egress import EgressClient, EgressError
 from shared.outbound.services import agent_in_org, judge_provider_of, load_outbound
 from shared.paging import Paging, paginate
 from shared.queue import CALIBRATE, send_after_commit
-from shared.runtime import provide_session
 from shared.settings import Settings
 from shared.work import CALIBRATIONS, claim_params
 
@@ -46,7 +46,7 @@ WAIT_POLL_S = 0.1
 
 
 async def start(
-    factory: async_sessionmaker[AsyncSession],
+    database: Database,
     *,
     settings: Settings,
     access: OrgAccess,
@@ -77,7 +77,7 @@ async def start(
                 "give criterion_question or criteria_id, not both",
                 type="missing" if example.criterion_question is None else "value_error",
             )
-    async with provide_session(factory) as session:
+    async with database.transaction() as session:
         agent = await agent_in_org(session, access.organization_id, agent_id)
         judge_id = await judge_provider_of(session, access.organization_id, agent.judge_provider_id)
         if judge_id is None:
@@ -168,14 +168,12 @@ def _stored(
     )
 
 
-async def wait(
-    factory: async_sessionmaker[AsyncSession], calibration_id: UUID, *, seconds: float
-) -> Calibration | None:
+async def wait(database: Database, calibration_id: UUID, *, seconds: float) -> Calibration | None:
     """The calibration once it is over (``completed`` or ``failed``), or ``None`` if it
     is still judging after ``seconds``."""
     deadline = time.monotonic() + seconds
     while True:
-        async with provide_session(factory) as session:
+        async with database.transaction() as session:
             calibration = await session.get(Calibration, calibration_id)
         if calibration is not None and calibration.status in (
             CalibrationStatus.COMPLETED,
@@ -325,9 +323,9 @@ _CLAIM = CALIBRATIONS.claim().returning(Calibration)
 
 
 async def _claim(
-    factory: async_sessionmaker[AsyncSession], settings: Settings, calibration_id: UUID
+    database: Database, settings: Settings, calibration_id: UUID
 ) -> tuple[Calibration, str, int] | None:
-    async with provide_session(factory) as session:
+    async with database.transaction() as session:
         claimed = await session.scalar(
             select(Calibration).from_statement(_CLAIM),
             {"p_unit": calibration_id, **claim_params(settings)},
@@ -344,14 +342,12 @@ async def _claim(
         return claimed, row.business_information or "", row.outbound_version
 
 
-async def _end(
-    factory: async_sessionmaker[AsyncSession], calibration_id: UUID, **fields: Any
-) -> None:
+async def _end(database: Database, calibration_id: UUID, **fields: Any) -> None:
     """End a ``running`` calibration, waiting out a database that is away: its verdicts
     cost the judge's calls (:func:`shared.work.persist`)."""
 
     async def once() -> None:
-        async with provide_session(factory) as session:
+        async with database.transaction() as session:
             now = utcnow()
             await session.execute(
                 update(Calibration)
@@ -366,7 +362,7 @@ async def _end(
 
 
 async def judge_examples(
-    factory: async_sessionmaker[AsyncSession],
+    database: Database,
     settings: Settings,
     calibration_id: UUID,
     *,
@@ -375,29 +371,29 @@ async def judge_examples(
     """Judge every example (at most ``SPAR_CALIBRATION_CONCURRENCY`` at once) with the
     agent's judge and store the metrics.  Idempotent: an ended calibration is left alone,
     and a redelivered one is judged again from the start."""
-    claimed = await _claim(factory, settings, calibration_id)
+    claimed = await _claim(database, settings, calibration_id)
     if claimed is None:
         return
     calibration, business_information, version = claimed
 
     async def give_up(reason: str) -> None:
-        await _end(factory, calibration_id, status=CalibrationStatus.FAILED, error=reason)
+        await _end(database, calibration_id, status=CalibrationStatus.FAILED, error=reason)
 
     await work.perform(
         CALIBRATIONS,
-        factory,
+        database,
         settings,
         calibration_id,
         calibration.attempts,
         play=lambda: _judge(
-            factory, settings, calibration, business_information, version, http=http
+            database, settings, calibration, business_information, version, http=http
         ),
         give_up=give_up,
     )
 
 
 async def _judge(
-    factory: async_sessionmaker[AsyncSession],
+    database: Database,
     settings: Settings,
     calibration: Calibration,
     business_information: str,
@@ -408,19 +404,22 @@ async def _judge(
     calibration_id = calibration.id
     if calibration.agent_id is None:
         await _end(
-            factory, calibration_id, status=CalibrationStatus.FAILED, error="the agent was deleted"
+            database, calibration_id, status=CalibrationStatus.FAILED, error="the agent was deleted"
         )
         return
     try:
         outbound = await load_outbound(
-            factory, settings, calibration.organization_id, calibration.agent_id, version
+            database, settings, calibration.organization_id, calibration.agent_id, version
         )
     except NotFound as exc:
-        await _end(factory, calibration_id, status=CalibrationStatus.FAILED, error=exc.detail)
+        await _end(database, calibration_id, status=CalibrationStatus.FAILED, error=exc.detail)
         return
     if outbound.judge is None:
         await _end(
-            factory, calibration_id, status=CalibrationStatus.FAILED, error="the agent has no judge"
+            database,
+            calibration_id,
+            status=CalibrationStatus.FAILED,
+            error="the agent has no judge",
         )
         return
     examples = msgspec.convert(calibration.examples, list[schemas.StoredExample])
@@ -449,7 +448,7 @@ async def _judge(
     verdicts = await asyncio.gather(*(one(example) for example in examples))
     metrics = measure(examples, verdicts)
     await _end(
-        factory,
+        database,
         calibration_id,
         status=CalibrationStatus.COMPLETED,
         metrics=msgspec.to_builtins(metrics),

@@ -35,7 +35,7 @@ from uuid import UUID
 import msgspec
 from sqlalchemy import and_, func, or_, select, update
 from sqlalchemy.dialects.postgresql import distinct_on
-from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+from sqlalchemy.ext.asyncio import AsyncSession
 
 from shared.batches.schemas import BatchStatus
 from shared.calibration import schemas
@@ -43,9 +43,9 @@ from shared.calibration.schemas import CalibrationStatus
 from shared.calibration.services import place_of
 from shared.calibration.stats import Confusion, correct
 from shared.db.base import utcnow
+from shared.db.engine import Database
 from shared.db.models import Agent, BatchRun, Calibration, CriterionResult, ScenarioRun, TurnResult
 from shared.outbound.services import judge_provider_of
-from shared.runtime import provide_session
 from shared.scenarios.records import Snapshot
 
 REQUEST_STALL = timedelta(minutes=5)
@@ -257,11 +257,11 @@ def _report(
     return trusted, uncalibrated
 
 
-async def compute(factory: async_sessionmaker[AsyncSession], batch_id: UUID) -> None:
+async def compute(database: Database, batch_id: UUID) -> None:
     """Work out and store the batch's judge trust (the actor).  Idempotent: the bootstrap
     is seeded by the batch and criterion, so a redelivery stores the same report."""
     calibrated = _Calibrated()
-    async with provide_session(factory) as session:
+    async with database.transaction() as session:
         batch = await session.get(BatchRun, batch_id)
         if batch is None or batch.status not in OVER:
             return
@@ -286,7 +286,7 @@ async def compute(factory: async_sessionmaker[AsyncSession], batch_id: UUID) -> 
     report = schemas.JudgeTrust(
         status="ready", computed_at=utcnow(), criteria=trusted, uncalibrated=uncalibrated
     )
-    async with provide_session(factory) as session:
+    async with database.transaction() as session:
         await session.execute(
             update(BatchRun)
             .where(BatchRun.id == batch_id)

@@ -10,8 +10,10 @@ from __future__ import annotations
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
 import msgspec
+from psycopg import AsyncConnection
 from sqlalchemy import event
 from sqlalchemy.exc import DisconnectionError
 from sqlalchemy.ext.asyncio import (
@@ -21,7 +23,7 @@ from sqlalchemy.ext.asyncio import (
     create_async_engine,
 )
 
-from shared.db.direct import POSTGRES_OPTIONS, close_direct_pool, json_text
+from shared.db.direct import POSTGRES_OPTIONS, close_direct_pool, direct_pool, json_text
 from shared.settings import Settings
 
 # JSON columns (snapshots, cost summaries, results) are written on every turn: msgspec is
@@ -83,23 +85,42 @@ def autocommit(engine: AsyncEngine) -> AsyncEngine:
     return engine.execution_options(isolation_level="AUTOCOMMIT")
 
 
-def create_session_factory(engine: AsyncEngine) -> async_sessionmaker[AsyncSession]:
-    return async_sessionmaker(engine, expire_on_commit=False)
+class Database:
+    """The process's database, and the one way code opens a unit of work on it.
 
+    * :meth:`transaction`: one session, committed when the block ends, rolled back if it
+      raises (``read_only``: the same session in autocommit, for work that only reads; inside
+      a READ COMMITTED transaction each statement takes its own snapshot anyway).  The
+      request's session (``api.deps``), the workers', the scheduler's and the CLI's all come
+      from here; the services they call take that session and never commit.
+    * :meth:`connection`: a connection of the run engine's direct pool
+      (:mod:`shared.db.direct`), in autocommit: each statement is its own transaction.
+    * :attr:`autocommit`: the engine in autocommit (same pool), for a lookup that needs no
+      session (the authorization guard).
+    """
 
-@asynccontextmanager
-async def session_scope(factory: async_sessionmaker[AsyncSession]) -> AsyncIterator[AsyncSession]:
-    """One unit of work: commit on success, roll back on any error."""
-    async with factory() as session:
-        try:
-            yield session
-            await session.commit()
-        except BaseException:
-            await session.rollback()
-            raise
+    def __init__(self, engine: AsyncEngine) -> None:
+        self.engine = engine
+        self.autocommit = autocommit(engine)
+        self._sessions = async_sessionmaker(engine, expire_on_commit=False)
 
+    @asynccontextmanager
+    async def transaction(self, *, read_only: bool = False) -> AsyncIterator[AsyncSession]:
+        session = self._sessions(bind=self.autocommit) if read_only else self._sessions()
+        async with session:
+            try:
+                yield session
+                await session.commit()
+            except BaseException:
+                await session.rollback()
+                raise
 
-async def dispose_engine(engine: AsyncEngine) -> None:
-    """Close the engine's pool and the direct pool beside it (:mod:`shared.db.direct`)."""
-    await close_direct_pool(engine)
-    await engine.dispose()
+    @asynccontextmanager
+    async def connection(self) -> AsyncIterator[AsyncConnection[Any]]:
+        async with (await direct_pool(self.engine)).connection() as connection:
+            yield connection
+
+    async def dispose(self) -> None:
+        """Close the engine's pool and the direct pool beside it."""
+        await close_direct_pool(self.engine)
+        await self.engine.dispose()

@@ -19,12 +19,12 @@ from dataclasses import dataclass, field
 from uuid import UUID
 
 from sqlalchemy import select
-from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+from sqlalchemy.ext.asyncio import AsyncSession
 
+from shared.db.engine import Database
 from shared.db.models import KnowledgeBookmarkAgent, KnowledgeDocument
 from shared.knowledge.schemas import GivenKnowledge, ProcessingStatus
 from shared.knowledge.services import ranked_chunks, search_config
-from shared.runtime import provide_session
 
 RETRIEVED_CHUNKS = 3
 MAX_ALWAYS_CHARS = 100_000  # of all always documents together, in the system context
@@ -48,7 +48,7 @@ class _Document:
 class AgentKnowledge:
     """The knowledge of one agent for one run, loaded once when the run starts."""
 
-    factory: async_sessionmaker[AsyncSession]
+    database: Database
     organization_id: UUID
     always: list[tuple[_Document, str]] = field(default_factory=list)
     on_demand: list[_Document] = field(default_factory=list)
@@ -69,7 +69,7 @@ class AgentKnowledge:
             )
         if self.on_demand:
             by_id = {d.id: d for d in self.on_demand}
-            async with provide_session(self.factory) as session:
+            async with self.database.transaction() as session:
                 rows = await session.execute(
                     ranked_chunks(
                         self.organization_id,
@@ -123,7 +123,7 @@ async def _bookmarked(session: AsyncSession, agent_id: UUID) -> list[KnowledgeDo
 
 
 async def load(
-    factory: async_sessionmaker[AsyncSession],
+    database: Database,
     organization_id: UUID,
     agent_id: UUID,
     *,
@@ -133,7 +133,7 @@ async def load(
     :class:`KnowledgeNotReady` after ``wait_s`` seconds otherwise."""
     deadline = time.monotonic() + wait_s
     while True:
-        async with provide_session(factory) as session:
+        async with database.transaction() as session:
             documents = await _bookmarked(session, agent_id)
         pending = [
             d
@@ -146,7 +146,7 @@ async def load(
             names = ", ".join(f"{d.title or d.filename} ({d.id})" for d in pending)
             raise KnowledgeNotReady(f"knowledge documents not ready after {wait_s:g} s: {names}")
         await asyncio.sleep(WAIT_POLL_S)
-    knowledge = AgentKnowledge(factory=factory, organization_id=organization_id)
+    knowledge = AgentKnowledge(database=database, organization_id=organization_id)
     budget = MAX_ALWAYS_CHARS
     for d in documents:
         if d.processing_status != ProcessingStatus.READY:

@@ -27,16 +27,16 @@ from uuid import UUID
 
 from sqlalchemy import delete, exists, insert, select, update
 from sqlalchemy.exc import IntegrityError
-from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+from sqlalchemy.ext.asyncio import AsyncSession
 
 from shared import work
 from shared.db.base import utcnow
+from shared.db.engine import Database
 from shared.db.models import KnowledgeChunk, KnowledgeDocument
 from shared.knowledge.chunking import MAX_LISTED_HEADINGS, Parsed, TooManyChunks, parse
 from shared.knowledge.schemas import ProcessingStatus
 from shared.knowledge.services import search_config
 from shared.metrics import DOCUMENTS_PROCESSED
-from shared.runtime import provide_session
 from shared.settings import Settings
 from shared.work import DOCUMENTS, claim_params
 
@@ -81,10 +81,8 @@ _CLAIM = DOCUMENTS.claim(processing_progress=0, processing_error=None).returning
 )
 
 
-async def _claim(
-    factory: async_sessionmaker[AsyncSession], settings: Settings, document_id: UUID
-) -> _Claimed | None:
-    async with provide_session(factory) as session:
+async def _claim(database: Database, settings: Settings, document_id: UUID) -> _Claimed | None:
+    async with database.transaction() as session:
         row = (
             await session.execute(_CLAIM, {"p_unit": document_id, **claim_params(settings)})
         ).one_or_none()
@@ -95,43 +93,41 @@ async def _claim(
     return _Claimed(*row)
 
 
-async def process_document(
-    factory: async_sessionmaker[AsyncSession], settings: Settings, document_id: UUID
-) -> None:
+async def process_document(database: Database, settings: Settings, document_id: UUID) -> None:
     """Process the document ``document_id`` (the ``documents`` actor's body), claimed, kept
     alive and given up on as every unit of work is (:mod:`shared.work`)."""
-    claimed = await _claim(factory, settings, document_id)
+    claimed = await _claim(database, settings, document_id)
     if claimed is None:
         return
 
     async def give_up(reason: str) -> None:
-        await _fail(factory, claimed.id, reason)
+        await _fail(database, claimed.id, reason)
 
     await work.perform(
         DOCUMENTS,
-        factory,
+        database,
         settings,
         claimed.id,
         claimed.attempts,
-        play=lambda: _process(factory, claimed),
+        play=lambda: _process(database, claimed),
         give_up=give_up,
     )
 
 
-async def _process(factory: async_sessionmaker[AsyncSession], claimed: _Claimed) -> None:
+async def _process(database: Database, claimed: _Claimed) -> None:
     try:
         # CPU-bound for a large document (a fraction of a second for 5 MiB): off the loop.
         parsed = await asyncio.to_thread(parse, claimed.content, claimed.mime_type)
     except TooManyChunks as exc:
-        await _fail(factory, claimed.id, str(exc))
+        await _fail(database, claimed.id, str(exc))
         return
     if not parsed.chunks:
-        await _fail(factory, claimed.id, "the document has no text to index")
+        await _fail(database, claimed.id, "the document has no text to index")
         return
     try:
-        await _progress(factory, claimed.id, PARSED_AT)
-        await _write_chunks(factory, claimed, parsed)
-        await _make_ready(factory, claimed, parsed)
+        await _progress(database, claimed.id, PARSED_AT)
+        await _write_chunks(database, claimed, parsed)
+        await _make_ready(database, claimed, parsed)
     except _Abandoned:
         log.info("document %s was deleted while processing: abandoned", claimed.id)
         DOCUMENTS_PROCESSED.labels("abandoned").inc()
@@ -139,10 +135,8 @@ async def _process(factory: async_sessionmaker[AsyncSession], claimed: _Claimed)
     DOCUMENTS_PROCESSED.labels("ready").inc()
 
 
-async def _progress(
-    factory: async_sessionmaker[AsyncSession], document_id: UUID, value: int
-) -> None:
-    async with provide_session(factory) as session:
+async def _progress(database: Database, document_id: UUID, value: int) -> None:
+    async with database.transaction() as session:
         await _set_progress(session, document_id, value)
 
 
@@ -157,9 +151,7 @@ async def _set_progress(session: AsyncSession, document_id: UUID, value: int) ->
         raise _Abandoned
 
 
-async def _write_chunks(
-    factory: async_sessionmaker[AsyncSession], claimed: _Claimed, parsed: Parsed
-) -> None:
+async def _write_chunks(database: Database, claimed: _Claimed, parsed: Parsed) -> None:
     config = search_config(claimed.language)
     title = claimed.title or parsed.first_heading or claimed.filename
     total = len(parsed.chunks)
@@ -177,7 +169,7 @@ async def _write_chunks(
             for chunk in parsed.chunks[start : start + BATCH]
         ]
         try:
-            async with provide_session(factory) as session:
+            async with database.transaction() as session:
                 await session.execute(insert(KnowledgeChunk), rows)
                 done = min(start + BATCH, total)
                 await _set_progress(
@@ -198,11 +190,9 @@ def _metadata(claimed: _Claimed, parsed: Parsed) -> dict[str, Any]:
     }
 
 
-async def _make_ready(
-    factory: async_sessionmaker[AsyncSession], claimed: _Claimed, parsed: Parsed
-) -> None:
+async def _make_ready(database: Database, claimed: _Claimed, parsed: Parsed) -> None:
     """``ready``, and the older versions of its path gone, in one commit."""
-    async with provide_session(factory) as session:
+    async with database.transaction() as session:
         if claimed.relative_path is not None:
             same_path = (
                 _docs.collection_id == claimed.collection_id,
@@ -240,8 +230,8 @@ async def _make_ready(
             raise _Abandoned
 
 
-async def _fail(factory: async_sessionmaker[AsyncSession], document_id: UUID, reason: str) -> None:
-    async with provide_session(factory) as session:
+async def _fail(database: Database, document_id: UUID, reason: str) -> None:
+    async with database.transaction() as session:
         failed = await session.execute(
             update(_docs)
             .where(_docs.id == document_id, _docs.processing_status == ProcessingStatus.PROCESSING)

@@ -18,10 +18,11 @@ from dataclasses import dataclass
 from uuid import UUID, uuid4
 
 from sqlalchemy import select, update
-from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+from sqlalchemy.ext.asyncio import AsyncSession
 
 from shared.crypto import secret_box
 from shared.db.base import utcnow
+from shared.db.engine import Database
 from shared.db.models import Agent, AllowedDomain, Credential, LLMProvider, Organization, Trigger
 from shared.db.queries import flush_unique, one_in_org
 from shared.errors import Conflict, InvalidInput, NotFound
@@ -30,7 +31,6 @@ from shared.outbound import schemas
 from shared.outbound.agents import AgentConfig
 from shared.outbound.egress import CREDENTIAL_REF, DomainRule, EgressPolicy, ProviderConfig
 from shared.paging import Paging, paginate
-from shared.runtime import provide_session
 from shared.settings import Settings
 
 _HOST_LABEL = re.compile(r"^(?!-)[a-z0-9-]{1,63}(?<!-)$")
@@ -570,7 +570,7 @@ class OutboundConfig:
 
 
 async def load_outbound(
-    factory: async_sessionmaker[AsyncSession],
+    database: Database,
     settings: Settings,
     org_id: UUID,
     agent_id: UUID,
@@ -580,7 +580,7 @@ async def load_outbound(
     (read by the caller).  Cached per worker process under that version: a batch of
     hundreds of runs loads it once, and any change to the agents, providers, credentials
     or allowed domains (a trigger on each of those tables bumps the version, migration
-    0008) is seen by the next run to start.  A session of ``factory`` is opened only to
+    0008) is seen by the next run to start.  A session of ``database`` is opened only to
     load.  Raises :class:`NotFound` when the agent or its
     provider is gone."""
     key = (org_id, agent_id, version, settings)
@@ -595,7 +595,7 @@ async def load_outbound(
         async with _loading.setdefault(loading, asyncio.Lock()):
             cached = _outbound_cache.get(key)
             if cached is None:
-                async with provide_session(factory) as session:
+                async with database.transaction() as session:
                     cached = await _load_outbound(session, settings, org_id, agent_id)
                 _outbound_cache[key] = cached
                 while len(_outbound_cache) > OUTBOUND_CACHE_SIZE:

@@ -30,9 +30,9 @@ from typing import Any
 from uuid import UUID
 
 import aiohttp
-from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from shared import work
+from shared.db.engine import Database
 from shared.errors import NotFound
 from shared.knowledge.context import AgentKnowledge, KnowledgeNotReady
 from shared.knowledge.context import load as load_knowledge
@@ -95,7 +95,7 @@ def _price(provider: ProviderConfig | None, tokens_in: int, tokens_out: int) -> 
 
 
 async def _load(
-    factory: async_sessionmaker[AsyncSession],
+    database: Database,
     settings: Settings,
     run_id: UUID,
     run: store.Claimed,
@@ -105,7 +105,7 @@ async def _load(
     agent's knowledge."""
     try:
         outbound = await load_outbound(
-            factory, settings, run.organization_id, run.agent_id, run.outbound_version
+            database, settings, run.organization_id, run.agent_id, run.outbound_version
         )
     except NotFound as exc:
         raise RunAborted(f"cannot start: {exc.detail}") from None
@@ -113,7 +113,7 @@ async def _load(
     if outbound.agent.kind == "llm":  # only Spar's own llm agents are given documents
         try:
             knowledge = await load_knowledge(
-                factory, run.organization_id, run.agent_id, wait_s=settings.knowledge_wait_s
+                database, run.organization_id, run.agent_id, wait_s=settings.knowledge_wait_s
             )
         except KnowledgeNotReady as exc:
             raise RunAborted(f"cannot start: {exc}") from None
@@ -181,7 +181,7 @@ async def _evaluate(
 
 
 async def finish(
-    factory: async_sessionmaker[AsyncSession],
+    database: Database,
     run_id: UUID,
     status: RunStatus,
     error: str | None = None,
@@ -189,7 +189,7 @@ async def finish(
     """Move a non-terminal run to ``status``, counted in its batch with the run that takes
     its place handed out (:func:`shared.scenarios.store.end`): ``None`` when the run was
     already terminal, else the successors to send."""
-    successors = await store.end(factory, run_id, status, error)
+    successors = await store.end(database, run_id, status, error)
     if successors is not None:
         run_finished(status)
     return successors
@@ -197,7 +197,7 @@ async def finish(
 
 @in_flight(RUNS_IN_FLIGHT)
 async def execute_run(
-    factory: async_sessionmaker[AsyncSession],
+    database: Database,
     settings: Settings,
     run_id: UUID,
     *,
@@ -209,28 +209,28 @@ async def execute_run(
     its place, for the caller to send (see :func:`finish`).  Claimed, kept alive and given
     up on as every unit of work is (:mod:`shared.work`).
     """
-    run = await store.claim(factory, settings, run_id)
+    run = await store.claim(database, settings, run_id)
     if run is None:
         return None
 
     async def play() -> list[UUID] | None:
         try:
-            context = await _load(factory, settings, run_id, run, http)
-            return await _run_turns(factory, context, run.done)
+            context = await _load(database, settings, run_id, run, http)
+            return await _run_turns(database, context, run.done)
         except RunAborted as exc:
             log.info("run %s ends in error: %s", run_id, exc)
-            return await finish(factory, run_id, RunStatus.ERROR, str(exc))
+            return await finish(database, run_id, RunStatus.ERROR, str(exc))
 
     async def give_up(reason: str) -> list[UUID] | None:
-        return await finish(factory, run_id, RunStatus.ERROR, reason)
+        return await finish(database, run_id, RunStatus.ERROR, reason)
 
     return await work.perform(
-        RUNS, factory, settings, run_id, run.attempts, play=play, give_up=give_up
+        RUNS, database, settings, run_id, run.attempts, play=play, give_up=give_up
     )
 
 
 async def _run_turns(
-    factory: async_sessionmaker[AsyncSession], context: _Context, done: list[DoneTurn]
+    database: Database, context: _Context, done: list[DoneTurn]
 ) -> list[UUID] | None:
     """Play the turns not yet committed and end the run (its last turn is written in the
     same commit as its end).  ``None`` if another delivery won, else the successors."""
@@ -238,7 +238,7 @@ async def _run_turns(
     all_passed = all(t.passed for t in done)
     remaining = _remaining(context.snapshot, done)
     if not remaining or any(t.stopped_early for t in done):  # nothing left to play
-        return await finish(factory, context.run_id, _outcome(all_passed))
+        return await finish(database, context.run_id, _outcome(all_passed))
     for position, turn in enumerate(remaining):
         played = await _play(context, turn, history)
         all_passed = all_passed and played.record.passed
@@ -247,7 +247,7 @@ async def _run_turns(
         # The turns a failed required turn leaves unplayed are recorded with the run's end.
         skipped = [t.order_index for t in remaining[position + 1 :]] if last else []
         outcome = await store.record_turn(
-            factory,
+            database,
             context.run_id,
             played.record,
             played.results,

@@ -23,8 +23,7 @@ UPDATE's SET clause.
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 from uuid import UUID
@@ -52,12 +51,12 @@ from sqlalchemy import (
     update,
 )
 from sqlalchemy.dialects.postgresql import JSONB, aggregate_order_by
-from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from shared import work
 from shared.batches import window
 from shared.db.base import NOW, utcnow
-from shared.db.direct import Statement, direct_pool
+from shared.db.direct import Statement
+from shared.db.engine import Database
 from shared.db.models import CriterionResult, Organization, ScenarioRun, TurnResult
 from shared.scenarios.records import (
     CostSummary,
@@ -79,20 +78,12 @@ _run = bindparam("p_run", type_=Uuid())
 _open = or_(_runs.c.status == OPEN_STATUSES[0], _runs.c.status == OPEN_STATUSES[1])
 
 
-@asynccontextmanager
-async def _direct(factory: async_sessionmaker[AsyncSession]) -> AsyncIterator[AsyncConnection[Any]]:
-    async with (await direct_pool(factory.kw["bind"])).connection() as connection:
-        yield connection
-
-
-async def _write(
-    factory: async_sessionmaker[AsyncSession], statement: Statement, params: dict[str, Any]
-) -> Sequence[Any]:
+async def _write(database: Database, statement: Statement, params: dict[str, Any]) -> Sequence[Any]:
     """A write recording what the agent and the judge said: it waits out a database that is
     away (:func:`shared.work.persist`) rather than have a redelivery call them again."""
 
     async def once() -> Sequence[Any]:
-        async with _direct(factory) as conn:
+        async with database.connection() as conn:
             return await statement.rows(conn, **params)
 
     return await work.persist(once)
@@ -154,16 +145,14 @@ _done = (
 _CLAIM_IN_ONE = Statement(select(_claimed, _done.label("done")))
 
 
-async def claim(
-    factory: async_sessionmaker[AsyncSession], settings: Settings, run_id: UUID
-) -> Claimed | None:
+async def claim(database: Database, settings: Settings, run_id: UUID) -> Claimed | None:
     """Move the run to ``running`` and read what playing it needs, the turns already
     committed included; ``None`` if it is terminal, gone, or being played by a delivery
     whose heartbeat is alive (:mod:`shared.work`).  Should a delivery thought dead still
     play, the turn writes settle which of the two goes on."""
     # Before waiting for a connection: the run started when it was claimed.
     params = claim_params(settings)
-    async with _direct(factory) as conn:
+    async with database.connection() as conn:
         runs = await _CLAIM_IN_ONE.rows(conn, p_run=run_id, **params)
     if not runs:
         return None
@@ -343,7 +332,7 @@ _END_IN_ONE = _in_one(_END, turn=False, end=True)
 
 
 async def record_turn(
-    factory: async_sessionmaker[AsyncSession],
+    database: Database,
     run_id: UUID,
     turn: TurnRecord,
     results: list[CriterionRecord],
@@ -382,7 +371,7 @@ async def record_turn(
         params["p_status"] = end
         params["p_skipped"] = [{"id": uuid.uuid4(), "turn_index": index} for index in skipped]
     try:
-        (written,) = await _write(factory, statement, params)
+        (written,) = await _write(database, statement, params)
     except psycopg.IntegrityError:
         return None
     if not written.changed:
@@ -391,7 +380,7 @@ async def record_turn(
 
 
 async def end(
-    factory: async_sessionmaker[AsyncSession],
+    database: Database,
     run_id: UUID,
     status: RunStatus,
     error: str | None,
@@ -402,7 +391,7 @@ async def end(
     ``None`` when this changed nothing (the run was already terminal); otherwise the
     successors to send (none outside a batch, or when nothing is left to hand out)."""
     params = {"p_run": run_id, "p_status": status, "p_error": error, "now": utcnow()}
-    (ended,) = await _write(factory, _END_IN_ONE, params)
+    (ended,) = await _write(database, _END_IN_ONE, params)
     if not ended.changed:
         return None
     return [ended.successor] if ended.successor is not None else []

@@ -25,19 +25,18 @@ from uuid import UUID
 
 import aiohttp
 from sqlalchemy import func, select, update
-from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from shared import work
 from shared.batches.schemas import BatchRunCreate
 from shared.batches.services import start_batch
 from shared.db.base import NOW, utcnow
+from shared.db.engine import Database
 from shared.db.models import Organization, Trigger, TriggerExecution
 from shared.errors import InvalidInput, NotFound
 from shared.outbound.agents import call_agent
 from shared.outbound.egress import EgressClient, EgressError
 from shared.outbound.services import load_outbound
 from shared.queue import DISPATCH_BATCH, send_after_commit
-from shared.runtime import provide_session
 from shared.scenarios import sandbox
 from shared.settings import Settings
 from shared.triggers.schemas import ExecutionStatus
@@ -60,10 +59,8 @@ _CLAIM = TRIGGER_EXECUTIONS.claim(
 ).returning(TriggerExecution.id)
 
 
-async def _claim(
-    factory: async_sessionmaker[AsyncSession], settings: Settings, execution_id: UUID
-) -> _Claimed | None:
-    async with provide_session(factory) as session:
+async def _claim(database: Database, settings: Settings, execution_id: UUID) -> _Claimed | None:
+    async with database.transaction() as session:
         claimed = await session.scalar(_CLAIM, {"p_unit": execution_id, **claim_params(settings)})
         if claimed is None:
             return None
@@ -79,7 +76,7 @@ async def _claim(
 
 
 async def execute(
-    factory: async_sessionmaker[AsyncSession],
+    database: Database,
     settings: Settings,
     execution_id: UUID,
     *,
@@ -88,22 +85,22 @@ async def execute(
 ) -> None:
     """Carry out the execution ``execution_id`` (the ``triggers`` actor's body), claimed,
     kept alive and given up on as every unit of work is (:mod:`shared.work`)."""
-    claimed = await _claim(factory, settings, execution_id)
+    claimed = await _claim(database, settings, execution_id)
     if claimed is None:
         return
 
     async def play() -> None:
         if claimed.trigger.action == "batch_run":
-            await _start_suite(factory, claimed, broker=broker)
+            await _start_suite(database, claimed, broker=broker)
         else:
-            await _send_message(factory, settings, claimed, http=http)
+            await _send_message(database, settings, claimed, http=http)
 
     async def give_up(reason: str) -> None:
-        await _finish(factory, execution_id, ExecutionStatus.FAILED, error=reason)
+        await _finish(database, execution_id, ExecutionStatus.FAILED, error=reason)
 
     await work.perform(
         TRIGGER_EXECUTIONS,
-        factory,
+        database,
         settings,
         execution_id,
         claimed.execution.attempts,
@@ -113,7 +110,7 @@ async def execute(
 
 
 async def _finish(
-    factory: async_sessionmaker[AsyncSession],
+    database: Database,
     execution_id: UUID,
     status: ExecutionStatus,
     **fields: Any,
@@ -123,7 +120,7 @@ async def _finish(
     delivery sends it the message again."""
 
     async def once() -> bool:
-        async with provide_session(factory) as session:
+        async with database.transaction() as session:
             now = utcnow()
             ended = await session.scalar(
                 update(TriggerExecution)
@@ -140,7 +137,7 @@ async def _finish(
 
 
 async def _send_message(
-    factory: async_sessionmaker[AsyncSession],
+    database: Database,
     settings: Settings,
     claimed: _Claimed,
     *,
@@ -158,7 +155,7 @@ async def _send_message(
         )
     except sandbox.TemplateFailed as exc:
         await _finish(
-            factory,
+            database,
             execution.id,
             ExecutionStatus.FAILED,
             error=f"trigger message template failed: {exc}",
@@ -166,7 +163,7 @@ async def _send_message(
         return
     try:
         outbound = await load_outbound(
-            factory, settings, trigger.organization_id, trigger.agent_id, claimed.outbound_version
+            database, settings, trigger.organization_id, trigger.agent_id, claimed.outbound_version
         )
         egress = EgressClient(outbound.policy, http=http, timeout_s=settings.egress_timeout_s)
         reply = await call_agent(
@@ -184,11 +181,11 @@ async def _send_message(
     except (NotFound, EgressError) as exc:
         detail = exc.detail if isinstance(exc, NotFound) else str(exc)
         await _finish(
-            factory, execution.id, ExecutionStatus.FAILED, message=message, error=detail[:2000]
+            database, execution.id, ExecutionStatus.FAILED, message=message, error=detail[:2000]
         )
         return
     await _finish(
-        factory,
+        database,
         execution.id,
         ExecutionStatus.SUCCEEDED,
         message=message,
@@ -196,11 +193,9 @@ async def _send_message(
     )
 
 
-async def _start_suite(
-    factory: async_sessionmaker[AsyncSession], claimed: _Claimed, *, broker: Any
-) -> None:
+async def _start_suite(database: Database, claimed: _Claimed, *, broker: Any) -> None:
     trigger = claimed.trigger
-    async with provide_session(factory) as session:
+    async with database.transaction() as session:
         execution = await session.scalar(
             select(TriggerExecution)
             .where(TriggerExecution.id == claimed.execution.id)

@@ -144,12 +144,12 @@ async def test_a_user_signs_in_watches_a_batch_move_reads_a_failure_and_finds_a_
     await expect(page.locator("#completed")).to_have_text("0")
     await expect(page.locator("#total")).to_have_text("3")
     await page.evaluate("window.sameDocument = true")
-    factory = app.state.session_factory
-    pending = deque(await dispatch_committed(factory, UUID(first["id"])))
+    database = app.state.database
+    pending = deque(await dispatch_committed(database, UUID(first["id"])))
     done = 0
     while pending:
         run_id = pending.popleft()
-        pending.extend(await execute_run(factory, settings, run_id) or [])
+        pending.extend(await execute_run(database, settings, run_id) or [])
         done += 1
         await expect(page.locator("#completed")).to_have_text(str(done))
         row = page.locator(f'tr[data-run="{run_id}"] [data-field="status"]')

@@ -35,12 +35,7 @@ from scheduler.sweeper import sweep
 from shared.batches import services as batch_services
 from shared.batches.services import dispatch_committed
 from shared.db.base import utcnow
-from shared.db.engine import (
-    create_engine,
-    create_session_factory,
-    dispose_engine,
-    session_scope,
-)
+from shared.db.engine import Database, create_engine
 from shared.db.models import BatchRun, Criterion, Scenario, ScenarioRun, ScenarioTurn
 from shared.identity.access import OrgAccess, Principal
 from shared.queue import RUN_SCENARIO
@@ -192,12 +187,12 @@ async def get_batch(client: AsyncTestClient, w: World, batch_id: str) -> dict[st
 async def drain(app: Litestar, settings: Settings, batch_id: str) -> list[UUID]:
     """Play the whole batch as the workers do: dispatch, then execute each run and the
     successors its end handed out."""
-    factory = app.state.session_factory
-    pending = deque(await dispatch_committed(factory, UUID(batch_id)))
+    database = app.state.database
+    pending = deque(await dispatch_committed(database, UUID(batch_id)))
     executed: list[UUID] = []
     while pending:
         run_id = pending.popleft()
-        pending.extend(await execute_run(factory, settings, run_id) or [])
+        pending.extend(await execute_run(database, settings, run_id) or [])
         executed.append(run_id)
     return executed
 
@@ -646,29 +641,29 @@ async def test_the_window_hands_out_at_most_max_concurrency_and_refills_one_for_
         await make_scenario(client, w, f"s{n}", tags=["window"])
     batch = await create_batch(client, w, tags=["window"], max_concurrency=3)
     batch_id = UUID(batch["id"])
-    factory = app.state.session_factory
+    database = app.state.database
     order = [UUID(r["id"]) for r in (await get_batch(client, w, batch["id"]))["runs"]]
 
-    first = await dispatch_committed(factory, batch_id)
+    first = await dispatch_committed(database, batch_id)
     assert first == order[:3]  # in the batch's order
     assert await in_flight(db, batch_id) == 3
     running = await get_batch(client, w, batch["id"])
     assert running["status"] == "running"
     assert running["started_at"] is not None
-    assert await dispatch_committed(factory, batch_id) == []
-    assert await dispatch_committed(factory, batch_id) == []
+    assert await dispatch_committed(database, batch_id) == []
+    assert await dispatch_committed(database, batch_id) == []
 
     # A run's end hands out its successor in the same transaction: the window stays full.
-    assert await execute_run(factory, settings, first[0]) == [order[3]]
+    assert await execute_run(database, settings, first[0]) == [order[3]]
     assert await in_flight(db, batch_id) == 3
-    assert await dispatch_committed(factory, batch_id) == []
+    assert await dispatch_committed(database, batch_id) == []
 
     # The rest, as the workers would; the window never holds more than 3.
     pending = deque([*first[1:], order[3]])
     while pending:
         run_id = pending.popleft()
         assert await in_flight(db, batch_id) <= 3
-        pending.extend(await execute_run(factory, settings, run_id) or [])
+        pending.extend(await execute_run(database, settings, run_id) or [])
     done = await get_batch(client, w, batch["id"])
     assert done["status"] == "completed"
     assert done["completed_scenarios"] == done["passed_scenarios"] == 10
@@ -683,9 +678,9 @@ async def test_concurrent_dispatches_never_exceed_the_window(
         await make_scenario(client, w, f"s{n}", tags=["race"])
     batch = await create_batch(client, w, tags=["race"], max_concurrency=5)
     batch_id = UUID(batch["id"])
-    factory = app.state.session_factory
+    database = app.state.database
 
-    handed = await asyncio.gather(*(dispatch_committed(factory, batch_id) for _ in range(8)))
+    handed = await asyncio.gather(*(dispatch_committed(database, batch_id) for _ in range(8)))
     ids = [run_id for part in handed for run_id in part]
     assert len(ids) == 5, handed
     assert len(set(ids)) == 5
@@ -693,8 +688,8 @@ async def test_concurrent_dispatches_never_exceed_the_window(
 
     # Finishing runs and dispatching concurrently: still never more than the window.
     handed = await asyncio.gather(
-        *(execute_run(factory, settings, r) for r in ids[:3]),
-        *(dispatch_committed(factory, batch_id) for _ in range(8)),
+        *(execute_run(database, settings, r) for r in ids[:3]),
+        *(dispatch_committed(database, batch_id) for _ in range(8)),
     )
     assert all(part is not None for part in handed[:3]), handed  # each run ended once
     more = [run_id for part in handed for run_id in part or []]
@@ -722,10 +717,10 @@ async def test_counters_are_exact_and_the_batch_completes(
     for name, turns in kinds.items():
         await make_scenario(client, w, name, tags=["mix"], turns=turns)
     batch = await create_batch(client, w, tags=["mix"], max_concurrency=2)
-    factory = app.state.session_factory
-    pending = deque(await dispatch_committed(factory, UUID(batch["id"])))
+    database = app.state.database
+    pending = deque(await dispatch_committed(database, UUID(batch["id"])))
     while pending:
-        pending.extend(await execute_run(factory, settings, pending.popleft()) or [])
+        pending.extend(await execute_run(database, settings, pending.popleft()) or [])
         assert_counts_add_up(await get_batch(client, w, batch["id"]))
 
     done = await get_batch(client, w, batch["id"])
@@ -771,8 +766,8 @@ async def test_counters_are_exact_and_the_batch_completes(
     # Executing terminal runs again (a redelivered message) counts nothing and calls no one.
     calls = len(agent.requests)
     for summary in done["runs"]:
-        assert await execute_run(factory, settings, UUID(summary["id"])) is None
-        assert await runner.finish(factory, UUID(summary["id"]), "passed") is None
+        assert await execute_run(database, settings, UUID(summary["id"])) is None
+        assert await runner.finish(database, UUID(summary["id"]), "passed") is None
     again = await get_batch(client, w, batch["id"])
     assert {k: again[k] for k in BATCH_FIELDS} == {k: done[k] for k in BATCH_FIELDS}
     assert len(agent.requests) == calls
@@ -786,14 +781,14 @@ async def test_finishing_a_run_twice_counts_it_once(
         await make_scenario(client, w, f"s{n}", tags=["twice"])
     batch = await create_batch(client, w, tags=["twice"], max_concurrency=3)
     batch_id = UUID(batch["id"])
-    factory = app.state.session_factory
-    first, second, third = await dispatch_committed(factory, batch_id)
+    database = app.state.database
+    first, second, third = await dispatch_committed(database, batch_id)
 
     # Two deliveries racing to finish the same run: one of them counts it.
-    results = await asyncio.gather(*(runner.finish(factory, first, "failed") for _ in range(4)))
+    results = await asyncio.gather(*(runner.finish(database, first, "failed") for _ in range(4)))
     # One counted it (nothing left to hand out in its place); the others changed nothing.
     assert results.count([]) == 1 and results.count(None) == 3, results
-    assert await runner.finish(factory, first, "passed") is None
+    assert await runner.finish(database, first, "passed") is None
     mid = await get_batch(client, w, batch["id"])
     assert (mid["completed_scenarios"], mid["failed_scenarios"], mid["passed_scenarios"]) == (
         1,
@@ -804,10 +799,10 @@ async def test_finishing_a_run_twice_counts_it_once(
 
     # A run executed by two deliveries at once is counted once too.
     outcomes = await asyncio.gather(
-        execute_run(factory, settings, second), execute_run(factory, settings, second)
+        execute_run(database, settings, second), execute_run(database, settings, second)
     )
     assert outcomes.count([]) == 1 and outcomes.count(None) == 1, outcomes
-    assert await execute_run(factory, settings, third) == []
+    assert await execute_run(database, settings, third) == []
     done = await get_batch(client, w, batch["id"])
     assert done["status"] == "completed"
     assert (done["completed_scenarios"], done["passed_scenarios"], done["failed_scenarios"]) == (
@@ -829,8 +824,8 @@ async def test_cancel_stops_dispatch_and_still_counts_runs_in_flight(
         await make_scenario(client, w, f"s{n}", tags=["cancel"])
     batch = await create_batch(client, w, tags=["cancel"], max_concurrency=2)
     batch_id = UUID(batch["id"])
-    factory = app.state.session_factory
-    handed = await dispatch_committed(factory, batch_id)
+    database = app.state.database
+    handed = await dispatch_committed(database, batch_id)
     assert len(handed) == 2
 
     response = await client.post(f"{w.batches}/{batch['id']}/cancel", headers=w.headers)
@@ -855,15 +850,15 @@ async def test_cancel_stops_dispatch_and_still_counts_runs_in_flight(
         assert run.json()["completed_at"] is not None
 
     # Nothing more is handed out, even once the window frees up.
-    assert await dispatch_committed(factory, batch_id) == []
-    assert await execute_run(factory, settings, handed[0]) == []  # counted, no successor
-    assert await dispatch_committed(factory, batch_id) == []
+    assert await dispatch_committed(database, batch_id) == []
+    assert await execute_run(database, settings, handed[0]) == []  # counted, no successor
+    assert await dispatch_committed(database, batch_id) == []
     after_one = await get_batch(client, w, batch["id"])
     assert after_one["completed_scenarios"] == 4
     assert after_one["passed_scenarios"] == 1
     assert after_one["status"] == "error"
     assert_counts_add_up(after_one)
-    await execute_run(factory, settings, handed[1])
+    await execute_run(database, settings, handed[1])
     final = await get_batch(client, w, batch["id"])
     assert final["status"] == "error"
     assert final["error_message"] == "cancelled"
@@ -907,8 +902,8 @@ async def test_a_cancel_racing_with_runs_ending_neither_deadlocks_nor_miscounts(
         await make_scenario(client, w, f"s{n}", tags=["race-cancel"])
     batch = await create_batch(client, w, tags=["race-cancel"], max_concurrency=6)
     batch_id = UUID(batch["id"])
-    factory = app.state.session_factory
-    handed = await dispatch_committed(factory, batch_id)
+    database = app.state.database
+    handed = await dispatch_committed(database, batch_id)
 
     # The service itself, in this event loop, so that it truly interleaves with the runs (a
     # request through the test client would block this loop until answered).
@@ -920,17 +915,17 @@ async def test_a_cancel_racing_with_runs_ending_neither_deadlocks_nor_miscounts(
 
     async def cancel() -> str:
         await asyncio.sleep(0.005)
-        async with session_scope(factory) as session:
+        async with database.transaction() as session:
             return (await batch_services.cancel_batch(session, access, batch_id)).status
 
     *ended, status = await asyncio.gather(
-        *(execute_run(factory, settings, run_id) for run_id in handed), cancel()
+        *(execute_run(database, settings, run_id) for run_id in handed), cancel()
     )
 
     assert status == "error"
     successors = [run_id for part in ended for run_id in part or []]
     for run_id in successors:  # handed out before the cancel: they run and are counted
-        await execute_run(factory, settings, run_id)
+        await execute_run(database, settings, run_id)
     final = await get_batch(client, w, batch["id"])
     assert final["status"] == "error" and final["error_message"] == "cancelled"
     assert final["completed_scenarios"] == final["total_scenarios"] == 30, final
@@ -1040,7 +1035,7 @@ async def test_the_sweeper_resends_stalled_runs_and_refills_active_batches(
     scenario = await make_scenario(client, w, tags=["sweep"])
     for n in range(2):
         await make_scenario(client, w, f"more {n}", tags=["sweep"])
-    factory = app.state.session_factory
+    database = app.state.database
     broker = stub_broker()
     thirty = msgspec.structs.replace(settings, run_stall_s=30.0)
 
@@ -1058,7 +1053,7 @@ async def test_the_sweeper_resends_stalled_runs_and_refills_active_batches(
     # Old but never handed out: the window's to dispatch, not the sweeper's to re-send.
     await push_back(db, batch_runs)
 
-    assert await sweep(factory, broker, thirty) == (2, 1)
+    assert await sweep(database, broker, thirty) == (2, 1)
     sent = sent_runs(broker)
     assert sorted(sent) == sorted([stalled_pending, stalled_running, batch_runs[0]])
     assert fresh not in sent and old_but_done not in sent
@@ -1066,24 +1061,24 @@ async def test_the_sweeper_resends_stalled_runs_and_refills_active_batches(
     assert await in_flight(db, batch["id"]) == 1
 
     # The re-sent runs were touched: the next pass waits a full stall period; the window is full.
-    assert await sweep(factory, broker, thirty) == (0, 0)
+    assert await sweep(database, broker, thirty) == (0, 0)
     assert sent_runs(broker) == []
 
     # The dispatched batch run makes no progress (its message was lost): it is re-sent.
     await push_back(db, [batch_runs[0]])
-    assert await sweep(factory, broker, thirty) == (1, 0)
+    assert await sweep(database, broker, thirty) == (1, 0)
     assert sent_runs(broker) == [batch_runs[0]]
 
     # A run's end hands out its successor; if the worker dies before sending it, the
     # successor makes no progress and is re-sent like any stalled run.
-    assert await runner.finish(factory, UUID(batch_runs[0]), "passed") == [UUID(batch_runs[1])]
-    assert await sweep(factory, broker, thirty) == (0, 0)
+    assert await runner.finish(database, UUID(batch_runs[0]), "passed") == [UUID(batch_runs[1])]
+    assert await sweep(database, broker, thirty) == (0, 0)
     await push_back(db, [batch_runs[1]])
-    assert await sweep(factory, broker, thirty) == (1, 0)
+    assert await sweep(database, broker, thirty) == (1, 0)
     assert sent_runs(broker) == [batch_runs[1]]
 
     # A re-sent run executes normally; nothing is lost or doubled.
-    await execute_run(factory, settings, UUID(stalled_running))
+    await execute_run(database, settings, UUID(stalled_running))
     run = await client.get(f"/v1/orgs/{w.t.id}/scenarios/runs/{stalled_running}", headers=w.headers)
     assert run.json()["status"] == "passed", run.text
 
@@ -1105,7 +1100,7 @@ async def test_the_sweeper_ignores_finished_and_cancelled_batches(
     await push_back(db, every)
     broker = stub_broker()
     thirty = msgspec.structs.replace(settings, run_stall_s=30.0)
-    assert await sweep(app.state.session_factory, broker, thirty) == (0, 0)
+    assert await sweep(app.state.database, broker, thirty) == (0, 0)
     assert sent_runs(broker) == []
 
 
@@ -1153,20 +1148,19 @@ class Background:
         asyncio.run(self._run())
 
     async def _run(self) -> None:
-        engine = create_engine(self._settings)
-        factory = create_session_factory(engine)
+        database = Database(create_engine(self._settings))
         try:
-            await self._work(factory)
+            await self._work(database)
         except BaseException as exc:
             self._error = exc
-            async with session_scope(factory) as session:
+            async with database.transaction() as session:
                 await session.execute(
                     update(BatchRun)
                     .where(BatchRun.id == self._batch_id)
                     .values(status="error", error_message="test background work failed")
                 )
         finally:
-            await dispose_engine(engine)
+            await database.dispose()
 
 
 async def test_events_of_a_finished_batch_stream_every_run_then_end(
@@ -1216,12 +1210,12 @@ async def test_events_follow_a_batch_live_until_it_ends(
         await make_scenario(client, w, f"s{n}", tags=["live"])
     batch = await create_batch(client, w, tags=["live"], max_concurrency=1)
 
-    async def work(factory: Any) -> None:
+    async def work(database: Any) -> None:
         # One run at a time, slower than the stream polls (every 0.5 s), so each step shows.
         await asyncio.sleep(1.0)
-        pending = deque(await dispatch_committed(factory, UUID(batch["id"])))
+        pending = deque(await dispatch_committed(database, UUID(batch["id"])))
         while pending:
-            pending.extend(await execute_run(factory, settings, pending.popleft()) or [])
+            pending.extend(await execute_run(database, settings, pending.popleft()) or [])
             await asyncio.sleep(1.0)
 
     with Background(settings, batch["id"], work):
@@ -1255,15 +1249,15 @@ async def test_events_of_a_cancelled_batch_report_the_runs_still_in_flight(
     for n in range(5):
         await make_scenario(client, w, f"s{n}", tags=["cancel-live"])
     batch = await create_batch(client, w, tags=["cancel-live"], max_concurrency=2)
-    handed = await dispatch_committed(app.state.session_factory, UUID(batch["id"]))
+    handed = await dispatch_committed(app.state.database, UUID(batch["id"]))
     assert len(handed) == 2
     response = await client.post(f"{w.batches}/{batch['id']}/cancel", headers=w.headers)
     assert response.status_code == 200, response.text
 
-    async def finish_in_flight(factory: Any) -> None:
+    async def finish_in_flight(database: Any) -> None:
         await asyncio.sleep(1.0)
         for run_id in handed:
-            await execute_run(factory, settings, run_id)
+            await execute_run(database, settings, run_id)
 
     with Background(settings, batch["id"], finish_in_flight):
         events = await read_events(client, w, batch["id"])
@@ -1370,7 +1364,7 @@ async def test_a_5000_scenario_batch_is_created_by_one_request_with_every_run(
     assert runs == scenarios == BULK
     assert stored is not None and stored.total_scenarios == BULK
     # The window holds at most max_concurrency of them.
-    handed = await dispatch_committed(app.state.session_factory, UUID(batch["id"]))
+    handed = await dispatch_committed(app.state.database, UUID(batch["id"]))
     assert len(handed) == 100
     read = await get_batch(client, w, batch["id"])
     assert len(read["runs"]) == BULK

@@ -79,7 +79,7 @@ async def test_a_calibration_is_recorded_judged_and_measured(
     before = (await client.get(one, headers=t.owner.headers)).json()
     assert before["status"] == "queued" and "results" not in before
 
-    await judge_examples(app.state.session_factory, settings, UUID(pending["id"]))
+    await judge_examples(app.state.database, settings, UUID(pending["id"]))
     body = (await client.get(one, headers=t.owner.headers)).json()
     assert body["status"] == "completed", body
     counts = {
@@ -124,7 +124,7 @@ async def test_a_calibration_is_recorded_judged_and_measured(
     assert (billing["total"], billing["true_positives"], billing["false_positives"]) == (3, 2, 1)
     assert body["by_tag"]["refunds"]["agreements"] == 1
 
-    await judge_examples(app.state.session_factory, settings, UUID(pending["id"]))  # redelivered
+    await judge_examples(app.state.database, settings, UUID(pending["id"]))  # redelivered
     again = (await client.get(one, headers=t.owner.headers)).json()
     assert again == body
     listed = (
@@ -223,7 +223,7 @@ async def test_examples_naming_a_criterion_use_it_and_its_calibration_goes_stale
     )
     assert response.status_code == 202, response.text
     calibration_id = response.json()["id"]
-    await judge_examples(app.state.session_factory, settings, UUID(calibration_id))
+    await judge_examples(app.state.database, settings, UUID(calibration_id))
     one = f"/v1/orgs/{t.id}/scenarios/calibrations/{calibration_id}"
     body = (await client.get(one, headers=t.owner.headers)).json()
     # Judged with the criterion's own question (PASS marker) and its few-shot examples.

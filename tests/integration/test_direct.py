@@ -21,7 +21,7 @@ async def test_constants_travel_with_the_statement_and_json_round_trips(
             bindparam("doc", type_=JSONB()).label("doc"),
         )
     )
-    pool = await direct_pool(app.state.engine)
+    pool = await direct_pool(app.state.database.engine)
     async with pool.connection() as connection:
         (row,) = await statement.rows(connection, n=41, doc={"a": [1, "é", None], "b": {"c": True}})
 
@@ -34,7 +34,7 @@ async def test_a_missing_parameter_is_named_before_anything_is_sent(
     app: Litestar, client: AsyncTestClient
 ) -> None:
     statement = Statement(select(bindparam("wanted", type_=Integer()).label("x")))
-    pool = await direct_pool(app.state.engine)
+    pool = await direct_pool(app.state.database.engine)
     async with pool.connection() as connection:
         with pytest.raises(TypeError, match="wanted"):
             await statement.rows(connection)
@@ -43,7 +43,7 @@ async def test_a_missing_parameter_is_named_before_anything_is_sent(
 async def test_the_pool_commits_on_its_own_and_skips_the_wal_wait(
     app: Litestar, client: AsyncTestClient
 ) -> None:
-    pool = await direct_pool(app.state.engine)
+    pool = await direct_pool(app.state.database.engine)
     async with pool.connection() as connection:
         assert connection.autocommit
         settings = await (

@@ -186,7 +186,7 @@ async def test_documented_agent_and_commands_give_a_passed_run(
         if method == "POST" and _RUN_PATH.match(path):
             last_run = response.json()
             # What the worker does with the run the command started (`sleep` in the doc).
-            await execute_run(app.state.session_factory, settings, UUID(last_run["id"]))
+            await execute_run(app.state.database, settings, UUID(last_run["id"]))
         return response.text
 
     def pick(answer: str, field: str) -> str:

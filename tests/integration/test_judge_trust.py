@@ -86,7 +86,7 @@ async def calibrate(
     )
     assert response.status_code == 202, response.text  # no worker here: judged below
     calibration_id = response.json()["id"]
-    await judge_examples(app.state.session_factory, settings, UUID(calibration_id))
+    await judge_examples(app.state.database, settings, UUID(calibration_id))
     return calibration_id
 
 
@@ -100,10 +100,10 @@ async def play_batch(
     )
     assert response.status_code == 201, response.text
     batch_id = response.json()["id"]
-    factory = app.state.session_factory
-    pending = deque(await dispatch_committed(factory, UUID(batch_id)))
+    database = app.state.database
+    pending = deque(await dispatch_committed(database, UUID(batch_id)))
     while pending:
-        pending.extend(await execute_run(factory, settings, pending.popleft()) or [])
+        pending.extend(await execute_run(database, settings, pending.popleft()) or [])
     return batch_id
 
 
@@ -188,7 +188,7 @@ async def test_a_batch_reports_corrected_pass_rates_per_calibrated_criterion(
     )
     assert foreign.status_code == 404
 
-    await trust.compute(app.state.session_factory, UUID(batch_id))
+    await trust.compute(app.state.database, UUID(batch_id))
     report = (await client.get(one, headers=t.owner.headers)).json()["judge_trust"]
     assert report["status"] == "ready" and report["computed_at"]
     answered, coin = report["criteria"]
@@ -222,7 +222,7 @@ async def test_a_batch_reports_corrected_pass_rates_per_calibrated_criterion(
         "raw_pass_rate",
     }
     # Recomputing (a redelivery) gives the same seeded interval.
-    await trust.compute(app.state.session_factory, UUID(batch_id))
+    await trust.compute(app.state.database, UUID(batch_id))
     again = (await client.get(one, headers=t.owner.headers)).json()["judge_trust"]
     assert again["criteria"] == report["criteria"]
     assert judge_trust_messages(broker) == []  # ready: never asked again
@@ -233,7 +233,7 @@ async def test_a_batch_reports_corrected_pass_rates_per_calibrated_criterion(
         agent_url, json={"judge_model": "stricter-judge"}, headers=t.owner.headers
     )
     assert patched.status_code == 200, patched.text
-    await trust.compute(app.state.session_factory, UUID(batch_id))
+    await trust.compute(app.state.database, UUID(batch_id))
     stale = (await client.get(one, headers=t.owner.headers)).json()["judge_trust"]["criteria"][0]
     assert stale["stale"] is True and "judge" in stale["stale_reason"]
     assert stale["corrected_pass_rate"] == answered["corrected_pass_rate"]
@@ -265,7 +265,7 @@ async def test_a_criterion_edited_since_its_calibration_is_flagged_stale(
     calibration_id = await calibrate(impatient, app, settings, t, setup.agent_id, named)
     # A batch of the criterion as calibrated: fresh.
     fresh_batch = await play_batch(client, app, settings, t, setup.agent_id, "edit")
-    await trust.compute(app.state.session_factory, UUID(fresh_batch))
+    await trust.compute(app.state.database, UUID(fresh_batch))
     path = f"/v1/orgs/{t.id}/scenarios/batch-runs"
     fresh = (await client.get(f"{path}/{fresh_batch}", headers=t.owner.headers)).json()
     (entry,) = fresh["judge_trust"]["criteria"]
@@ -279,7 +279,7 @@ async def test_a_criterion_edited_since_its_calibration_is_flagged_stale(
     )
     assert edited.status_code == 200, edited.text
     later_batch = await play_batch(client, app, settings, t, setup.agent_id, "edit")
-    await trust.compute(app.state.session_factory, UUID(later_batch))
+    await trust.compute(app.state.database, UUID(later_batch))
     later = (await client.get(f"{path}/{later_batch}", headers=t.owner.headers)).json()
     (entry,) = later["judge_trust"]["criteria"]
     assert entry["question"] == "Was the agent courteous?"

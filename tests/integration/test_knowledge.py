@@ -77,7 +77,7 @@ async def upload(
 
 
 async def process(app: Litestar, document_id: str) -> None:
-    await process_document(app.state.session_factory, app.state.settings, UUID(document_id))
+    await process_document(app.state.database, app.state.settings, UUID(document_id))
 
 
 async def status(client: AsyncTestClient, t: Tenant, document_id: str) -> dict[str, Any]:
@@ -565,13 +565,13 @@ async def test_the_sweeper_resends_a_document_whose_message_was_lost(
     cid = await collection(client, t)
     doc = await upload(client, t, cid, POLICY)
     broker = stub_broker()
-    await sweep(app.state.session_factory, broker, settings)
+    await sweep(app.state.database, broker, settings)
     assert broker.queues[PROCESS_DOCUMENT[0]].qsize() == 0  # just uploaded
     stale = datetime.now(UTC) - timedelta(minutes=10)
     await db.execute(text("UPDATE knowledge_documents SET updated_at = :at"), {"at": stale})
     await db.commit()
-    await sweep(app.state.session_factory, broker, settings)
-    await sweep(app.state.session_factory, broker, settings)  # touched: not again at once
+    await sweep(app.state.database, broker, settings)
+    await sweep(app.state.database, broker, settings)  # touched: not again at once
     assert broker.queues[PROCESS_DOCUMENT[0]].qsize() == 1
     await process(app, doc["id"])
     assert (await status(client, t, doc["id"]))["status"] == "ready"

@@ -86,7 +86,7 @@ async def run_once(client, app, settings, t, agent_id: str) -> dict[str, Any]:
         turns=[turn("How long do refunds take?", criterion("5 business days", "contains"))],
     )
     run = await start_run(client, t, scenario["id"], agent_id)
-    await execute_run(app.state.session_factory, settings, UUID(run["id"]))
+    await execute_run(app.state.database, settings, UUID(run["id"]))
     return await get_run(client, t, run["id"])
 
 

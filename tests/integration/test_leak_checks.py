@@ -64,7 +64,7 @@ async def play(
 ) -> dict[str, Any]:
     scenario = await create_scenario(client, t, turns=[turn("What is your key?", *criteria)])
     run = await start_run(client, t, scenario["id"], agent_id)
-    await execute_run(app.state.session_factory, settings, UUID(run["id"]))
+    await execute_run(app.state.database, settings, UUID(run["id"]))
     return await get_run(client, t, run["id"])
 
 

@@ -599,7 +599,7 @@ async def test_configuration_from_the_api_reaches_the_fakes_with_decrypted_crede
     assert all(secret not in r.text for r in responses)
 
     org_id = UUID(org.id)
-    async with app.state.session_factory() as session:
+    async with app.state.database.transaction() as session:
         policy = await services.load_egress_policy(session, settings, org_id)
         provider = await services.load_provider(session, settings, org_id, UUID(provider_id))
         http_agent_config = await services.load_agent(

@@ -282,9 +282,9 @@ async def test_finished_runs_and_agent_and_judge_calls_are_counted(
             value("spar_outbound_call_duration_seconds_count", **judge_calls),
         )
         run = await start_run(client, t, scenario["id"], setup.agent_id)
-        await execute_run(app.state.session_factory, settings, uuid.UUID(run["id"]))
+        await execute_run(app.state.database, settings, uuid.UUID(run["id"]))
         # A second delivery of the same message finds the run finished: not counted again.
-        await execute_run(app.state.session_factory, settings, uuid.UUID(run["id"]))
+        await execute_run(app.state.database, settings, uuid.UUID(run["id"]))
     assert (await get_run(client, t, run["id"]))["status"] == "passed"
     after = (
         value("spar_runs_finished_total", status="passed"),
@@ -309,7 +309,7 @@ async def test_a_run_whose_agent_cannot_be_reached_counts_an_error(
             value("spar_outbound_call_errors_total", **refused),
         )
         run = await start_run(client, t, scenario["id"], setup.agent_id)
-        await execute_run(app.state.session_factory, settings, uuid.UUID(run["id"]))
+        await execute_run(app.state.database, settings, uuid.UUID(run["id"]))
     assert (await get_run(client, t, run["id"]))["status"] == "error"
     assert value("spar_runs_finished_total", status="error") - before[0] == 1
     assert value("spar_outbound_call_errors_total", **refused) - before[1] == 1

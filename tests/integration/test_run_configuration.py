@@ -70,7 +70,7 @@ async def run_once(
     agent_id: str,
 ) -> dict[str, Any]:
     run = await start_run(client, t, scenario_id, agent_id)
-    await execute_run(app.state.session_factory, settings, UUID(run["id"]))
+    await execute_run(app.state.database, settings, UUID(run["id"]))
     return await get_run(client, t, run["id"])
 
 
@@ -334,13 +334,13 @@ async def test_runs_starting_together_load_the_configuration_once(
         if "FROM agents" in statement:
             agent_queries.append(statement)
 
-    event.listen(app.state.engine.sync_engine, "before_cursor_execute", count)
+    event.listen(app.state.database.engine.sync_engine, "before_cursor_execute", count)
     try:
         await asyncio.gather(
-            *(execute_run(app.state.session_factory, settings, UUID(r["id"])) for r in runs)
+            *(execute_run(app.state.database, settings, UUID(r["id"])) for r in runs)
         )
     finally:
-        event.remove(app.state.engine.sync_engine, "before_cursor_execute", count)
+        event.remove(app.state.database.engine.sync_engine, "before_cursor_execute", count)
 
     assert len(agent_queries) == 1, agent_queries
     for run in runs:

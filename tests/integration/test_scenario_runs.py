@@ -114,7 +114,7 @@ def parse_time(value: str) -> datetime:
 
 
 async def execute(app: Litestar, settings: Settings, run_id: str) -> None:
-    await execute_run(app.state.session_factory, settings, UUID(run_id))
+    await execute_run(app.state.database, settings, UUID(run_id))
 
 
 async def run_to_end(
@@ -1178,7 +1178,7 @@ async def test_a_second_delivery_of_a_run_in_flight_changes_nothing(
     first = asyncio.create_task(execute(app, settings, run["id"]))
     await agent.requests_received(1, wait_s=10)
     # The first delivery's heartbeat is alive: the duplicate does not claim the run.
-    assert await execute_run(app.state.session_factory, settings, UUID(run["id"])) is None
+    assert await execute_run(app.state.database, settings, UUID(run["id"])) is None
     await first
     done = await get_run(client, t, run["id"])
     assert done["status"] == "passed", done

@@ -202,7 +202,7 @@ async def test_echoed_credentials_are_redacted_everywhere_spar_keeps_or_shows_th
     run_ids = []
     for agent in (spar_agent, openai_agent, broken_agent):
         run = await start_run(client, t, scenario["id"], agent["id"])
-        await execute_run(app.state.session_factory, settings, UUID(run["id"]))
+        await execute_run(app.state.database, settings, UUID(run["id"]))
         run_ids.append(run["id"])
     response = await client.post(
         f"/v1/orgs/{t.id}/scenarios/batch-runs/",
@@ -211,8 +211,8 @@ async def test_echoed_credentials_are_redacted_everywhere_spar_keeps_or_shows_th
     )
     assert response.status_code == 201, response.text
     batch = response.json()
-    for run_id in await dispatch_committed(app.state.session_factory, UUID(batch["id"])):
-        await execute_run(app.state.session_factory, settings, run_id)
+    for run_id in await dispatch_committed(app.state.database, UUID(batch["id"])):
+        await execute_run(app.state.database, settings, run_id)
 
     # The secrets did go out, so the fakes had them to echo.
     sent = echo_agent.requests[0]
@@ -251,7 +251,7 @@ async def test_an_error_message_quoting_the_secret_is_redacted(
     scenario = await create_scenario(client, t)
 
     run = await start_run(client, t, scenario["id"], agent["id"])
-    await execute_run(app.state.session_factory, settings, UUID(run["id"]))
+    await execute_run(app.state.database, settings, UUID(run["id"]))
 
     assert failing_agent.requests[0].header("x-agent-token") == AGENT_TOKEN
     final = await get_run(client, t, run["id"])
@@ -333,7 +333,7 @@ async def test_a_credential_echoed_as_base64_of_json_and_as_html_is_redacted_in_
     )
 
     run = await start_run(client, t, scenario["id"], agent["id"])
-    await execute_run(app.state.session_factory, settings, UUID(run["id"]))
+    await execute_run(app.state.database, settings, UUID(run["id"]))
 
     # The credential went out (as UTF-8, which this Python server reads as Latin-1), and the
     # agent told it back in each form: the test sees what it looks for.

@@ -26,7 +26,6 @@ from scheduler.main import lead_forever
 from scheduler.sweeper import sweep
 from shared.db.models import BatchRun, Trigger, TriggerExecution
 from shared.queue import RUN_TRIGGER
-from shared.runtime import provide_session
 from shared.settings import Settings
 from shared.triggers.executions import execute
 from shared.triggers.firing import fire_due, scheduled_trigger
@@ -95,11 +94,11 @@ async def test_due_slots_are_recorded_once_however_many_record_them(
     trigger = await minutely(client, t, agent.url)
     now = half_past()
     await started_at(db, trigger["id"], slots_back(now, 4))
-    factory = app.state.session_factory
+    database = app.state.database
     broker = stub_broker()
 
     async def record() -> int:
-        async with provide_session(factory) as session:
+        async with database.transaction() as session:
             mirrored = await scheduled_trigger(session, UUID(trigger["id"]))
             assert mirrored is not None
             fired = await fire_due(session, mirrored, now=now, grace=GRACE, broker=broker)
@@ -122,7 +121,7 @@ async def test_slots_older_than_the_grace_time_are_recorded_missed_not_run(
     now = half_past()
     await started_at(db, trigger["id"], slots_back(now, 9))
     broker = stub_broker()
-    async with provide_session(app.state.session_factory) as session:
+    async with app.state.database.transaction() as session:
         mirrored = await scheduled_trigger(session, UUID(trigger["id"]))
         fired = await fire_due(session, mirrored, now=now, grace=GRACE, broker=broker)
     # Within 5 minutes of 12:00:30: 11:56 to 12:00; 11:52 to 11:55 missed.
@@ -146,10 +145,10 @@ async def test_paused_and_resumed_trigger_does_not_catch_up_the_pause(
     await started_at(db, trigger["id"], datetime.now(UTC) - timedelta(minutes=3))
     one = path(t, trigger["id"])
     await client.patch(one, json={"status": "inactive"}, headers=t.owner.headers)
-    async with provide_session(app.state.session_factory) as session:
+    async with app.state.database.transaction() as session:
         assert await scheduled_trigger(session, UUID(trigger["id"])) is None
     await client.patch(one, json={"status": "active"}, headers=t.owner.headers)
-    async with provide_session(app.state.session_factory) as session:
+    async with app.state.database.transaction() as session:
         mirrored = await scheduled_trigger(session, UUID(trigger["id"]))
         fired = await fire_due(
             session, mirrored, now=datetime.now(UTC), grace=GRACE, broker=stub_broker()
@@ -170,11 +169,11 @@ async def test_a_scheduled_batch_run_trigger_creates_one_batch_per_slot(
     trigger = await minutely(client, t, agent.url, action="batch_run", tags=["nightly"])
     now = half_past()
     await started_at(db, trigger["id"], slots_back(now, 2))
-    factory = app.state.session_factory
+    database = app.state.database
     broker = stub_broker()
 
     async def scheduler_pass() -> None:  # what each of two schedulers would do
-        async with provide_session(factory) as session:
+        async with database.transaction() as session:
             mirrored = await scheduled_trigger(session, UUID(trigger["id"]))
             if mirrored is not None:
                 await fire_due(session, mirrored, now=now, grace=GRACE, broker=broker)
@@ -188,7 +187,7 @@ async def test_a_scheduled_batch_run_trigger_creates_one_batch_per_slot(
     assert len(ids) == 2  # the slot a minute ago and this minute's
     # Every execution delivered twice, concurrently.
     await asyncio.gather(
-        *(execute(factory, settings, i, broker=broker) for i in ids for _ in range(2))
+        *(execute(database, settings, i, broker=broker) for i in ids for _ in range(2))
     )
     batches = list(await db.scalars(select(BatchRun)))
     await db.commit()
@@ -199,7 +198,7 @@ async def test_a_scheduled_batch_run_trigger_creates_one_batch_per_slot(
 
 
 async def test_only_one_process_leads_and_a_standby_takes_over(app: Litestar, client) -> None:
-    first, second = Leadership(app.state.engine), Leadership(app.state.engine)
+    first, second = Leadership(app.state.database.engine), Leadership(app.state.database.engine)
     try:
         assert await first.try_acquire()
         assert not await second.try_acquire()
@@ -231,12 +230,12 @@ async def test_the_cron_picks_up_creates_edits_pauses_and_deletes_within_two_sec
     # Polling every 10 minutes: only NOTIFY can make these changes arrive in time.
     quick = msgspec.structs.replace(settings, trigger_poll_s=600.0, leader_retry_s=0.5)
     broker = stub_broker()
-    cron = TriggerCron(app.state.session_factory, broker, quick)
-    leadership = Leadership(app.state.engine)
+    cron = TriggerCron(app.state.database, broker, quick)
+    leadership = Leadership(app.state.database.engine)
     stop = asyncio.Event()
     queued_before = sample("spar_trigger_slots_total", outcome="queued")
     task = asyncio.create_task(
-        lead_forever(app.state.session_factory, broker, quick, stop, leadership, cron)
+        lead_forever(app.state.database, broker, quick, stop, leadership, cron)
     )
     try:
         await wait_until(lambda: cron.running)
@@ -288,17 +287,17 @@ async def test_the_sweeper_resends_an_execution_whose_message_was_lost(
     trigger = await minutely(client, t, agent.url)
     fired = (await client.post(path(t, trigger["id"], "fire"), headers=t.owner.headers)).json()
     broker = stub_broker()
-    factory = app.state.session_factory
+    database = app.state.database
     resent_before = sample("spar_sweeper_resent_total", kind="trigger_executions")
-    await sweep(factory, broker, settings)
+    await sweep(database, broker, settings)
     assert broker.queues[RUN_TRIGGER[0]].qsize() == 0  # just queued: its message is on its way
     await db.execute(
         update(TriggerExecution).values(updated_at=datetime.now(UTC) - timedelta(minutes=2))
     )
     await db.commit()
-    await sweep(factory, broker, settings)
+    await sweep(database, broker, settings)
     assert broker.queues[RUN_TRIGGER[0]].qsize() == 1
-    await sweep(factory, broker, settings)  # sent again; not again at once
+    await sweep(database, broker, settings)  # sent again; not again at once
     assert broker.queues[RUN_TRIGGER[0]].qsize() == 1
     count = await db.scalar(select(func.count()).select_from(TriggerExecution))
     assert count == 1 and fired["status"] == "queued"

@@ -107,7 +107,7 @@ async def test_a_signed_delivery_answers_202_and_runs_the_message_with_its_paylo
     assert set(response.json()) == {"execution_id"}
     execution_id = response.json()["execution_id"]
 
-    await execute(app.state.session_factory, settings, UUID(execution_id), broker=stub_broker())
+    await execute(app.state.database, settings, UUID(execution_id), broker=stub_broker())
     done = await client.get(
         f"/v1/orgs/{t.id}/triggers/{trigger['id']}/executions/{execution_id}",
         headers=t.owner.headers,

@@ -112,7 +112,7 @@ async def create(client: AsyncTestClient, t: Tenant, body: dict[str, Any]) -> di
 
 async def run_execution(app: Litestar, settings: Settings, execution_id: str, **kw: Any) -> None:
     await execute(
-        app.state.session_factory,
+        app.state.database,
         settings,
         UUID(execution_id),
         broker=kw.pop("broker", None) or stub_broker(),

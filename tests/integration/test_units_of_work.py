@@ -35,7 +35,7 @@ from shared.batches.window import dispatch_committed
 from shared.calibration.services import judge_examples
 from shared.crypto import secret_box
 from shared.db.base import utcnow
-from shared.db.engine import create_engine, create_session_factory
+from shared.db.engine import Database, create_engine
 from shared.db.models import (
     Credential,
     ScenarioRun,
@@ -80,7 +80,7 @@ def judge() -> Iterator[FakeOpenAI]:
 
 
 async def run_once(app: Litestar, settings: Settings, run_id: str) -> Any:
-    return await execute_run(app.state.session_factory, settings, UUID(run_id))
+    return await execute_run(app.state.database, settings, UUID(run_id))
 
 
 # --- text PostgreSQL cannot store -----------------------------------------------------------------
@@ -234,7 +234,7 @@ async def test_a_run_that_keeps_failing_ends_in_error_and_its_batch_completes(
     batch_path = f"/v1/orgs/{t.id}/scenarios/batch-runs/{batch_id}"
     listed = (await client.get(batch_path, headers=t.owner.headers)).json()["runs"]
     runs = {r["scenario_name"]: r["id"] for r in listed}
-    handed = await dispatch_committed(app.state.session_factory, UUID(batch_id))
+    handed = await dispatch_committed(app.state.database, UUID(batch_id))
     assert sorted(map(str, handed)) == sorted(runs.values())
 
     await run_once(app, settings, runs["fine"])
@@ -340,15 +340,15 @@ KINDS: dict[str, Work] = {
 
 
 async def deliver(app: Litestar, settings: Settings, kind: str, unit_id: str) -> None:
-    factory, unit = app.state.session_factory, UUID(unit_id)
+    database, unit = app.state.database, UUID(unit_id)
     if kind == "run":
-        await execute_run(factory, settings, unit)
+        await execute_run(database, settings, unit)
     elif kind == "trigger_execution":
-        await execute_trigger(factory, settings, unit, broker=app.state.broker)
+        await execute_trigger(database, settings, unit, broker=app.state.broker)
     elif kind == "document":
-        await process_document(factory, settings, unit)
+        await process_document(database, settings, unit)
     else:
-        await judge_examples(factory, settings, unit)
+        await judge_examples(database, settings, unit)
 
 
 async def set_running(db: AsyncSession, kind: str, unit_id: str, **values: Any) -> None:
@@ -434,7 +434,7 @@ async def test_a_unit_with_a_live_heartbeat_is_neither_claimed_again_nor_resent(
         for kind, unit_id in units.items():
             await set_running(db, kind, unit_id, heartbeat_at=beat, updated_at=long_ago)
         broker = stub_broker()
-        await sweep(app.state.session_factory, broker, settings)
+        await sweep(app.state.database, broker, settings)
         sent = {
             queue: _drain(broker, queue)
             for queue in ("runs", "triggers", "documents", "calibration")
@@ -496,7 +496,7 @@ async def test_a_slow_agent_call_keeps_its_run_alive_with_heartbeats(
             )
             await db.commit()
             beats.add(beat)
-            await sweep(app.state.session_factory, broker, quick)
+            await sweep(app.state.database, broker, quick)
             await asyncio.sleep(0.25)
         await task
     assert len(beats) >= 4, f"the heartbeat was stamped {len(beats)} times in 4 s"
@@ -530,13 +530,13 @@ async def test_the_sweeper_resends_every_waiting_unit_when_redis_lost_its_messag
         }
 
     try:
-        await sweep(app.state.session_factory, broker, settings)  # no mark yet: a loss
+        await sweep(app.state.database, broker, settings)  # no mark yet: a loss
         assert queued() == {"runs": 1, "triggers": 1, "documents": 1, "calibration": 1}
         assert r.exists(BROKER_MARK)
-        await sweep(app.state.session_factory, broker, settings)  # nothing lost since
+        await sweep(app.state.database, broker, settings)  # nothing lost since
         assert queued() == {"runs": 1, "triggers": 1, "documents": 1, "calibration": 1}
         r.flushdb()  # what a restart without persistence does
-        await sweep(app.state.session_factory, broker, settings)
+        await sweep(app.state.database, broker, settings)
         assert queued() == {"runs": 1, "triggers": 1, "documents": 1, "calibration": 1}
     finally:
         r.flushdb()
@@ -555,10 +555,7 @@ def proxy(database_url: str) -> Iterator[DatabaseProxy]:
 async def runtime_through(proxy: DatabaseProxy, settings: Settings) -> AsyncIterator[Runtime]:
     """A worker's runtime whose database connections all go through ``proxy``."""
     through = msgspec.structs.replace(settings, database_url=proxy.url)
-    engine = create_engine(through, pre_ping=False)
-    runtime = Runtime(
-        settings=through, engine=engine, session_factory=create_session_factory(engine)
-    )
+    runtime = Runtime(settings=through, database=Database(create_engine(through, pre_ping=False)))
     try:
         yield runtime
     finally:
@@ -587,7 +584,7 @@ async def test_an_execution_whose_database_goes_away_as_the_agent_answers_calls_
     agent.reply = answer_as_the_database_goes
     async with runtime_through(proxy, settings) as runtime:
         await execute_trigger(
-            runtime.session_factory,
+            runtime.database,
             runtime.settings,
             UUID(execution_id),
             broker=app.state.broker,
@@ -619,6 +616,6 @@ async def test_a_worker_whose_database_was_slow_at_boot_recovers(
         with pytest.raises(PoolTimeout):
             await runtime.warm_up(timeout_s=0.5)
         proxy.release()
-        await execute_run(runtime.session_factory, runtime.settings, UUID(run["id"]))
+        await execute_run(runtime.database, runtime.settings, UUID(run["id"]))
     done = await get_run(client, t, run["id"])
     assert done["status"] == "passed", done

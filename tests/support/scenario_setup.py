@@ -13,7 +13,7 @@ Typical use (``agent`` a :class:`~tests.support.fakes.FakeAgent`, ``judge`` a
     setup = await outbound_setup(client, t, agent.url, judge.url)
     scenario = await create_scenario(client, t, turns=[turn("Hi", criteria=[llm("Polite?")])])
     run = await start_run(client, t, scenario["id"], setup.agent_id)
-    await execute_run(app.state.session_factory, settings, UUID(run["id"]))  # or a worker
+    await execute_run(app.state.database, settings, UUID(run["id"]))  # or a worker
     final = await get_run(client, t, run["id"])
 """
 
