@@ -18,7 +18,8 @@ from api.health import HealthController
 from api.http import complete_allow_headers, declare_query_params, reject_unknown_query
 from api.identity.controllers import CONTROLLERS as IDENTITY_CONTROLLERS
 from api.knowledge.controllers import CONTROLLERS as KNOWLEDGE_CONTROLLERS
-from api.observability import ObservabilityMiddleware, metrics
+from api.metrics import metrics
+from api.observability import ObservabilityMiddleware
 from api.openapi import docs_assets, finish_openapi, openapi_config
 from api.outbound.controllers import CONTROLLERS as OUTBOUND_CONTROLLERS
 from api.requests import SparRequest
@@ -68,7 +69,7 @@ def create_app(settings: Settings | None = None) -> Litestar:
 
     async def open_database(app: Litestar) -> None:
         app.state.database = Database(create_engine(settings))
-        app.state.broker = get_broker(settings.redis_url)
+        app.state.broker = get_broker(settings)
         app.state.login_throttle = LoginThrottle.from_settings(settings)
 
     async def close_database(app: Litestar) -> None:

@@ -1,26 +1,15 @@
-"""What the API tells operators: a request id, an access log line and metrics per request,
-and ``GET /metrics`` (Prometheus text format).
-
-``/metrics`` sits outside ``/v1``, beside the health probes: it names routes, queues,
-actors and provider types, never an organization or a resource, so it holds no tenant
-data.  With ``SPAR_METRICS_TOKEN`` set it answers only ``Authorization: Bearer <token>``.
-"""
+"""What the API tells operators about each request: a request id, an access log line and
+its metrics (:mod:`api.metrics`, which also serves ``GET /metrics``)."""
 
 from __future__ import annotations
 
-import asyncio
-import hmac
 import logging
 import time
-from typing import Any
 
-from litestar import Request, Response, get
-from litestar.datastructures import State
-from litestar.exceptions import NotAuthorizedException
 from litestar.types import ASGIApp, Message, Receive, Scope, Send
 
+from api.metrics import observe_request
 from shared.logs import accept_request_id, request_id
-from shared.metrics import CONTENT_TYPE, exposition, observe_request
 
 REQUEST_ID_HEADER = "x-request-id"
 _QUIET_ROUTES = ("/health", "/metrics")  # probes and scrapes: logged at DEBUG only
@@ -78,19 +67,3 @@ class ObservabilityMiddleware:
                 extra={"route": route, "status": status, "duration_ms": round(seconds * 1000, 1)},
             )
             request_id.reset(token)
-
-
-def _authorized(request: Request[Any, Any, Any], token: str | None) -> bool:
-    if token is None:
-        return True
-    given = request.headers.get("authorization", "")
-    return hmac.compare_digest(given.encode(), f"Bearer {token}".encode())
-
-
-@get("/metrics", include_in_schema=False)
-async def metrics(request: Request[Any, Any, Any], state: State) -> Response[bytes]:
-    """Prometheus metrics of this API's processes and the queues' depth and age."""
-    if not _authorized(request, state.settings.metrics_token):
-        raise NotAuthorizedException("a valid metrics token is required")
-    body = await asyncio.to_thread(exposition, state.broker)
-    return Response(body, media_type=CONTENT_TYPE)

@@ -21,9 +21,9 @@ from uuid import UUID
 from apscheduler.jobstores.base import JobLookupError
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 
+from scheduler.metrics import TRIGGER_SLOTS
 from shared.db.base import utcnow
 from shared.db.engine import Database
-from shared.metrics import TRIGGER_SLOTS
 from shared.settings import Settings
 from shared.triggers.firing import ScheduledTrigger, fire_due, scheduled_trigger, scheduled_triggers
 from shared.triggers.schedule import ScheduleTrigger

@@ -19,9 +19,10 @@ import dramatiq
 
 from scheduler.cron import TriggerCron
 from scheduler.leader import Leadership
+from scheduler.metrics import SCHEDULER_LEADING
 from scheduler.sweeper import sweep
 from shared.db.engine import Database
-from shared.metrics import SCHEDULER_LEADING, serve_process_metrics
+from shared.metrics import serve_process_metrics
 from shared.queue import get_broker
 from shared.runtime import get_runtime
 from shared.settings import Settings
@@ -90,7 +91,7 @@ async def run_forever(stop: asyncio.Event) -> None:
     try:
         await lead_forever(
             runtime.database,
-            get_broker(runtime.settings.redis_url),
+            get_broker(runtime.settings),
             runtime.settings,
             stop,
             leadership,

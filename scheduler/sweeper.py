@@ -27,10 +27,10 @@ from uuid import UUID
 import dramatiq
 from dramatiq.brokers.redis import RedisBroker
 
+from scheduler.metrics import SWEEPER_RESENT
 from shared import work
 from shared.batches import window
 from shared.db.engine import Database
-from shared.metrics import SWEEPER_RESENT
 from shared.queue import CALIBRATE, PROCESS_DOCUMENT, RUN_SCENARIO, RUN_TRIGGER, send
 from shared.settings import Settings
 

@@ -6,8 +6,9 @@ and the request id that ties a request's log lines to the work it started.
   ``exc_info`` and any ``extra`` fields.  ``text`` is a human format (``spar dev`` uses it).
 * The request id lives in a context variable: the API sets it per request (from a valid
   ``X-Request-ID`` or a new one), :func:`shared.queue.send` copies it into every message
-  it sends, and :class:`MessageContext` restores it in the worker around the actor,
-  so one grep on the id follows a run from the API into the worker and its successors.
+  it sends, and the worker restores it around the actor
+  (``workers.observability.MessageObservability``), so one grep on the id follows a run
+  from the API into the worker and its successors.
 
 Nothing here logs request bodies or headers; callers never pass them.
 """
@@ -18,19 +19,14 @@ import contextvars
 import logging
 import re
 import sys
-import threading
-import time
 import uuid
 from datetime import UTC, datetime
 from typing import Any
 
-import dramatiq
 import msgspec
 
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s [%(request_id)s]: %(message)s"
 FORMATS = ("json", "text")
-
-_message_log = logging.getLogger("spar.worker.messages")
 
 #: The id of the request (or message) whose work is running in this context.
 request_id: contextvars.ContextVar[str | None] = contextvars.ContextVar(
@@ -142,54 +138,3 @@ def uvicorn_log_config(level: str, log_format: str) -> dict[str, Any]:
             "uvicorn.access": {"level": "WARNING", "handlers": [], "propagate": False},
         },
     }
-
-
-class MessageContext(dramatiq.Middleware):
-    """Restores, around each actor, the request id its message was sent with (or, for a
-    message sent without one, its message id), so the worker's log lines carry it and the
-    messages the actor sends pass it on; and logs one line per message: actor, queue,
-    outcome and duration, never its arguments.
-
-    Added first on the broker: Dramatiq runs ``after_*`` hooks in reverse order, so the id
-    is still set while the other middleware (retries, time limits) log about the message.
-    Before and after hooks run on the same worker thread.
-    """
-
-    def __init__(self) -> None:
-        self._local = threading.local()
-
-    def before_process_message(self, broker: dramatiq.Broker, message: dramatiq.Message) -> None:
-        request_id.set(str(message.options.get(MESSAGE_OPTION) or message.message_id))
-        self._local.started = time.perf_counter()
-
-    def after_process_message(
-        self,
-        broker: dramatiq.Broker,
-        message: dramatiq.Message,
-        *,
-        result: Any = None,
-        exception: BaseException | None = None,
-    ) -> None:
-        self._done(message, "succeeded" if exception is None else "failed")
-
-    def after_skip_message(self, broker: dramatiq.Broker, message: dramatiq.Message) -> None:
-        self._done(message, "skipped")
-
-    def _done(self, message: dramatiq.Message, outcome: str) -> None:
-        started = getattr(self._local, "started", None)
-        self._local.started = None
-        duration_ms = round((time.perf_counter() - started) * 1000, 1) if started else None
-        _message_log.info(
-            "%s %s",
-            message.actor_name,
-            outcome,
-            extra={
-                "actor": message.actor_name,
-                "queue": message.queue_name,
-                "message_id": message.message_id,
-                "outcome": outcome,
-                "duration_ms": duration_ms,
-            },
-        )
-        # A worker thread serves one message after another in the same context.
-        request_id.set(None)

@@ -8,7 +8,8 @@ commit to send: it calls :func:`send_after_commit`, and whoever owns the transac
 commits (the request's ``db_session`` dependency, or ``provide_session`` elsewhere).
 
 Every message carries the request id of the context that sent it (a new one outside
-any request), and the worker restores it around the actor (:mod:`shared.logs`).
+any request), and the worker restores it around the actor (:mod:`shared.logs`; the
+worker's middleware is ``workers.observability``).
 """
 
 from __future__ import annotations
@@ -28,8 +29,8 @@ from sqlalchemy import event
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import Session
 
-from shared.logs import MESSAGE_OPTION, MessageContext, current_request_id, new_request_id
-from shared.settings import get_settings
+from shared.logs import MESSAGE_OPTION, current_request_id, new_request_id
+from shared.settings import Settings
 
 MAINTENANCE_CHANCE = 10_000  # per million broker commands
 QUEUES = ("runs", "batches", "documents", "calibration", "triggers")
@@ -101,25 +102,21 @@ class PollingRedisBroker(RedisBroker):
 
 
 @lru_cache(maxsize=4)
-def get_broker(redis_url: str | None) -> dramatiq.Broker:
-    """One broker per process and URL (``spar dev``'s API and worker share the in-memory
-    one), with the AsyncIO middleware for async actors, the request id restored around
-    every actor (first, so that every other middleware's log lines carry it) and the
-    actors' metrics."""
-    from shared.metrics import ActorMetrics  # imported late: see shared.metrics_dir
-
+def get_broker(settings: Settings) -> dramatiq.Broker:
+    """One broker per process and settings (``spar dev``'s API and worker share the
+    in-memory one): Redis at ``settings.redis_url``, else the in-memory stub, with the
+    AsyncIO middleware for async actors.  A worker adds its own middleware
+    (``workers.broker``)."""
     broker: dramatiq.Broker = (
         PollingRedisBroker(
-            url=redis_url,
-            work_poll_ms=get_settings().work_poll_ms,
-            heartbeat_timeout_s=get_settings().run_heartbeat_timeout_s,
+            url=settings.redis_url,
+            work_poll_ms=settings.work_poll_ms,
+            heartbeat_timeout_s=settings.run_heartbeat_timeout_s,
         )
-        if redis_url
+        if settings.redis_url
         else StubBroker()
     )
-    broker.add_middleware(MessageContext(), before=type(broker.middleware[0]))
     broker.add_middleware(_AsyncIO())
-    broker.add_middleware(ActorMetrics())
     for queue in QUEUES:
         broker.declare_queue(queue)
     return broker

@@ -1,4 +1,15 @@
-"""Spar's configuration: one frozen object built from ``SPAR_*`` environment variables."""
+"""Spar's configuration: one frozen object built from ``SPAR_*`` environment variables.
+
+Settings are read one way: a process's entry point calls :func:`get_settings` once and
+passes the :class:`Settings` down; nothing below an entry point calls it.  The entry
+points are a command of the CLI, :func:`api.app.create_app` (which keeps them in
+``app.state.settings``), ``workers/broker.py`` as a worker process starts, a Dramatiq
+fork function (``workers.metrics.serve_worker_metrics``), and
+:func:`shared.runtime.get_runtime` (``runtime.settings`` in workers and the scheduler).
+Services, the broker (:func:`shared.queue.get_broker`) and the database take
+``settings`` as a parameter; tests build their own with :func:`settings_from_env` or
+``Settings(...)``.
+"""
 
 from __future__ import annotations
 

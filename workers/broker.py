@@ -1,7 +1,8 @@
-"""Sets up a worker process from settings: its log format and level, and its Dramatiq
-broker (with the request id and metrics middleware of :func:`shared.queue.get_broker`),
-which opens the database connections as the worker boots.  Import before declaring
-actors."""
+"""Sets up a worker process from its settings, read once here: its log format and level,
+and its Dramatiq broker (:func:`shared.queue.get_broker`) with the worker's middleware:
+each message's request id, log line and metrics (:mod:`workers.observability`), the
+database connections opened as the worker boots, one stop per SIGTERM.  Import before
+declaring actors."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from shared.logs import configure_logging
 from shared.queue import get_broker
 from shared.runtime import get_runtime
 from shared.settings import get_settings
+from workers.observability import observe_messages
 from workers.warmup import warm_up
 
 log = logging.getLogger("spar.worker")
@@ -69,8 +71,9 @@ class OneStopSignal(dramatiq.Middleware):
         signal.signal(signal.SIGTERM, once)
 
 
-configure_logging(get_settings().log_level, get_settings().log_format)
-broker = get_broker(get_settings().redis_url)
+settings = get_settings()
+configure_logging(settings.log_level, settings.log_format)
+broker = observe_messages(get_broker(settings))
 if not any(isinstance(m, WarmUp) for m in broker.middleware):
     broker.add_middleware(WarmUp())
     broker.add_middleware(OneStopSignal())

@@ -204,7 +204,7 @@ def worker(
     if metrics_port:
         env["SPAR_WORKER_METRICS_PORT"] = str(metrics_port)
     if metrics_port or settings.worker_metrics_port:
-        argv += ["--fork-function", "shared.metrics:serve_worker_metrics"]
+        argv += ["--fork-function", "workers.metrics:serve_worker_metrics"]
     sys.stdout.flush()
     sys.stderr.flush()
     os.execve(sys.executable, argv, env)  # noqa: S606 - our own interpreter, fixed arguments

@@ -16,6 +16,7 @@ from sqlalchemy import func, select
 
 from shared.db.models import CriterionResult, TurnResult
 from shared.queue import RUN_SCENARIO, get_broker, send
+from shared.settings import Settings
 from tests.support.factories import tenant
 from tests.support.fakes import FakeAgent, FakeOpenAI
 from tests.support.processes import spar_process
@@ -214,7 +215,8 @@ async def test_a_worker_killed_mid_run_is_resumed_by_the_next(
             # whose heartbeat stopped.  Either way it is the same message again, once the
             # heartbeat is stale: send it as they would.
             await asyncio.sleep(3.5)
-            send(get_broker(worker_env["SPAR_REDIS_URL"]), RUN_SCENARIO, run_id)
+            broker = get_broker(Settings(redis_url=worker_env["SPAR_REDIS_URL"]))
+            send(broker, RUN_SCENARIO, run_id)
             run = await _poll(
                 client, t, run_id, until=lambda r: r["status"] in {"passed", "failed", "error"}
             )

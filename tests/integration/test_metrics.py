@@ -17,7 +17,7 @@ from litestar.testing import AsyncTestClient
 from prometheus_client import REGISTRY
 from prometheus_client.parser import text_string_to_metric_families
 
-from shared.metrics import exposition
+from api.metrics import exposition
 from shared.queue import get_broker
 from shared.scenarios.runner import execute_run
 from shared.settings import Settings
@@ -31,6 +31,7 @@ from tests.support.scenario_setup import (
     start_run,
     turn,
 )
+from workers.observability import observe_messages
 
 PASS = '{"verdict": "PASS", "critique": "polite", "evidence": "Hello"}'
 
@@ -227,7 +228,8 @@ def test_an_unreachable_broker_reports_down_without_failing_the_scrape() -> None
 
 
 def test_actor_counters_move_as_a_worker_processes_messages() -> None:
-    broker = get_broker.__wrapped__(None)  # Spar's middleware, a broker of this test's own
+    # A worker's broker (Spar's middleware), of this test's own.
+    broker = observe_messages(get_broker.__wrapped__(Settings()))
     queue = "metrics-test"
 
     @dramatiq.actor(broker=broker, queue_name=queue, max_retries=1, min_backoff=10, max_backoff=10)

@@ -519,7 +519,7 @@ async def test_the_sweeper_resends_every_waiting_unit_when_redis_lost_its_messag
     await _waiting_unit_of_each_kind(client, impatient, t, agent, judge)
     await db.execute(update(ScenarioRun).values(dispatched_at=utcnow()))
     await db.commit()
-    broker = get_broker(settings.redis_url)
+    broker = get_broker(settings)
     r = redis.Redis.from_url(settings.redis_url)
     r.flushdb()
 

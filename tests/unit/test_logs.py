@@ -21,6 +21,8 @@ from shared.logs import (
     request_id,
 )
 from shared.queue import get_broker, send
+from shared.settings import Settings
+from workers.observability import observe_messages
 
 
 @pytest.fixture
@@ -130,9 +132,10 @@ def test_a_sent_message_carries_the_senders_request_id_or_a_new_one() -> None:
 def test_an_async_actor_logs_and_sends_under_the_request_id_of_its_message(
     lines: io.StringIO,
 ) -> None:
-    """Spar's broker (``get_broker``, uncached): the worker restores the id around the actor,
-    on the event loop thread too, and the message the actor sends passes it on."""
-    broker = get_broker.__wrapped__(None)
+    """A worker's broker (``get_broker``, uncached, with the worker's middleware): the worker
+    restores the id around the actor, on the event loop thread too, and the message the
+    actor sends passes it on."""
+    broker = observe_messages(get_broker.__wrapped__(Settings()))
     seen: dict[tuple[str, str], str | None] = {}
 
     @dramatiq.actor(broker=broker, queue_name="runs", actor_name="first", max_retries=0)
