@@ -35,7 +35,6 @@ import signal
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 import uuid
 from collections.abc import Iterator
@@ -43,17 +42,22 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import httpx  # noqa: E402
-import psycopg  # noqa: E402
-from sqlalchemy import make_url  # noqa: E402
+import httpx
+import psycopg
 
-from bench.batch import ok, owner_and_org, throwaway_database  # noqa: E402
-from tests.support.processes import free_port, spar_process  # noqa: E402
+from bench.stack import (
+    Stack,
+    database_url,
+    ok,
+    percentiles,
+    psycopg_dsn,
+    spar_stack,
+    unwind_on_sigterm,
+)
+from tests.support.processes import free_port
 
-DEFAULT_DATABASE_URL = f"postgresql+psycopg://postgres@127.0.0.1:5432/spar_bench_api_{os.getpid()}"
 # uvicorn's settings of ``spar serve`` (api/cli.py ``_serve``), given to the bare app too.
 UVICORN_LOG_LEVEL = "warning"
 SEED_DOMAINS = 5
@@ -122,8 +126,7 @@ def _backends(database_url: str | None) -> dict[int, float]:
     """CPU seconds so far of each PostgreSQL backend connected to the database."""
     if database_url is None:
         return {}
-    url = make_url(database_url).set(drivername="postgresql")
-    with psycopg.connect(url.render_as_string(hide_password=False), autocommit=True) as conn:
+    with psycopg.connect(psycopg_dsn(database_url), autocommit=True) as conn:
         pids = conn.execute(
             "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
             "AND pid <> pg_backend_pid()"
@@ -282,12 +285,12 @@ async def _drive(url: str, token: str, concurrency: int, seconds: float) -> dict
 
         await asyncio.gather(*(user() for _ in range(concurrency)))
         elapsed = time.perf_counter() - started
-    latencies.sort()
+    cut = percentiles(latencies)
     return {
         "requests": len(latencies),
         "seconds": elapsed,
-        "p50_ms": latencies[len(latencies) // 2] * 1000,
-        "p99_ms": latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))] * 1000,
+        "p50_ms": cut["p50"],
+        "p99_ms": cut["p99"],
         "failed": failed,
     }
 
@@ -311,10 +314,9 @@ def drive(args: argparse.Namespace, url: str, token: str, seconds: float, logs: 
 # --- seeding -------------------------------------------------------------------------------------
 
 
-def seed(api: httpx.Client) -> list[Target]:
-    """A user and an organization with a few rows, all over REST; the requests to drive."""
-    user_token, org = owner_and_org(api)
-    auth = {"Authorization": f"Bearer {user_token}"}
+def seed(spar: Stack) -> list[Target]:
+    """The stack's organization given a few rows, all over REST; the requests to drive."""
+    api, org, auth, user_token = spar.http, spar.org_id, spar.headers, spar.token
     for n in range(SEED_DOMAINS):
         domain = {"domain": f"agent{n}.example.com"}
         ok(api.post(f"/v1/orgs/{org}/allowed-domains/", json=domain, headers=auth))
@@ -393,51 +395,27 @@ def main(argv: list[str] | None = None) -> None:
         print(json.dumps(uvloop.run(_drive(url, token, concurrency, seconds))))
         return
     args = parse_args(argv)
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
-    bench(args, os.environ.get("SPAR_BENCH_DATABASE_URL") or DEFAULT_DATABASE_URL)
+    unwind_on_sigterm()
+    bench(args, database_url("api"))
 
 
-def bench(args: argparse.Namespace, database_url: str) -> None:
-    port = free_port()
-    env = {
-        "SPAR_DATABASE_URL": database_url,
-        "SPAR_SECRET_KEY": "bench-secret-key-not-for-production",
-        "SPAR_LOG_LEVEL": UVICORN_LOG_LEVEL.upper(),
-    }
+def bench(args: argparse.Namespace, url: str) -> None:
     print(
         f"API benchmark: concurrency {args.concurrency}, {args.duration:g} s per pass "
         f"(after {args.warmup:g} s of warm-up), {args.repeat} pass(es), client {args.client}; "
         f"{os.cpu_count()} CPUs; one uvicorn process per server",
         flush=True,
     )
-    with contextlib.ExitStack() as stack:
-        logs = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="spar-bench-api-")))
-        stack.enter_context(throwaway_database(database_url))
-        process = stack.enter_context(
-            spar_process(
-                ["serve", "--host", "127.0.0.1", "--port", str(port)],
-                env,
-                cwd=logs,
-                health_url=f"http://127.0.0.1:{port}/health/live",
-            )
-        )
-        spar = Server("spar", f"http://127.0.0.1:{port}", process.pid, database_url)
-        api = stack.enter_context(httpx.Client(base_url=spar.url, timeout=60))
-        targets = [t for t in seed(api) if args.only in t.name]
-        bare = stack.enter_context(bare_process(record_bodies(api, targets), logs))
-        if args.keep:
-            for target in targets:
-                print(f"{target.name}: {target.path} with {target.token}")
-            print(f"spar at {spar.url}, bare app at {bare.url}; Enter stops them")
-            input()
-        rows = []
-        try:
-            for target in targets:
-                rows.append((target, *measure(args, target, (spar, bare), logs)))
-        except BaseException:
-            for log in sorted(logs.glob("*.log")):
-                print(f"--- {log.name}\n{log.read_text(errors='replace')[-4000:]}", file=sys.stderr)
-            raise
+    with spar_stack(url, with_redis=False, log_level=UVICORN_LOG_LEVEL.upper()) as stack:
+        spar = Server("spar", stack.base, stack.serve_pid, url)
+        targets = [t for t in seed(stack) if args.only in t.name]
+        with bare_process(record_bodies(stack.http, targets), stack.logs) as bare:
+            if args.keep:
+                for target in targets:
+                    print(f"{target.name}: {target.path} with {target.token}")
+                print(f"spar at {spar.url}, bare app at {bare.url}; Enter stops them")
+                input()
+            rows = [(t, *measure(args, t, (spar, bare), stack.logs)) for t in targets]
     report(rows)
 
 

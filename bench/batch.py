@@ -28,85 +28,35 @@ never share a queue, falling back to ``redis://127.0.0.1:6379/13``).
 from __future__ import annotations
 
 import argparse
-import contextlib
-import json
 import math
 import os
 import re
-import signal
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 import uuid
 from collections import Counter
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import httpx  # noqa: E402
-import redis  # noqa: E402
-from sqlalchemy import create_engine, insert  # noqa: E402
+import httpx
+from sqlalchemy import create_engine, insert
 
-from shared.db.models import Criterion, Scenario, ScenarioTurn  # noqa: E402
-from tests.support.processes import (  # noqa: E402
-    free_port,
-    private_redis,
-    spar_process,
-    throwaway_database,
+from bench.stack import (
+    Stack,
+    database_url,
+    loopback_fakes,
+    ok,
+    spar_stack,
+    unwind_on_sigterm,
+    wait_for_workers,
 )
+from shared.db.models import Criterion, Scenario, ScenarioTurn
 
-DEFAULT_DATABASE_URL = f"postgresql+psycopg://postgres@127.0.0.1:5432/spar_bench_{os.getpid()}"
-FALLBACK_REDIS_URL = "redis://127.0.0.1:6379/13"
 POLL_S = 0.2  # the client's poll; the wall time itself is read off the batch (completed_at)
-
-
-# --- fakes with a fixed latency ------------------------------------------------------------------
-
-
-class Fakes:
-    """``bench/fakes.py`` in a process of its own: the agent's and the judge's URLs, and
-    control over their latency."""
-
-    def __init__(self) -> None:
-        self._process = subprocess.Popen(
-            [sys.executable, str(ROOT / "bench" / "fakes.py")],
-            stdout=subprocess.PIPE,
-            start_new_session=True,
-        )
-        assert self._process.stdout is not None
-        ports = json.loads(self._process.stdout.readline() or "{}")
-        if not ports:
-            raise RuntimeError("the fakes did not start")
-        self.agent_url = f"http://127.0.0.1:{ports['agent']}"
-        self.judge_url = f"http://127.0.0.1:{ports['judge']}"
-
-    def set_latency(self, agent_s: float, judge_s: float) -> None:
-        httpx.post(f"{self.judge_url}/_latency", json={"agent_s": agent_s, "judge_s": judge_s})
-
-    def served(self) -> dict[str, int]:
-        return httpx.get(f"{self.judge_url}/_stats").json()
-
-    def stop(self) -> None:
-        self._process.terminate()
-        self._process.wait(timeout=10)
-
-
-@contextlib.contextmanager
-def fakes() -> Iterator[Fakes]:
-    started = Fakes()
-    try:
-        yield started
-    finally:
-        started.stop()
-
-
-# --- services ------------------------------------------------------------------------------------
 
 
 # --- database ------------------------------------------------------------------------------------
@@ -166,40 +116,10 @@ def insert_scenarios(url: str, org_id: str, count: int, turns: int, criteria: in
 # --- the API -------------------------------------------------------------------------------------
 
 
-def ok(response: httpx.Response, status: int = 201) -> dict[str, Any]:
-    if response.status_code != status:
-        raise RuntimeError(f"{response.request.method} {response.request.url}: {response.text}")
-    return response.json()
-
-
-def owner_and_org(api: httpx.Client) -> tuple[str, str]:
-    """A new user's token and the id of an organization it owns, made over REST."""
-    registered = ok(
-        api.post(
-            "/v1/auth/register",
-            json={
-                "email": f"bench-{uuid.uuid4().hex[:8]}@example.com",
-                "password": "bench-password-123",
-                "first_name": "Bench",
-                "last_name": "Mark",
-            },
-        )
-    )
-    token = registered["access_token"]
-    org = ok(
-        api.post(
-            "/v1/organizations",
-            json={"name": "bench"},
-            headers={"Authorization": f"Bearer {token}"},
-        )
-    )["id"]
-    return token, org
-
-
-def setup_org(api: httpx.Client, agent_url: str, judge_url: str) -> tuple[str, dict[str, str], str]:
-    """A user, an organization that may reach the fakes, its default judge and an agent."""
-    token, org = owner_and_org(api)
-    headers = {"Authorization": f"Bearer {token}"}
+def setup_org(spar: Stack, agent_url: str, judge_url: str) -> str:
+    """The stack's organization allowed to reach the fakes, its default judge, and an agent
+    (its id)."""
+    api, org, headers = spar.http, spar.org_id, spar.headers
     ok(api.post(f"/v1/orgs/{org}/allowed-domains/", json={"domain": "127.0.0.1"}, headers=headers))
     ok(
         api.post(
@@ -221,7 +141,7 @@ def setup_org(api: httpx.Client, agent_url: str, judge_url: str) -> tuple[str, d
             headers=headers,
         )
     )
-    return org, headers, agent["id"]
+    return agent["id"]
 
 
 def run_batch(
@@ -377,31 +297,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    # SIGTERM (``timeout``, a CI runner) unwinds like Ctrl-C: processes stopped, database
-    # dropped, Redis flushed.
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
-    database_url = os.environ.get("SPAR_BENCH_DATABASE_URL") or DEFAULT_DATABASE_URL
-    with contextlib.ExitStack() as stack:
-        given = os.environ.get("SPAR_BENCH_REDIS_URL")
-        redis_url = given or stack.enter_context(private_redis(FALLBACK_REDIS_URL))
-        bench(args, database_url, redis_url)
+    unwind_on_sigterm()
+    bench(args, database_url(""))
 
 
-def bench(args: argparse.Namespace, database_url: str, redis_url: str) -> None:
+def bench(args: argparse.Namespace, url: str) -> None:
     n, t, c, k = args.scenarios, args.turns, args.criteria, args.concurrency
     warmup = k if args.warmup is None else args.warmup
-    port = free_port()
-    env = {
-        "SPAR_DATABASE_URL": database_url,
-        "SPAR_REDIS_URL": redis_url,
-        "SPAR_SECRET_KEY": "bench-secret-key-not-for-production",
-        "SPAR_EGRESS_ALLOW_PRIVATE": "true",
-        "SPAR_LOG_LEVEL": "WARNING",
-    }
-    worker_env = dict(env)
-    if args.db_pool:
-        worker_env["SPAR_DB_POOL_SIZE"] = str(args.db_pool)
-    worker_args = ["worker", "--processes", "1", "--threads", str(args.threads)]
+    worker_env = {"SPAR_DB_POOL_SIZE": str(args.db_pool)} if args.db_pool else {}
+    worker_args = ["--processes", "1", "--threads", str(args.threads)]
     worker_args += ["--queues", "runs,batches"]
     if args.prefetch:
         worker_args += ["--prefetch", str(args.prefetch)]
@@ -415,68 +319,55 @@ def bench(args: argparse.Namespace, database_url: str, redis_url: str) -> None:
         f"{f', prefetch {args.prefetch}' if args.prefetch else ''}; {os.cpu_count()} CPUs",
         flush=True,
     )
-    r = redis.Redis.from_url(redis_url)
-    r.flushdb()
-    with contextlib.ExitStack() as stack:
-        logs = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="spar-bench-")))
-        stack.callback(_flush, r)
-        stack.enter_context(throwaway_database(database_url))
-        fake = stack.enter_context(fakes())
-        stack.enter_context(
-            spar_process(
-                ["serve", "--host", "127.0.0.1", "--port", str(port)],
-                env,
-                cwd=logs,
-                health_url=f"http://127.0.0.1:{port}/health/live",
+    with (
+        loopback_fakes() as fake,
+        spar_stack(
+            url,
+            env={"SPAR_EGRESS_ALLOW_PRIVATE": "true"},
+            workers=args.workers,
+            worker_args=worker_args,
+            worker_env=worker_env,
+        ) as spar,
+    ):
+        api, org, auth = spar.http, spar.org_id, spar.headers
+        agent_id = setup_org(spar, fake.agent_url, fake.judge_url)
+        # A batch sent before the workers have booted measures their boot, not Spar's
+        # path from a batch to its runs: wait until each consumes (its heartbeat).
+        assert spar.redis_url is not None
+        wait_for_workers(spar.redis_url, args.workers, args.timeout)
+        print(f"workers ready {time.perf_counter() - spar.workers_started:.2f} s after start")
+        if warmup:
+            insert_scenarios(url, org, warmup, t, c)
+            done = run_batch(api, org, auth, agent_id, k, args.timeout)
+            print(f"warm-up: {warmup} runs at zero latency in {done['wall_s']:.2f} s")
+            # The warm-up scenarios are not part of the measured batches.
+            _untag(url)
+        insert_scenarios(url, org, n, t, c)
+
+        fake.set_latency(args.agent_ms / 1000, args.judge_ms / 1000)
+        efficiencies = []
+        for attempt in range(1, args.repeat + 1):
+            done = run_batch(api, org, auth, agent_id, k, args.timeout)
+            if args.first_batch:
+                print("first batch after the workers start (no warm-up):")
+            report_latency_pass(done, n, t, c, k, ideal_s, per_turn_s, attempt)
+            print_breakdown(breakdown(url, done["id"]), t, per_turn_s)
+            efficiencies.append(ideal_s / done["wall_s"])
+        if args.repeat > 1:
+            print(
+                f"efficiency over {args.repeat} latency passes: median "
+                f"{statistics.median(efficiencies):.3f} (min {min(efficiencies):.3f}, "
+                f"max {max(efficiencies):.3f}; target 0.9)"
             )
-        )
-        workers_started = time.perf_counter()
-        for _ in range(args.workers):
-            stack.enter_context(spar_process(worker_args, worker_env, cwd=logs))
-        api = stack.enter_context(httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60))
-        org, auth, agent_id = setup_org(api, fake.agent_url, fake.judge_url)
 
-        try:
-            # A batch sent before the workers have booted measures their boot, not Spar's
-            # path from a batch to its runs: wait until each consumes (its heartbeat).
-            wait_for_workers(r, args.workers, args.timeout)
-            print(f"workers ready {time.perf_counter() - workers_started:.2f} s after start")
-            if warmup:
-                insert_scenarios(database_url, org, warmup, t, c)
-                done = run_batch(api, org, auth, agent_id, k, args.timeout)
-                print(f"warm-up: {warmup} runs at zero latency in {done['wall_s']:.2f} s")
-                # The warm-up scenarios are not part of the measured batches.
-                _untag(database_url)
-            insert_scenarios(database_url, org, n, t, c)
-
-            fake.set_latency(args.agent_ms / 1000, args.judge_ms / 1000)
-            efficiencies = []
-            for attempt in range(1, args.repeat + 1):
-                done = run_batch(api, org, auth, agent_id, k, args.timeout)
-                if args.first_batch:
-                    print("first batch after the workers start (no warm-up):")
-                report_latency_pass(done, n, t, c, k, ideal_s, per_turn_s, attempt)
-                print_breakdown(breakdown(database_url, done["id"]), t, per_turn_s)
-                efficiencies.append(ideal_s / done["wall_s"])
-            if args.repeat > 1:
-                print(
-                    f"efficiency over {args.repeat} latency passes: median "
-                    f"{statistics.median(efficiencies):.3f} (min {min(efficiencies):.3f}, "
-                    f"max {max(efficiencies):.3f}; target 0.9)"
-                )
-
-            if not args.no_zero_pass:
-                fake.set_latency(0.0, 0.0)
-                zero = run_batch(api, org, auth, agent_id, k, args.timeout)
-                report_zero_pass(zero, n, t, c)
-                print_breakdown(breakdown(database_url, zero["id"]), t, 0.0)
-        except BaseException:
-            for log in sorted(logs.glob("*.log")):
-                print(f"--- {log.name}\n{log.read_text(errors='replace')[-4000:]}", file=sys.stderr)
-            raise
+        if not args.no_zero_pass:
+            fake.set_latency(0.0, 0.0)
+            zero = run_batch(api, org, auth, agent_id, k, args.timeout)
+            report_zero_pass(zero, n, t, c)
+            print_breakdown(breakdown(url, zero["id"]), t, 0.0)
         served = fake.served()
         print(f"requests served by the fakes: agent {served['agent']}, judge {served['judge']}")
-        report_worker_errors(logs)
+        report_worker_errors(spar.logs)
 
 
 def report_worker_errors(logs: Path) -> None:
@@ -506,20 +397,6 @@ def _exception_line(traceback: list[str]) -> str:
     """The ``ExceptionType: message`` line that ends a logged traceback."""
     found = [line for line in traceback if re.match(r"^[\w.]+(Error|Exception|Timeout)\b", line)]
     return found[-1] if found else (traceback[0] if traceback else "?")
-
-
-def wait_for_workers(r: redis.Redis, count: int, timeout_s: float) -> None:
-    """Until ``count`` worker processes fetch from Redis (Dramatiq's heartbeats)."""
-    deadline = time.perf_counter() + timeout_s
-    while r.zcard("dramatiq:__heartbeats__") < count:
-        if time.perf_counter() > deadline:
-            raise RuntimeError(f"{count} workers not ready after {timeout_s}s")
-        time.sleep(0.05)
-
-
-def _flush(r: redis.Redis) -> None:
-    with contextlib.suppress(redis.RedisError):
-        r.flushdb()
 
 
 def _untag(url: str) -> None:

@@ -23,27 +23,20 @@ import argparse
 import asyncio
 import os
 import random
-import statistics
 import sys
 import time
 import uuid
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import httpx  # noqa: E402
-import psycopg  # noqa: E402
-from sqlalchemy import make_url  # noqa: E402
-from sqlalchemy.dialects import postgresql  # noqa: E402
+import httpx
+import psycopg
+from sqlalchemy.dialects import postgresql
 
-from bench.batch import ok  # noqa: E402
-from bench.stack import spar_stack  # noqa: E402
-from shared.knowledge.services import ranked_chunks  # noqa: E402
+from bench.stack import database_url, ok, percentiles, psycopg_dsn, spar_stack
+from shared.knowledge.services import ranked_chunks
 
-DEFAULT_DATABASE_URL = (
-    f"postgresql+psycopg://postgres@127.0.0.1:5432/spar_bench_knowledge_{os.getpid()}"
-)
 SECTIONS = 10
 SECTION_WORDS = 70  # about 500 characters
 
@@ -63,11 +56,6 @@ def document(n: int, words: list[str], rng: random.Random) -> str:
         body = " ".join(rng.choice(words) for _ in range(SECTION_WORDS))
         parts.append(f"## Section {s} {rng.choice(words)}\n\n{body}.\n")
     return "\n".join(parts)
-
-
-def percentiles(samples: list[float]) -> tuple[float, float]:
-    cut = statistics.quantiles(samples, n=100)
-    return cut[49] * 1000, cut[98] * 1000
 
 
 async def ingest(base: str, headers: dict, org: str, cid: str, texts: list[str], dsn: str) -> float:
@@ -124,10 +112,11 @@ def search_pass(base: str, headers: dict, org: str, queries: list[str], dsn: str
             began = time.perf_counter()
             conn.execute(str(statement)).fetchall()
             sql.append(time.perf_counter() - began)
-    (a50, a99), (s50, s99) = percentiles(api), percentiles(sql)
+    a, q = percentiles(api), percentiles(sql)
     print(
-        f"  search: API p50 {a50:.1f} ms, p99 {a99:.1f} ms; plain SQL p50 {s50:.1f} ms, "
-        f"p99 {s99:.1f} ms; ratio p50 {a50 / s50:.1f}, p99 {a99 / s99:.1f}"
+        f"  search: API p50 {a['p50']:.1f} ms, p99 {a['p99']:.1f} ms; plain SQL p50 "
+        f"{q['p50']:.1f} ms, p99 {q['p99']:.1f} ms; ratio p50 {a['p50'] / q['p50']:.1f}, "
+        f"p99 {a['p99'] / q['p99']:.1f}"
     )
 
 
@@ -141,10 +130,10 @@ def main() -> None:
     words = vocabulary(2000, rng)
     texts = [document(n, words, rng) for n in range(args.documents)]
     queries = [" ".join(rng.sample(words, rng.choice((2, 3)))) for _ in range(args.queries)]
-    database_url = os.environ.get("SPAR_BENCH_DATABASE_URL", DEFAULT_DATABASE_URL)
-    dsn = make_url(database_url).set(drivername="postgresql").render_as_string(False)
+    url = database_url("knowledge")
+    dsn = psycopg_dsn(url)
     worker = ["--processes", "1", "--threads", "8", "--queues", "documents"]
-    with spar_stack(database_url, worker_args=worker) as spar:
+    with spar_stack(url, workers=1, worker_args=worker) as spar:
         base, org, headers = spar.base, spar.org_id, spar.headers
         cid = ok(
             spar.http.post(

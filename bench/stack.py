@@ -1,18 +1,112 @@
-"""A Spar of its own for a benchmark: a throwaway database, a private ``redis-server``, a
-``spar serve`` (and, if asked, a ``spar worker``), and an owner with an organization."""
+"""What every benchmark starts and measures with, written once.
+
+* :func:`spar_stack`: a Spar of the benchmark's own: a throwaway database (created,
+  migrated, dropped), Redis (``SPAR_BENCH_REDIS_URL``, flushed before and after, or a
+  private ``redis-server``), ``spar serve`` and any ``spar worker`` processes with their
+  logs in a temporary directory (their tails printed if the benchmark fails), and an
+  owner with an organization made over REST;
+* :func:`loopback_fakes`: the agent and judge fakes of ``bench/fakes.py`` in a process of
+  their own, with their latency under control;
+* :func:`percentiles` of timed samples, and the small REST and database helpers.
+
+A benchmark is run as a script (``python bench/X.py``): it puts the repository root on
+``sys.path`` before importing this module.
+"""
 
 from __future__ import annotations
 
 import contextlib
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
 import tempfile
+import time
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
+import redis
+from sqlalchemy import make_url
 
-from bench.batch import FALLBACK_REDIS_URL, owner_and_org
 from tests.support.processes import free_port, private_redis, spar_process, throwaway_database
+
+ROOT = Path(__file__).resolve().parent.parent
+FALLBACK_REDIS_URL = "redis://127.0.0.1:6379/13"
+SECRET_KEY = "bench-secret-key-not-for-production"  # noqa: S105 - a throwaway stack
+DRAMATIQ_HEARTBEATS = "dramatiq:__heartbeats__"
+
+
+# --- a benchmark's process ---------------------------------------------------------------------
+
+
+def database_url(name: str) -> str:
+    """``SPAR_BENCH_DATABASE_URL``, or a database of this run's own on the local
+    PostgreSQL: ``spar_bench_<name>_<pid>`` (``spar_bench_<pid>`` for no name)."""
+    given = os.environ.get("SPAR_BENCH_DATABASE_URL")
+    if given:
+        return given
+    database = "_".join(["spar_bench", *([name] if name else []), str(os.getpid())])
+    return f"postgresql+psycopg://postgres@127.0.0.1:5432/{database}"
+
+
+def psycopg_dsn(url: str) -> str:
+    """The ``postgresql://`` form of a SQLAlchemy URL, for psycopg itself."""
+    return make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
+
+
+def unwind_on_sigterm() -> None:
+    """SIGTERM (``timeout``, a CI runner) unwinds like Ctrl-C: processes stopped, database
+    dropped, Redis flushed."""
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
+
+
+def percentiles(seconds: list[float], *points: int) -> dict[str, float]:
+    """The ``points`` percentiles (default 50 and 99) of timed samples, in milliseconds,
+    keyed ``p50``, ``p99``…"""
+    cut = statistics.quantiles(seconds, n=100) if len(seconds) > 1 else seconds * 99
+    return {f"p{p}": cut[p - 1] * 1000 for p in points or (50, 99)}
+
+
+# --- REST ------------------------------------------------------------------------------------
+
+
+def ok(response: httpx.Response, status: int = 201) -> dict[str, Any]:
+    if response.status_code != status:
+        raise RuntimeError(f"{response.request.method} {response.request.url}: {response.text}")
+    return response.json()
+
+
+def owner_and_org(api: httpx.Client) -> tuple[str, str]:
+    """A new user's token and the id of an organization it owns, made over REST."""
+    registered = ok(
+        api.post(
+            "/v1/auth/register",
+            json={
+                "email": f"bench-{uuid.uuid4().hex[:8]}@example.com",
+                "password": "bench-password-123",
+                "first_name": "Bench",
+                "last_name": "Mark",
+            },
+        )
+    )
+    token = registered["access_token"]
+    org = ok(
+        api.post(
+            "/v1/organizations",
+            json={"name": "bench"},
+            headers={"Authorization": f"Bearer {token}"},
+        )
+    )["id"]
+    return token, org
+
+
+# --- Spar ------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -20,34 +114,148 @@ class Stack:
     base: str  # the API's URL
     http: httpx.Client
     org_id: str
+    token: str  # the owner's
     headers: dict[str, str]  # the owner's Authorization
+    database_url: str
+    redis_url: str | None
+    serve_pid: int
+    logs: Path
+    workers_started: float  # perf_counter() as the first worker was started
 
 
 @contextlib.contextmanager
-def spar_stack(database_url: str, *, worker_args: list[str] | None = None) -> Iterator[Stack]:
+def spar_stack(
+    database_url: str,
+    *,
+    with_redis: bool = True,
+    env: dict[str, str] | None = None,
+    workers: int = 0,
+    worker_args: list[str] | None = None,
+    worker_env: dict[str, str] | None = None,
+    log_level: str = "WARNING",
+) -> Iterator[Stack]:
+    """Spar on a throwaway database: ``spar serve`` and ``workers`` ``spar worker
+    <worker_args>`` processes (``worker_env`` added to theirs), on Redis unless
+    ``with_redis`` is false (the API alone, on its in-memory broker)."""
     port = free_port()
     base = f"http://127.0.0.1:{port}"
     with contextlib.ExitStack() as stack:
-        stack.enter_context(throwaway_database(database_url))
-        redis_url = stack.enter_context(private_redis(FALLBACK_REDIS_URL))
         logs = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="spar-bench-")))
-        env = {
+        redis_url = stack.enter_context(_redis()) if with_redis else None
+        stack.enter_context(throwaway_database(database_url))
+        process_env = {
             "SPAR_DATABASE_URL": database_url,
-            "SPAR_REDIS_URL": redis_url,
-            "SPAR_SECRET_KEY": "bench-secret-key-not-for-production",
+            "SPAR_SECRET_KEY": SECRET_KEY,
             "SPAR_PUBLIC_BASE_URL": base,
-            "SPAR_LOG_LEVEL": "WARNING",
+            "SPAR_LOG_LEVEL": log_level,
+            **({"SPAR_REDIS_URL": redis_url} if redis_url else {}),
+            **(env or {}),
         }
-        stack.enter_context(
-            spar_process(
-                ["serve", "--host", "127.0.0.1", "--port", str(port)],
-                env,
-                cwd=logs,
-                health_url=f"{base}/health/live",
+        with _logs_on_failure(logs):
+            serve = stack.enter_context(
+                spar_process(
+                    ["serve", "--host", "127.0.0.1", "--port", str(port)],
+                    process_env,
+                    cwd=logs,
+                    health_url=f"{base}/health/live",
+                )
             )
+            workers_started = time.perf_counter()
+            for _ in range(workers):
+                stack.enter_context(
+                    spar_process(
+                        ["worker", *(worker_args or [])],
+                        {**process_env, **(worker_env or {})},
+                        cwd=logs,
+                    )
+                )
+            http = stack.enter_context(httpx.Client(base_url=base, timeout=60))
+            token, org_id = owner_and_org(http)
+            yield Stack(
+                base=base,
+                http=http,
+                org_id=org_id,
+                token=token,
+                headers={"Authorization": f"Bearer {token}"},
+                database_url=database_url,
+                redis_url=redis_url,
+                serve_pid=serve.pid,
+                logs=logs,
+                workers_started=workers_started,
+            )
+
+
+@contextlib.contextmanager
+def _redis() -> Iterator[str]:
+    given = os.environ.get("SPAR_BENCH_REDIS_URL")
+    if not given:
+        with private_redis(FALLBACK_REDIS_URL) as url:
+            yield url
+        return
+    client = redis.Redis.from_url(given)
+    client.flushdb()
+    try:
+        yield given
+    finally:
+        with contextlib.suppress(redis.RedisError):
+            client.flushdb()
+
+
+@contextlib.contextmanager
+def _logs_on_failure(logs: Path) -> Iterator[None]:
+    try:
+        yield
+    except BaseException:
+        for log in sorted(logs.glob("*.log")):
+            print(f"--- {log.name}\n{log.read_text(errors='replace')[-4000:]}", file=sys.stderr)
+        raise
+
+
+def wait_for_workers(redis_url: str, count: int, timeout_s: float) -> None:
+    """Until ``count`` worker processes fetch from Redis (Dramatiq's heartbeats)."""
+    client = redis.Redis.from_url(redis_url)
+    deadline = time.perf_counter() + timeout_s
+    while client.zcard(DRAMATIQ_HEARTBEATS) < count:
+        if time.perf_counter() > deadline:
+            raise RuntimeError(f"{count} workers not ready after {timeout_s}s")
+        time.sleep(0.05)
+
+
+# --- loopback fakes --------------------------------------------------------------------------
+
+
+class Fakes:
+    """``bench/fakes.py`` in a process of its own: the agent's and the judge's URLs, and
+    control over their latency."""
+
+    def __init__(self) -> None:
+        self._process = subprocess.Popen(
+            [sys.executable, str(ROOT / "bench" / "fakes.py")],
+            stdout=subprocess.PIPE,
+            start_new_session=True,
         )
-        if worker_args is not None:
-            stack.enter_context(spar_process(["worker", *worker_args], env, cwd=logs))
-        http = stack.enter_context(httpx.Client(base_url=base, timeout=30))
-        token, org_id = owner_and_org(http)
-        yield Stack(base, http, org_id, {"Authorization": f"Bearer {token}"})
+        assert self._process.stdout is not None
+        ports = json.loads(self._process.stdout.readline() or "{}")
+        if not ports:
+            raise RuntimeError("the fakes did not start")
+        self.agent_url = f"http://127.0.0.1:{ports['agent']}"
+        self.judge_url = f"http://127.0.0.1:{ports['judge']}"
+
+    def set_latency(self, agent_s: float, judge_s: float) -> None:
+        httpx.post(f"{self.judge_url}/_latency", json={"agent_s": agent_s, "judge_s": judge_s})
+
+    def served(self) -> dict[str, int]:
+        return httpx.get(f"{self.judge_url}/_stats").json()
+
+    def stop(self) -> None:
+        self._process.terminate()
+        self._process.wait(timeout=10)
+
+
+@contextlib.contextmanager
+def loopback_fakes() -> Iterator[Fakes]:
+    started = Fakes()
+    try:
+        yield started
+    finally:
+        started.stop()

@@ -24,25 +24,18 @@ import argparse
 import asyncio
 import json
 import os
-import statistics
 import sys
 import time
 import uuid
 from datetime import UTC, datetime
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import httpx  # noqa: E402
-from standardwebhooks import Webhook  # noqa: E402
+import httpx
+from standardwebhooks import Webhook
 
-from bench.batch import ok  # noqa: E402
-from bench.stack import spar_stack  # noqa: E402
-
-DEFAULT_DATABASE_URL = (
-    f"postgresql+psycopg://postgres@127.0.0.1:5432/spar_bench_webhook_{os.getpid()}"
-)
+from bench.stack import database_url, ok, percentiles, spar_stack
 
 
 def signed_deliveries(secret: str, count: int) -> list[tuple[bytes, dict[str, str]]]:
@@ -61,12 +54,6 @@ def signed_deliveries(secret: str, count: int) -> list[tuple[bytes, dict[str, st
     return deliveries
 
 
-def percentiles(samples: list[float]) -> dict[str, float]:
-    ordered = sorted(samples)
-    cut = statistics.quantiles(ordered, n=100)
-    return {"p50": cut[49] * 1000, "p95": cut[94] * 1000, "p99": cut[98] * 1000}
-
-
 def one_at_a_time(http: httpx.Client, path: str, deliveries, baseline: str) -> None:
     timed: list[float] = []
     for body, headers in deliveries:
@@ -79,7 +66,7 @@ def one_at_a_time(http: httpx.Client, path: str, deliveries, baseline: str) -> N
         started = time.perf_counter()
         http.get(baseline).raise_for_status()
         floor.append(time.perf_counter() - started)
-    hook, base = percentiles(timed), percentiles(floor)
+    hook, base = percentiles(timed, 50, 95, 99), percentiles(floor, 50, 95, 99)
     print(f"one at a time, {len(deliveries)} deliveries:")
     for key in ("p50", "p95", "p99"):
         print(
@@ -120,8 +107,7 @@ def main() -> None:
     parser.add_argument("--concurrent", type=int, default=2000)
     parser.add_argument("--concurrency", type=int, default=20)
     args = parser.parse_args()
-    database_url = os.environ.get("SPAR_BENCH_DATABASE_URL", DEFAULT_DATABASE_URL)
-    with spar_stack(database_url) as spar:
+    with spar_stack(database_url("webhook")) as spar:
         http, org_id, h = spar.http, spar.org_id, spar.headers
         agent = ok(
             http.post(
