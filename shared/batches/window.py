@@ -15,10 +15,40 @@ the runs of a batch lives here.
   ``completed = passed + failed + error`` holds, nothing is counted twice, and the batch
   completes with its last run.
 
+**The invariant**, which CHECK constraints on ``batch_runs`` state too (``ck_batch_runs_*``,
+migration 0015), so PostgreSQL refuses a write that breaks it: every counter is at least 0;
+``completed = passed + failed + error <= total``; ``dispatched <= total`` (a run is handed
+out once); and, while the batch is active (``queued`` or ``running``), ``completed <=
+dispatched`` and ``dispatched - completed <= max_concurrency`` (``ck_batch_runs_window``):
+the window in use is the runs in flight.
+
+**The exception: a cancel counts runs as completed without dispatching them.**  The runs
+not yet handed out end as ``error`` and are added to ``completed`` and ``error``, never to
+``dispatched``, in the statement that moves the batch to ``error``; so an ended batch may
+have ``completed > dispatched``, and ``dispatched - completed`` then means nothing.  No
+arithmetic reads it there: :func:`dispatch` hands out nothing for a batch that is not
+active, and a run's end hands out no successor for one (:func:`_hand_over`).  The runs in
+flight at the cancel still end and are counted, until ``completed = total``
+(``services.is_over``).  That is why ``ck_batch_runs_window`` holds only while the batch is
+active.
+
 **The lock order** is written once, in :func:`settle`: the runs first (the caller's UPDATE
 of the runs, which ``settle`` takes as its input, then the successor, ``SKIP LOCKED``),
 the batch row last.  A run's end and a cancel both go through it, so they never deadlock,
 and the batch row, which every run of the batch writes, is held for the shortest time.
+
+**Dispatch takes the batch row first**, the other way round, and is the one exception: in
+a transaction of its own (:func:`dispatch_committed`), holding nothing, it locks the batch
+row (``FOR UPDATE``) so two dispatches never count the same room, then hands out runs
+``FOR UPDATE SKIP LOCKED`` and adds them to ``dispatched`` on the row it already holds.
+Once it has the batch row it never waits for a lock: a run another transaction holds (a
+successor being handed out, a run a cancel is ending) is skipped, not waited for.  So a
+settle waiting for the batch row behind a dispatch only waits for that dispatch's commit,
+and no cycle can form; a cancel that meets runs the dispatch has just handed out waits for
+its commit, then leaves them (no longer ``dispatched_at IS NULL``) in flight.  The room a
+dispatch counts stays true meanwhile: a run that ends concurrently is counted only after
+the dispatch commits, and hands its place to one successor, so the runs in flight never
+exceed ``max_concurrency``.
 
 The caller commits, then sends the runs handed out: a message is only a pointer to a
 committed row.

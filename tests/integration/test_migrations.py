@@ -1,12 +1,15 @@
 """Alembic migrations are the schema's only source: they must match the models exactly."""
 
+import uuid
 from collections.abc import Iterator
+from datetime import UTC, datetime
 
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
-from sqlalchemy import create_engine, make_url
+from sqlalchemy import Engine, column, create_engine, insert, make_url, table, text
 
+from shared.db.migrate import upgrade
 from shared.db.models import Base
 from tests.support.processes import admin_sql
 
@@ -36,13 +39,6 @@ def empty_database_url(database_url: str) -> Iterator[str]:
 def test_the_window_counter_is_backfilled_from_the_runs_handed_out(empty_database_url):
     """0005 adds ``batch_runs.dispatched_scenarios``: a batch in flight during the upgrade
     keeps its window (runs handed out and not yet ended)."""
-    import uuid
-    from datetime import UTC, datetime
-
-    from sqlalchemy import text
-
-    from shared.db.migrate import upgrade
-
     url = empty_database_url
     upgrade(url, "0004")
     engine = create_engine(url)
@@ -86,3 +82,109 @@ def test_the_window_counter_is_backfilled_from_the_runs_handed_out(empty_databas
     finally:
         engine.dispose()
     assert counted == 2
+
+
+# --- the CHECK constraints (0015) -----------------------------------------------------------------
+
+_CHECKS = text(
+    'SELECT conrelid::regclass::text AS "table", conname, pg_get_constraintdef(oid)'
+    " FROM pg_constraint WHERE contype = 'c' AND connamespace = 'public'::regnamespace"
+)
+
+
+def _checks(url: str) -> set[tuple[str, str, str]]:
+    engine = create_engine(url)
+    try:
+        with engine.connect() as connection:
+            return {tuple(row) for row in connection.execute(_CHECKS)}  # type: ignore[misc]
+    finally:
+        engine.dispose()
+
+
+def test_the_migrations_check_what_the_models_check(database_url, empty_database_url):
+    """Alembic's comparison leaves CHECK constraints out: the models' (built from the enums)
+    and the migrations' (spelled out) are compared as PostgreSQL reads them back."""
+    engine = create_engine(empty_database_url)
+    try:
+        Base.metadata.create_all(engine)
+    finally:
+        engine.dispose()
+    from_models = _checks(empty_database_url)
+    assert len(from_models) >= 30
+    assert _checks(database_url) == from_models
+
+
+def _insert_batch(engine: Engine, **counts: object) -> str:
+    """A batch row as 0014 knows it, foreign keys off (no organization or agent needed)."""
+    batch = uuid.uuid4().hex
+    now = datetime.now(UTC)
+    row = {
+        "id": batch,
+        "organization_id": uuid.uuid4().hex,
+        "agent_id": uuid.uuid4().hex,
+        "agent_name": "a",
+        "created_at": now,
+        "updated_at": now,
+        "status": "running",
+        "max_concurrency": 2,
+        "total_scenarios": 4,
+        "completed_scenarios": 0,
+        "passed_scenarios": 0,
+        "failed_scenarios": 0,
+        "error_scenarios": 0,
+        "dispatched_scenarios": 0,
+        **counts,
+    }
+    batches = table("batch_runs", *(column(name) for name in row))
+    with engine.begin() as conn:
+        conn.execute(text("SET LOCAL session_replication_role = replica"))
+        conn.execute(insert(batches).values(row))
+    return batch
+
+
+def _revision(engine: Engine) -> str:
+    with engine.connect() as conn:
+        return conn.execute(text("SELECT version_num FROM alembic_version")).scalar_one()
+
+
+def test_the_invariants_migration_refuses_rows_that_break_them_and_keeps_good_ones(
+    empty_database_url,
+):
+    """0015 validates the rows already there: a batch whose counters disagree stops the
+    upgrade, which names the constraint and the row and changes nothing; once the row is
+    corrected it passes, and keeps the rows that were right all along (a cancelled batch
+    counts runs it never handed out)."""
+    url = empty_database_url
+    upgrade(url, "0014")
+    engine = create_engine(url)
+    try:
+        _insert_batch(engine, status="running", dispatched_scenarios=2)
+        _insert_batch(
+            engine,
+            status="error",
+            completed_scenarios=3,
+            error_scenarios=3,
+            dispatched_scenarios=1,
+        )
+        bad = _insert_batch(engine, status="running", completed_scenarios=1, dispatched_scenarios=1)
+        with pytest.raises(Exception, match="ck_batch_runs_completed_is_sum") as refused:
+            upgrade(url)
+        assert type(refused.value).__name__ == "InvariantBroken"
+        assert str(uuid.UUID(bad)) in str(refused.value)
+        assert "ck_batch_runs_window" not in str(refused.value)
+        assert _revision(engine) == "0014"
+        assert not any(name.startswith("ck_") for _, name, _ in _checks(url))
+
+        with engine.begin() as conn:
+            conn.execute(
+                text("UPDATE batch_runs SET passed_scenarios = 1 WHERE id = :id"), {"id": bad}
+            )
+        upgrade(url)
+        assert _revision(engine) != "0014"
+        with engine.connect() as conn:
+            assert conn.execute(text("SELECT count(*) FROM batch_runs")).scalar_one() == 3
+    finally:
+        engine.dispose()
+    assert ("batch_runs", "ck_batch_runs_completed_is_sum") in {
+        (table, name) for table, name, _ in _checks(url)
+    }

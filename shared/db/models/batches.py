@@ -6,10 +6,12 @@ import uuid
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import ForeignKey, Index, Integer, String, Text, text
+from sqlalchemy import CheckConstraint, ForeignKey, Index, Integer, String, Text, text
 from sqlalchemy.orm import Mapped, mapped_column
 
+from shared.batches.schemas import BatchStatus
 from shared.db.base import Base, IdMixin, JSONType, TimestampMixin
+from shared.db.checks import in_list, not_negative, one_of
 
 
 class BatchRun(IdMixin, TimestampMixin, Base):
@@ -17,6 +19,30 @@ class BatchRun(IdMixin, TimestampMixin, Base):
     __table_args__ = (
         Index("ix_batch_runs_org_created", "organization_id", "created_at"),
         Index("ix_batch_runs_status", "status"),
+        # The window's arithmetic (shared.batches.window, where these are explained).
+        one_of("status", BatchStatus),
+        not_negative(
+            "total_scenarios",
+            "completed_scenarios",
+            "passed_scenarios",
+            "failed_scenarios",
+            "error_scenarios",
+            "dispatched_scenarios",
+            name="counts_not_negative",
+        ),
+        CheckConstraint("max_concurrency >= 1", name="max_concurrency_positive"),
+        CheckConstraint(
+            "completed_scenarios = passed_scenarios + failed_scenarios + error_scenarios",
+            name="completed_is_sum",
+        ),
+        CheckConstraint("completed_scenarios <= total_scenarios", name="completed_within_total"),
+        CheckConstraint("dispatched_scenarios <= total_scenarios", name="dispatched_within_total"),
+        CheckConstraint(
+            f"NOT ({in_list('status', (BatchStatus.QUEUED, BatchStatus.RUNNING))})"
+            " OR (completed_scenarios <= dispatched_scenarios"
+            " AND dispatched_scenarios - completed_scenarios <= max_concurrency)",
+            name="window",
+        ),
     )
 
     organization_id: Mapped[uuid.UUID] = mapped_column(

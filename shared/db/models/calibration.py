@@ -10,7 +10,9 @@ from typing import Any
 from sqlalchemy import ForeignKey, Index, Integer, String, Text, text
 from sqlalchemy.orm import Mapped, mapped_column
 
+from shared.calibration.schemas import CalibrationStatus
 from shared.db.base import Base, IdMixin, JSONType, TimestampMixin
+from shared.db.checks import not_negative, one_of
 
 
 class Calibration(IdMixin, TimestampMixin, Base):
@@ -19,6 +21,8 @@ class Calibration(IdMixin, TimestampMixin, Base):
         Index("ix_calibrations_org_created", "organization_id", "created_at"),
         # An agent's latest completed calibrations (shared.calibration.trust).
         Index("ix_calibrations_agent_completed", "agent_id", "completed_at"),
+        one_of("status", CalibrationStatus),
+        not_negative("example_count", "attempts", name="counts_not_negative"),
     )
 
     organization_id: Mapped[uuid.UUID] = mapped_column(

@@ -4,15 +4,21 @@ from __future__ import annotations
 
 import uuid
 from datetime import datetime
+from typing import Literal
 
 from sqlalchemy import BigInteger, Boolean, ForeignKey, Index, String, Text, UniqueConstraint, text
 from sqlalchemy.orm import Mapped, mapped_column, relationship
 
 from shared.db.base import Base, IdMixin, JSONType, TimestampMixin, utcnow
+from shared.db.checks import not_negative, one_of
+
+# A user's status: no schema names it (the API shows it as a string), so it is said here.
+UserStatus = Literal["active", "invited"]
 
 
 class User(IdMixin, TimestampMixin, Base):
     __tablename__ = "users"
+    __table_args__ = (one_of("status", UserStatus),)
 
     email: Mapped[str] = mapped_column(String(320), unique=True)
     password_hash: Mapped[str | None] = mapped_column(String(255))
@@ -39,6 +45,7 @@ class UserToken(IdMixin, Base):
 
 class Organization(IdMixin, TimestampMixin, Base):
     __tablename__ = "organizations"
+    __table_args__ = (not_negative("outbound_version"),)
 
     name: Mapped[str] = mapped_column(String(255))
     business_information: Mapped[str] = mapped_column(Text, default="")

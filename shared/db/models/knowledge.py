@@ -8,6 +8,7 @@ from datetime import datetime
 from typing import Any
 
 from sqlalchemy import (
+    CheckConstraint,
     Computed,
     ForeignKey,
     Index,
@@ -21,6 +22,8 @@ from sqlalchemy.dialects.postgresql import REGCONFIG, TSVECTOR
 from sqlalchemy.orm import Mapped, mapped_column
 
 from shared.db.base import Base, IdMixin, JSONType, TimestampMixin
+from shared.db.checks import in_list, not_negative, one_of
+from shared.knowledge.schemas import MIME_TYPES, BookmarkMode, ProcessingStatus
 
 
 class KnowledgeCollection(IdMixin, TimestampMixin, Base):
@@ -51,6 +54,14 @@ class KnowledgeDocument(IdMixin, TimestampMixin, Base):
             unique=True,
             postgresql_where=text("processing_status = 'ready' AND relative_path IS NOT NULL"),
         ),
+        one_of("processing_status", ProcessingStatus),
+        one_of("bookmark_mode", BookmarkMode),
+        CheckConstraint(in_list("mime_type", MIME_TYPES), name="mime_type"),
+        # A percentage (shared.knowledge.processing).
+        CheckConstraint(
+            "processing_progress >= 0 AND processing_progress <= 100", name="processing_progress"
+        ),
+        not_negative("bytes_ingested", "processing_attempts", name="counts_not_negative"),
     )
 
     organization_id: Mapped[uuid.UUID] = mapped_column(
@@ -105,6 +116,7 @@ class KnowledgeChunk(IdMixin, Base):
             postgresql_using="gin",
             postgresql_with={"fastupdate": "off"},
         ),
+        not_negative("position"),
     )
 
     document_id: Mapped[uuid.UUID] = mapped_column(

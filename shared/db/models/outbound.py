@@ -10,6 +10,8 @@ from sqlalchemy import Boolean, Float, ForeignKey, Index, String, Text, UniqueCo
 from sqlalchemy.orm import Mapped, mapped_column
 
 from shared.db.base import Base, IdMixin, JSONType, TimestampMixin
+from shared.db.checks import not_negative, one_of
+from shared.outbound.schemas import AgentKind, AgentProtocol, ProviderKind
 
 
 class AllowedDomain(IdMixin, TimestampMixin, Base):
@@ -51,6 +53,8 @@ class LLMProvider(IdMixin, TimestampMixin, Base):
             unique=True,
             postgresql_where=text("is_default_judge"),
         ),
+        one_of("provider", ProviderKind),
+        not_negative("input_cost_per_mtok", "output_cost_per_mtok", name="costs_not_negative"),
     )
 
     organization_id: Mapped[uuid.UUID] = mapped_column(
@@ -68,7 +72,11 @@ class LLMProvider(IdMixin, TimestampMixin, Base):
 
 class Agent(IdMixin, TimestampMixin, Base):
     __tablename__ = "agents"
-    __table_args__ = (Index("ix_agents_org_created", "organization_id", "created_at"),)
+    __table_args__ = (
+        Index("ix_agents_org_created", "organization_id", "created_at"),
+        one_of("kind", AgentKind),
+        one_of("protocol", AgentProtocol),
+    )
 
     organization_id: Mapped[uuid.UUID] = mapped_column(
         ForeignKey("organizations.id", ondelete="CASCADE")

@@ -20,6 +20,8 @@ from sqlalchemy import (
 from sqlalchemy.orm import Mapped, mapped_column, relationship
 
 from shared.db.base import Base, IdMixin, JSONType, TimestampMixin, utcnow
+from shared.db.checks import not_negative, one_of
+from shared.scenarios.schemas import CriteriaType, RunStatus, Verdict
 
 
 class Scenario(IdMixin, TimestampMixin, Base):
@@ -47,7 +49,10 @@ class Scenario(IdMixin, TimestampMixin, Base):
 
 class ScenarioTurn(IdMixin, Base):
     __tablename__ = "scenario_turns"
-    __table_args__ = (UniqueConstraint("scenario_id", "order_index"),)
+    __table_args__ = (
+        UniqueConstraint("scenario_id", "order_index"),
+        not_negative("order_index"),
+    )
 
     scenario_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("scenarios.id", ondelete="CASCADE"))
     order_index: Mapped[int] = mapped_column(Integer)
@@ -64,7 +69,11 @@ class ScenarioTurn(IdMixin, Base):
 
 class Criterion(IdMixin, Base):
     __tablename__ = "criteria"
-    __table_args__ = (UniqueConstraint("turn_id", "order_index"),)
+    __table_args__ = (
+        UniqueConstraint("turn_id", "order_index"),
+        not_negative("order_index"),
+        one_of("criteria_type", CriteriaType),
+    )
 
     turn_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("scenario_turns.id", ondelete="CASCADE"))
     order_index: Mapped[int] = mapped_column(Integer)
@@ -93,6 +102,8 @@ class ScenarioRun(IdMixin, TimestampMixin, Base):
             "id",
             postgresql_where=text("dispatched_at IS NULL"),
         ),
+        one_of("status", RunStatus),
+        not_negative("attempts"),
     )
 
     organization_id: Mapped[uuid.UUID] = mapped_column(
@@ -127,7 +138,10 @@ class ScenarioRun(IdMixin, TimestampMixin, Base):
 
 class TurnResult(IdMixin, Base):
     __tablename__ = "turn_results"
-    __table_args__ = (UniqueConstraint("run_id", "turn_index"),)
+    __table_args__ = (
+        UniqueConstraint("run_id", "turn_index"),
+        not_negative("turn_index"),
+    )
 
     run_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("scenario_runs.id", ondelete="CASCADE"))
     turn_index: Mapped[int] = mapped_column(Integer)
@@ -152,7 +166,11 @@ class TurnResult(IdMixin, Base):
 
 class CriterionResult(IdMixin, Base):
     __tablename__ = "criterion_results"
-    __table_args__ = (UniqueConstraint("turn_result_id", "criteria_id"),)
+    __table_args__ = (
+        UniqueConstraint("turn_result_id", "criteria_id"),
+        one_of("verdict", Verdict),
+        not_negative("order_index", "input_tokens", "output_tokens", name="counts_not_negative"),
+    )
 
     turn_result_id: Mapped[uuid.UUID] = mapped_column(
         ForeignKey("turn_results.id", ondelete="CASCADE")

@@ -7,10 +7,18 @@ import uuid
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import ForeignKey, Index, Integer, String, Text, UniqueConstraint
+from sqlalchemy import CheckConstraint, ForeignKey, Index, Integer, String, Text, UniqueConstraint
 from sqlalchemy.orm import Mapped, mapped_column
 
 from shared.db.base import Base, IdMixin, JSONType, TimestampMixin
+from shared.db.checks import not_negative, one_of
+from shared.triggers.schemas import (
+    ExecutionSource,
+    ExecutionStatus,
+    TriggerAction,
+    TriggerStatus,
+    TriggerType,
+)
 
 
 class Trigger(IdMixin, TimestampMixin, Base):
@@ -18,6 +26,10 @@ class Trigger(IdMixin, TimestampMixin, Base):
     __table_args__ = (
         Index("ix_triggers_org_created", "organization_id", "created_at"),
         Index("ix_triggers_agent", "agent_id"),
+        one_of("trigger_type", TriggerType),
+        one_of("status", TriggerStatus),
+        one_of("action", TriggerAction),
+        CheckConstraint("max_concurrency >= 1", name="max_concurrency_positive"),
     )
 
     organization_id: Mapped[uuid.UUID] = mapped_column(
@@ -58,6 +70,9 @@ class TriggerExecution(IdMixin, TimestampMixin, Base):
         UniqueConstraint("trigger_id", "webhook_id"),
         Index("ix_trigger_executions_trigger_created", "trigger_id", "created_at"),
         Index("ix_trigger_executions_status_updated", "status", "updated_at"),
+        one_of("source", ExecutionSource),
+        one_of("status", ExecutionStatus),
+        not_negative("attempts"),
     )
 
     trigger_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("triggers.id", ondelete="CASCADE"))
