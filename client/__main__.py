@@ -1,5 +1,5 @@
-"""``python -m api.cli``: the ``spar`` command (what ``spar demo`` starts ``spar dev`` with)."""
+"""``python -m client``: the ``spar`` command (what ``spar demo`` starts ``spar dev`` with)."""
 
-from api.cli import main
+from client.cli import main
 
 main()

@@ -1,4 +1,4 @@
-"""The client side of ``spar``: where the API is, who calls it, and the calls.
+"""Where the API is, who calls it, and the calls: what every client command talks through.
 
 Configuration, first found wins: the environment (``SPAR_URL``, ``SPAR_TOKEN``,
 ``SPAR_ORG``), then a named profile (``--profile``, else ``SPAR_PROFILE``, else

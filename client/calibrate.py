@@ -17,9 +17,9 @@ import msgspec
 from rich.console import Console
 from rich.table import Table
 
-from api.cli.client import Api, UsageProblem, profile_option, target
-from api.exceptions import locate
+from client.api import Api, UsageProblem, profile_option, target
 from shared.calibration.schemas import LabeledExample
+from shared.validation import locate
 
 POLL_S = 1.0
 
