@@ -20,7 +20,7 @@ import msgspec
 from httpx_sse import connect_sse
 from rich.console import Console
 
-from client.api import Api, UsageProblem, profile_option, target
+from client.api import Api, UsageProblem, output_file, profile_option, target
 from client.reports import (
     FailedTurn,
     Outcome,
@@ -178,20 +178,8 @@ def batch() -> None:
     metavar="RATE",
     help="Exit 1 only when the share of scenarios passed is below RATE (0 to 1).",
 )
-@click.option(
-    "--junit",
-    "junit_path",
-    type=click.Path(dir_okay=False, path_type=Path),
-    metavar="FILE",
-    help="Write JUnit XML: one testcase per scenario.",
-)
-@click.option(
-    "--json",
-    "json_path",
-    type=click.Path(dir_okay=False, path_type=Path),
-    metavar="FILE",
-    help="Write the batch and every scenario's outcome as JSON.",
-)
+@output_file("--junit", "junit_path", "Write JUnit XML: one testcase per scenario.")
+@output_file("--json", "json_path", "Write the batch and every scenario's outcome as JSON.")
 @profile_option
 def run(
     agent: str,
