@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from typing import Any
 
@@ -93,42 +92,4 @@ def create_app(settings: Settings | None = None) -> Litestar:
     finish_openapi(app)
     complete_allow_headers(app)
     declare_query_params(app)
-    return app
-
-
-def create_dev_app() -> Litestar:
-    """``spar dev``: the API plus the workers in-process, on the in-memory broker."""
-    import dramatiq
-
-    app = create_app()
-
-    async def start_worker(app: Litestar) -> None:
-        import workers.actors  # noqa: F401 - declares the actors on the in-memory broker
-        from scheduler.leader import Leadership
-        from scheduler.main import lead_forever
-
-        app.state.worker = dramatiq.Worker(app.state.broker, worker_threads=8)
-        app.state.worker.start()
-        # The scheduler (trigger cron and sweeper) in the API's loop; it still takes the
-        # lock, so a second spar dev on the same database stands by.
-        app.state.scheduler_stop = asyncio.Event()
-        app.state.leadership = Leadership(app.state.database.engine)
-        app.state.scheduler = asyncio.create_task(
-            lead_forever(
-                app.state.database,
-                app.state.broker,
-                app.state.settings,
-                app.state.scheduler_stop,
-                app.state.leadership,
-            )
-        )
-
-    async def stop_worker(app: Litestar) -> None:
-        app.state.scheduler_stop.set()
-        await app.state.scheduler
-        await app.state.leadership.release()
-        app.state.worker.stop()
-
-    app.on_startup.append(start_worker)
-    app.on_shutdown.insert(0, stop_worker)
     return app

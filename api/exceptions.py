@@ -32,6 +32,7 @@ from litestar.status_codes import (
 )
 from litestar.types import Empty
 
+from shared.db.errors import database_unavailable, describe_database_error
 from shared.errors import (
     Conflict,
     InvalidInput,
@@ -47,6 +48,7 @@ from shared.errors import (
     causes,
 )
 from shared.schemas import UnstorableJson, holds_secret, within_depth
+from shared.validation import classify, path_tokens
 
 log = logging.getLogger("spar.api")
 
@@ -99,68 +101,7 @@ def validation_response(items: list[ValidationErrorItem]) -> Response:
     )
 
 
-# --- turning msgspec's messages into the spec's entries ----------------------------------------
-
-# msgspec's paths: ".name" and "[0]" lead somewhere; "[...]" (a dict's value) names no key.
-_PATH_TOKEN = re.compile(r"\.([^.\[]+)|\[(\d+)\]|\[\.\.\.\]")
-# (pattern on msgspec's message, error type, ctx key or None)
-_MESSAGE_TYPES: list[tuple[re.Pattern[str], str, str | None]] = [
-    (re.compile(r"^Object missing required field `(?P<field>[^`]+)`"), "missing", None),
-    (re.compile(r"^Object contains unknown field `(?P<field>[^`]+)`"), "extra_forbidden", None),
-    (re.compile(r"^Expected `str` of length >= (?P<v>\d+)"), "string_too_short", "min_length"),
-    (re.compile(r"^Expected `str` of length <= (?P<v>\d+)"), "string_too_long", "max_length"),
-    (re.compile(r"^Expected `\w+` of length >= (?P<v>\d+)"), "too_short", "min_length"),
-    (re.compile(r"^Expected `\w+` of length <= (?P<v>\d+)"), "too_long", "max_length"),
-    (re.compile(r"^Expected `\w+` >= (?P<v>[-\d.]+)"), "greater_than_equal", "ge"),
-    (re.compile(r"^Expected `\w+` <= (?P<v>[-\d.]+)"), "less_than_equal", "le"),
-    (re.compile(r"^Expected `\w+` > (?P<v>[-\d.]+)"), "greater_than", "gt"),
-    (re.compile(r"^Expected `\w+` < (?P<v>[-\d.]+)"), "less_than", "lt"),
-    (
-        re.compile(r"^Expected `str` matching regex (?P<v>.+)$"),
-        "string_pattern_mismatch",
-        "pattern",
-    ),
-    (re.compile(r"^Invalid UUID"), "uuid_parsing", None),
-    (re.compile(r"^Invalid RFC3339"), "datetime_parsing", None),
-    (re.compile(r"^Invalid enum value"), "enum", None),
-    (re.compile(r"^Expected `(?P<t>\w+)`(?: \| `\w+`)*, got `\w+`"), "{t}_type", None),
-]
-
-
-def _number(raw: str) -> int | float | str:
-    for cast in (int, float):
-        try:
-            return cast(raw)
-        except ValueError:
-            continue
-    return raw.strip("`'\"")
-
-
-def _classify(message: str) -> tuple[str, dict[str, Any], str | None]:
-    """(type, ctx, field named by the message) for one msgspec message."""
-    for pattern, kind, ctx_key in _MESSAGE_TYPES:
-        match = pattern.match(message)
-        if match is None:
-            continue
-        groups = match.groupdict()
-        ctx = {ctx_key: _number(groups["v"])} if ctx_key else {}
-        return kind.format(t=groups.get("t", "")), ctx, groups.get("field")
-    return "value_error", {}, None
-
-
-def path_tokens(at: str) -> list[str]:
-    """The keys and indexes of a msgspec error path (``$.turns[0].question``)."""
-    return [a or b for a, b in _PATH_TOKEN.findall(at.rstrip("`")) if a or b]
-
-
-def locate(error: msgspec.ValidationError) -> tuple[list[str], str]:
-    """Where in the decoded document a msgspec error is (the tokens of the API's ``loc``
-    after its source, a missing field named last) and its message: the API's 422 and the
-    CLI's local checks of the same bodies say the same."""
-    message, _, at = str(error).partition(" - at `")
-    tokens = path_tokens(at)
-    _, _, field = _classify(message)
-    return ([*tokens, field] if field is not None else tokens), message
+# --- the spec's entries (msgspec's messages are read by shared.validation) ---------------
 
 
 def _lookup(document: Any, path: list[str]) -> Any:
@@ -281,7 +222,7 @@ def _items_from_validation(
         tokens = tokens[1:]
     if not tokens and first.get("key") and source != "body":
         tokens = [str(first["key"])]
-    kind, ctx, field = _classify(message)
+    kind, ctx, field = classify(message)
     if field is not None and not whole_body:
         tokens.append(field)
     if whole_body and kind == "missing":
@@ -335,9 +276,6 @@ def handle_http_exception(request: Request[Any, Any, Any], exc: HTTPException) -
 
 
 def handle_unexpected(request: Request[Any, Any, Any], exc: Exception) -> Response:
-    # Imported here: the CLI imports this module (for ``locate``) and needs no database driver.
-    from shared.db.errors import database_unavailable, describe_database_error
-
     where = f"{request.method} {request.url.path}"
     database = describe_database_error(exc)
     if database_unavailable(exc):

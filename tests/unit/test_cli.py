@@ -6,12 +6,11 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import click
 import pytest
 
-from api.cli import cli
+from client.cli import cli
 
 COMMANDS = (
     "batch",
@@ -27,11 +26,10 @@ COMMANDS = (
 
 
 def spar(*args: str) -> subprocess.CompletedProcess[str]:
-    """The installed ``spar`` entry point (the module's, without the script)."""
-    script = Path(sys.executable).with_name("spar")
-    argv = [str(script)] if script.exists() else [sys.executable, "-m", "api.cli"]
+    """The ``spar`` entry point of this checkout (``python -m client``: an installed script
+    may belong to another checkout; tests/e2e/test_client_install.py runs the script)."""
     return subprocess.run(
-        [*argv, *args],
+        [sys.executable, "-m", "client", *args],
         capture_output=True,
         text=True,
         timeout=60,
@@ -40,9 +38,16 @@ def spar(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+def subcommands(group: click.Group) -> dict[str, click.Command]:
+    """The group's commands, the lazily imported server commands among them."""
+    context = click.Context(group)
+    found = {name: group.get_command(context, name) for name in group.list_commands(context)}
+    return {name: command for name, command in found.items() if command is not None}
+
+
 def leaves(group: click.Group, prefix: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
     found = []
-    for name, command in sorted(group.commands.items()):
+    for name, command in sorted(subcommands(group).items()):
         if isinstance(command, click.Group):
             found += leaves(command, (*prefix, name))
         else:
@@ -57,16 +62,16 @@ def command_at(path: tuple[str, ...]) -> click.Command:
     command: click.Command = cli
     for name in path:
         assert isinstance(command, click.Group)
-        command = command.commands[name]
+        command = subcommands(command)[name]
     return command
 
 
 def test_spar_help_lists_every_command_with_its_help() -> None:
     done = spar("--help")
     assert done.returncode == 0, done.stderr
-    assert tuple(sorted(cli.commands)) == COMMANDS
+    assert tuple(sorted(subcommands(cli))) == COMMANDS
     listed = done.stdout.split("Commands:", 1)[1]
-    for name, command in cli.commands.items():
+    for name, command in subcommands(cli).items():
         short = command.get_short_help_str(limit=200)
         assert short, f"spar {name} has no help"
         assert f"  {name}  " in listed and short.split(".")[0] in listed, (name, done.stdout)
@@ -100,8 +105,12 @@ def test_a_usage_error_exits_3_and_says_what_is_wrong() -> None:
 
 def test_the_command_line_imports_no_metrics_before_the_server_chooses_their_directory() -> None:
     """``spar serve`` and ``spar worker`` set prometheus_client's multiprocess directory
-    before it is imported: the CLI's own modules must not import it."""
-    probe = "import sys, api.cli; print('prometheus_client' in sys.modules)"
+    before it is imported: the CLI's own modules (the client's and the processes' commands)
+    must not import it."""
+    probe = (
+        "import sys, client.cli, api.cli, workers.cli, scheduler.cli; "
+        "print('prometheus_client' in sys.modules)"
+    )
     done = subprocess.run(
         [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True
     )

@@ -2,7 +2,7 @@
 
 import pytest
 
-from api.exceptions import _classify
+from shared.validation import classify
 
 
 @pytest.mark.parametrize(
@@ -24,4 +24,4 @@ from api.exceptions import _classify
     ],
 )
 def test_messages_map_to_types(message, kind, ctx, field):
-    assert _classify(message) == (kind, ctx, field)
+    assert classify(message) == (kind, ctx, field)

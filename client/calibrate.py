@@ -17,9 +17,9 @@ import msgspec
 from rich.console import Console
 from rich.table import Table
 
-from api.cli.client import Api, UsageProblem, profile_option, target
-from api.exceptions import locate
+from client.api import Api, UsageProblem, output_file, profile_option, target
 from shared.calibration.schemas import LabeledExample
+from shared.validation import locate
 
 POLL_S = 1.0
 
@@ -66,12 +66,8 @@ def _interval(body: dict[str, Any], name: str) -> str:
 @click.option(
     "--agent", required=True, metavar="NAME|ID", help="The agent whose judge is measured."
 )
-@click.option(
-    "--json",
-    "json_path",
-    type=click.Path(dir_okay=False, path_type=Path),
-    metavar="FILE",
-    help="Write the calibration (metrics and every example's result) as JSON.",
+@output_file(
+    "--json", "json_path", "Write the calibration (metrics and every example's result) as JSON."
 )
 @profile_option
 def calibrate(file: Path, agent: str, json_path: Path | None, profile: str | None) -> None:

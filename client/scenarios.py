@@ -21,11 +21,11 @@ import yaml
 from rich.console import Console
 from rich.text import Text
 
-from api.cli.client import Api, UsageProblem, profile_option, target
-from api.exceptions import locate
+from client.api import Api, UsageProblem, profile_option, target
 from shared.errors import InvalidInput
 from shared.scenarios.rules import check_turns
 from shared.scenarios.schemas import ScenarioCreate
+from shared.validation import locate
 
 SUFFIXES = (".yaml", ".yml")
 

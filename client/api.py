@@ -1,4 +1,4 @@
-"""The client side of ``spar``: where the API is, who calls it, and the calls.
+"""Where the API is, who calls it, and the calls: what every client command talks through.
 
 Configuration, first found wins: the environment (``SPAR_URL``, ``SPAR_TOKEN``,
 ``SPAR_ORG``), then a named profile (``--profile``, else ``SPAR_PROFILE``, else
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import os
 import tomllib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -42,6 +42,13 @@ profile_option = click.option(
     help="Where Spar is and the token, from this profile of ~/.config/spar/config.toml "
     "(SPAR_URL, SPAR_TOKEN and SPAR_ORG, when set, win).",
 )
+
+
+def output_file(flag: str, dest: str, help: str) -> Callable[[T], T]:
+    """An option naming a file the command writes (``--json FILE``, ``--junit FILE``)."""
+    return click.option(
+        flag, dest, type=click.Path(dir_okay=False, path_type=Path), metavar="FILE", help=help
+    )
 
 
 def config_path() -> Path:

@@ -5,7 +5,7 @@ on the port, makes a demo user and
 organization (kept in ``<data-dir>/demo.json`` for the next time), serves a small
 rule-based support agent on loopback — with a deliberate flaw: it approves every refund,
 even outside the 30-day policy — registers it, pushes the built-in demo suite
-(``api/cli/demo_suite/``: deterministic criteria, no LLM needed), runs it as a batch with
+(``client/demo_suite/``: deterministic criteria, no LLM needed), runs it as a batch with
 the progress bar, prints the results and the link to the results page, and keeps Spar
 running until Ctrl-C (``--exit`` stops at once).
 """
@@ -30,11 +30,13 @@ import click
 import httpx
 from rich.console import Console
 
-from api.cli.batch import EXIT_FAILED, run_batch
-from api.cli.client import Api, Target, UsageProblem
-from api.cli.scenarios import apply, load_dir
-from api.cli.server import DEV_DATA_DIR
+from client.api import Api, Target, UsageProblem
+from client.batch import EXIT_FAILED, run_batch
+from client.extras import require
+from client.scenarios import apply, load_dir
 
+# spar dev's default (shared.db.embedded.DEFAULT_DATA_DIR, which needs spar[dev]), shared
+DEV_DATA_DIR = Path(".spar-dev")
 SUITE = Path(__file__).with_name("demo_suite")
 AGENT_NAME = "demo-support"
 START_TIMEOUT_S = 180.0
@@ -117,9 +119,10 @@ def spar_dev(data_dir: Path, port: int, console: Console) -> Iterator[str]:
         console.print(f"using the Spar already running at {url}")
         yield url
         return
+    require("dev", "spar demo (it starts spar dev)")
     data_dir.mkdir(parents=True, exist_ok=True)
     log = (data_dir / "demo-server.log").open("ab")
-    argv = [sys.executable, "-m", "api.cli", "dev", "--data-dir", str(data_dir)]
+    argv = [sys.executable, "-m", "client", "dev", "--data-dir", str(data_dir)]
     process = subprocess.Popen(  # noqa: S603 - our own interpreter and module
         [*argv, "--port", str(port)], stdout=log, stderr=subprocess.STDOUT
     )
