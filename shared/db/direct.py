@@ -24,6 +24,7 @@ from psycopg.types.json import Jsonb, set_json_loads
 from psycopg_pool import AsyncConnectionPool
 from sqlalchemy import JSON, BindParameter, Table
 from sqlalchemy.dialects.postgresql.psycopg import PGDialect_psycopg
+from sqlalchemy.engine import Compiled
 from sqlalchemy.ext.asyncio import AsyncEngine
 from sqlalchemy.sql import visitors
 from sqlalchemy.sql.expression import Executable
@@ -68,12 +69,14 @@ class Statement:
       name would be added to an UPDATE's SET clause (the convention: ``p_`` names);
     * a ``None`` constant (``.values(col=None)``, ``literal(None)``): compiled as a
       parameter whose value is ``None``, it could not be told from an open one that must be
-      given, and is not sent at all (``null()`` says NULL).
+      given, and is not sent at all (``null()`` says NULL);
+    * a column left to a Python-side default (``updated_at``'s ``onupdate``): SQLAlchemy
+      computes it as it executes, and this execution skips SQLAlchemy.
     """
 
     def __init__(self, statement: Executable) -> None:
         compiled = statement.compile(dialect=_DIALECT)
-        _refuse(statement, compiled.binds)
+        _refuse(statement, compiled)
         self.sql = str(compiled)
         self._constants = {k: v for k, v in compiled.params.items() if v is not None}
         self._required = {k for k, v in compiled.params.items() if v is None}
@@ -107,7 +110,16 @@ class Statement:
             return msgspec.convert(await cursor.fetchall(), list[shape])  # type: ignore[valid-type]
 
 
-def _refuse(statement: Executable, binds: Mapping[str, BindParameter[Any]]) -> None:
+def _refuse(statement: Executable, compiled: Compiled) -> None:
+    # A Python-side default (``onupdate=utcnow``) is computed by SQLAlchemy's execution,
+    # which this one skips: the statement must set the column itself.
+    prefetched = [*compiled.insert_prefetch, *compiled.update_prefetch]  # type: ignore[attr-defined]
+    if prefetched:
+        raise StatementRefused(
+            f"{prefetched[0].name} has a Python-side default SQLAlchemy computes when it "
+            "executes: set it in the statement (NOW)"
+        )
+    binds: Mapping[str, BindParameter[Any]] = compiled.binds  # type: ignore[attr-defined]
     columns = {
         column.name
         for element in visitors.iterate(statement)  # type: ignore[arg-type]
@@ -117,7 +129,8 @@ def _refuse(statement: Executable, binds: Mapping[str, BindParameter[Any]]) -> N
     for name, bind in binds.items():
         if name.startswith("%("):  # an anonymous bind's key: the same bind is under its name too
             continue
-        if not bind.unique and bind.key in columns:
+        automatic = bind.unique or getattr(bind, "_is_crud", False)  # SQLAlchemy's own
+        if not automatic and bind.key in columns:
             raise StatementRefused(f"parameter :{name} is named after a column: name it p_{name}")
         if bind.value is None and not bind.required and bind.callable is None:
             raise StatementRefused(f"a None constant (compiled as :{name}): write null() for NULL")

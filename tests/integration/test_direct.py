@@ -8,6 +8,7 @@ from litestar.testing import AsyncTestClient
 from sqlalchemy import Integer, bindparam, literal, null, select, update
 from sqlalchemy.dialects.postgresql import JSONB
 
+from shared.db.base import NOW
 from shared.db.direct import Statement, StatementRefused
 from shared.db.models import ScenarioRun
 
@@ -58,19 +59,33 @@ def test_a_parameter_named_after_a_column_is_refused_when_the_statement_is_built
         Statement(
             update(runs)
             .where(runs.c.id == bindparam("p_run"), runs.c.status == bindparam("status"))
-            .values(error_message=bindparam("p_error"))
+            .values(error_message=bindparam("p_error"), updated_at=NOW)
         )
     Statement(  # the convention: p_ names
         update(runs)
         .where(runs.c.id == bindparam("p_run"), runs.c.status == bindparam("p_status"))
-        .values(error_message=bindparam("p_error"))
+        .values(error_message=bindparam("p_error"), updated_at=NOW)
     )
 
 
 def test_a_none_constant_is_refused_when_the_statement_is_built() -> None:
     runs = ScenarioRun.__table__
     with pytest.raises(StatementRefused, match=r"None constant .*:error_message"):
-        Statement(update(runs).where(runs.c.id == bindparam("p_run")).values(error_message=None))
+        Statement(
+            update(runs)
+            .where(runs.c.id == bindparam("p_run"))
+            .values(error_message=None, updated_at=NOW)
+        )
     with pytest.raises(StatementRefused, match="None constant"):
         Statement(select(literal(None).label("nothing")))
-    Statement(update(runs).where(runs.c.id == bindparam("p_run")).values(error_message=null()))
+    Statement(
+        update(runs)
+        .where(runs.c.id == bindparam("p_run"))
+        .values(error_message=null(), updated_at=NOW)
+    )
+
+
+def test_a_column_left_to_a_python_default_is_refused_when_the_statement_is_built() -> None:
+    runs = ScenarioRun.__table__
+    with pytest.raises(StatementRefused, match="updated_at has a Python-side default"):
+        Statement(update(runs).where(runs.c.id == bindparam("p_run")).values(error_message=null()))
