@@ -51,6 +51,7 @@ from sqlalchemy import (
     bindparam,
     null,
     or_,
+    select,
     update,
 )
 from sqlalchemy.dialects.postgresql import ARRAY
@@ -64,7 +65,6 @@ from shared.db.direct import Statement
 from shared.db.engine import Database
 from shared.db.errors import database_unavailable, describe_database_error
 from shared.db.models import Calibration, KnowledgeDocument, ScenarioRun, TriggerExecution
-from shared.db.queries import touch_stalled
 from shared.metrics import WORK_GIVEN_UP
 from shared.queue import CALIBRATE, PROCESS_DOCUMENT, RUN_SCENARIO, RUN_TRIGGER
 from shared.settings import Settings
@@ -420,4 +420,15 @@ async def take(
     if not broker_lost:
         stall = work.waiting_stall or timedelta(seconds=settings.run_stall_s)
         waiting = and_(waiting, updated_at < now - stall)
-    return await touch_stalled(session, work.model, or_(dead, waiting), now=now, limit=limit)
+    # Oldest first, skipping units another transaction holds; touched, so that the next
+    # pass leaves them for as long again.
+    taken = (
+        select(work.id)
+        .where(or_(dead, waiting))
+        .order_by(updated_at)
+        .limit(limit)
+        .with_for_update(skip_locked=True)
+        .scalar_subquery()
+    )
+    touched = update(work.table).where(work.id.in_(taken)).values(updated_at=now)
+    return list(await session.scalars(touched.returning(work.id)))

@@ -30,6 +30,7 @@ from uuid import UUID
 import psycopg
 from psycopg import AsyncConnection
 from sqlalchemy import (
+    Insert,
     Update,
     Uuid,
     bindparam,
@@ -171,6 +172,13 @@ def _count(cte: Any, label: str) -> Any:
     return select(func.count()).select_from(cte).scalar_subquery().label(label)
 
 
+def _write_turns(given: Any, run_id: Any, *, after: Any) -> Insert:
+    """The turns ``given`` (a recordset of TurnRecord) of the run ``run_id``, written for
+    each row of ``after`` (one row, or none: then nothing is written)."""
+    row = {**shapes.values(TurnRecord, given), "run_id": run_id, "created_at": NOW}
+    return shapes.insert_from(_turns, row, after.join(given, true()))
+
+
 def _in_one(run_change: Update, *, turn: bool, end: bool) -> Statement:
     """``run_change`` (an UPDATE of the run ``RETURNING id, batch_run_id`` and, to end it,
     ``status``) with, in the same statement, the turn and its criterion results written
@@ -181,15 +189,7 @@ def _in_one(run_change: Update, *, turn: bool, end: bool) -> Statement:
     counts = [_count(run, "changed")]
     if turn:
         written = (
-            shapes.insert_from(
-                _turns,
-                {
-                    **shapes.values(TurnRecord, _turn_given),
-                    "run_id": run.c.id,
-                    "created_at": NOW,
-                },
-                run.join(_turn_given, true()),
-            )
+            _write_turns(_turn_given, run.c.id, after=run)
             .returning(_turns.c.id, _turns.c.run_id)
             .cte("turn")
         )
@@ -205,15 +205,7 @@ def _in_one(run_change: Update, *, turn: bool, end: bool) -> Statement:
         counts.append(_count(results, "results"))
     if turn and end:
         skipped = (
-            shapes.insert_from(
-                _turns,
-                {
-                    **shapes.values(TurnRecord, _skipped_given),
-                    "run_id": written.c.run_id,
-                    "created_at": NOW,
-                },
-                written.join(_skipped_given, true()),
-            )
+            _write_turns(_skipped_given, written.c.run_id, after=written)
             .returning(_turns.c.id)
             .cte("skipped")
         )
