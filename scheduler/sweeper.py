@@ -31,7 +31,7 @@ from scheduler.metrics import SWEEPER_RESENT
 from shared import work
 from shared.batches import window
 from shared.db.engine import Database
-from shared.queue import CALIBRATE, PROCESS_DOCUMENT, RUN_SCENARIO, RUN_TRIGGER, send
+from shared.queue import RUN_SCENARIO, send
 from shared.settings import Settings
 
 log = logging.getLogger("spar.sweeper")
@@ -56,26 +56,18 @@ def mark_broker(broker: dramatiq.Broker) -> None:
         broker.client.set(BROKER_MARK, uuid.uuid4().hex)
 
 
-# Each kind of unit, the actor its message goes to, and its label in the metric and log.
-UNITS: tuple[tuple[work.Work, tuple[str, str], str], ...] = (
-    (work.RUNS, RUN_SCENARIO, "runs"),
-    (work.TRIGGER_EXECUTIONS, RUN_TRIGGER, "trigger_executions"),
-    (work.DOCUMENTS, PROCESS_DOCUMENT, "documents"),
-    (work.CALIBRATIONS, CALIBRATE, "calibrations"),
-)
-
-
 async def sweep(database: Database, broker: dramatiq.Broker, settings: Settings) -> tuple[int, int]:
     """One pass; returns (runs sent again, runs dispatched for batches)."""
     lost = broker_lost_its_messages(broker)
     async with database.transaction() as session:
+        # Every kind declared (shared.work.KINDS), sent to the actor it names.
         taken = [
             await work.take(session, unit, settings, limit=MAX_PER_PASS, broker_lost=lost)
-            for unit, _, _ in UNITS
+            for unit in work.KINDS
         ]
     sent = {
-        label: _send(broker, target, ids)
-        for (_, target, label), ids in zip(UNITS, taken, strict=True)
+        unit.label: _send(broker, unit.message, ids)
+        for unit, ids in zip(work.KINDS, taken, strict=True)
     }
     if lost:
         mark_broker(broker)
@@ -84,10 +76,11 @@ async def sweep(database: Database, broker: dramatiq.Broker, settings: Settings)
     for label, ids in sent.items():
         SWEEPER_RESENT.labels(label).inc(len(ids))
     if any(sent.values()):
+        counts = [f"{len(sent[u.label])} stalled {u.label.replace('_', ' ')}" for u in work.KINDS]
         log.info(
-            "sweeper re-sent %d stalled runs, %d trigger executions, %d documents and "
-            "%d calibrations%s, dispatched %d",
-            *(len(sent[label]) for _, _, label in UNITS),
+            "sweeper re-sent %s and %s%s, dispatched %d",
+            ", ".join(counts[:-1]),
+            counts[-1],
             " (the broker had lost its messages)" if lost else "",
             len(dispatched),
         )

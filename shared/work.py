@@ -24,7 +24,10 @@ once, a worker can die holding a unit, Redis can restart empty.  For every kind 
    every waiting unit at once when the broker lost its messages.
 
 Each kind keeps its own outcome rules (a run's end counts in its batch, a document's
-chunks go with it); it hands :func:`perform` what to play and how to end in error.
+chunks go with it); it hands :func:`perform` what to play and how to end in error, and
+ends with :func:`finish` (a run ends with its batch's side: :mod:`shared.scenarios.store`).
+A kind is one :class:`Work` declaration: the sweeper sends every kind declared
+(:data:`KINDS`) to the actor it names.
 """
 
 from __future__ import annotations
@@ -48,20 +51,22 @@ from sqlalchemy import (
     bindparam,
     null,
     or_,
+    select,
     update,
 )
 from sqlalchemy.dialects.postgresql import ARRAY
+from sqlalchemy.engine import Result
 from sqlalchemy.exc import DBAPIError
-from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
+from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.types import Uuid
 
 from shared.db.base import NOW, UTCDateTime, utcnow
-from shared.db.direct import Statement, direct_pool
+from shared.db.direct import Statement
 from shared.db.engine import Database
 from shared.db.errors import database_unavailable, describe_database_error
 from shared.db.models import Calibration, KnowledgeDocument, ScenarioRun, TriggerExecution
-from shared.db.queries import touch_stalled
 from shared.metrics import WORK_GIVEN_UP
+from shared.queue import CALIBRATE, PROCESS_DOCUMENT, RUN_SCENARIO, RUN_TRIGGER
 from shared.settings import Settings
 
 log = logging.getLogger("spar.work")
@@ -72,6 +77,8 @@ UNIT = bindparam("p_unit", type_=Uuid())  # the unit a statement is about, unles
 BEATS_PER_TIMEOUT = 6
 MIN_BEAT_S = 0.5
 PERSIST_WITHIN_S = 60.0
+# Every kind declared, in declaration order: the sweeper's list.
+KINDS: list[Work] = []
 
 
 @dataclass(frozen=True, eq=False)
@@ -83,8 +90,10 @@ class Work:
     waiting: str  # status of a unit whose message is on its way
     running: str
     max_deliveries: int
+    message: tuple[str, str]  # (queue, actor) a unit's id is sent to (shared.queue)
     status_column: str = "status"
     attempts_column: str = "attempts"
+    ended_column: str | None = "completed_at"  # stamped by :func:`finish`, if the kind has one
     # Waiting longer than this (not ``SPAR_RUN_STALL_S``) means the message was lost.
     waiting_stall: timedelta | None = None
     # Which waiting units are the sweeper's to send (all when ``None``).
@@ -103,6 +112,12 @@ class Work:
         released = released.values(heartbeat_at=null(), **unchanged).returning(self.id)
         object.__setattr__(self, "_beat", Statement(beat))
         object.__setattr__(self, "_release", Statement(released))
+        KINDS.append(self)
+
+    @property
+    def label(self) -> str:
+        """Its units, in metric labels and the sweeper's log: ``runs``, ``documents``…"""
+        return f"{self.kind}s"
 
     @property
     def table(self) -> Table:
@@ -158,12 +173,22 @@ def claim_params(settings: Settings) -> dict[str, datetime]:
     return {"now": now, "p_stale": now - timedelta(seconds=settings.run_heartbeat_timeout_s)}
 
 
+async def execute_claim(
+    session: AsyncSession, claim: Any, *, settings: Settings, unit_id: UUID
+) -> Result[Any]:
+    """Execute ``claim`` (a :meth:`Work.claim` with its ``RETURNING``) for ``unit_id`` in
+    ``session``: no row when the unit is not to be claimed (ended, gone, or alive in
+    another delivery)."""
+    return await session.execute(claim, {"p_unit": unit_id, **claim_params(settings)})
+
+
 RUNS = Work(
     "run",
     ScenarioRun,
     waiting="pending",
     running="running",
     max_deliveries=5,
+    message=RUN_SCENARIO,
     # A batch's runs never handed out are its window's to hand out, not the sweeper's.
     sweepable=or_(ScenarioRun.batch_run_id.is_(None), ScenarioRun.dispatched_at.is_not(None)),
 )
@@ -173,6 +198,7 @@ TRIGGER_EXECUTIONS = Work(
     waiting="queued",
     running="running",
     max_deliveries=10,
+    message=RUN_TRIGGER,
     waiting_stall=timedelta(seconds=60),
 )
 DOCUMENTS = Work(
@@ -181,11 +207,18 @@ DOCUMENTS = Work(
     waiting="queued",
     running="processing",
     max_deliveries=5,
+    message=PROCESS_DOCUMENT,
     status_column="processing_status",
     attempts_column="processing_attempts",
+    ended_column=None,
 )
 CALIBRATIONS = Work(
-    "calibration", Calibration, waiting="queued", running="running", max_deliveries=5
+    "calibration",
+    Calibration,
+    waiting="queued",
+    running="running",
+    max_deliveries=5,
+    message=CALIBRATE,
 )
 
 
@@ -223,15 +256,14 @@ async def perform(
             give_up,
             f"error: gave up after {work.max_deliveries} deliveries that did not finish",
         )
-    engine: AsyncEngine = database.engine
     interval_s = max(settings.run_heartbeat_timeout_s / BEATS_PER_TIMEOUT, MIN_BEAT_S)
-    beats = _heartbeats(engine, interval_s)
+    beats = _heartbeats(database, interval_s)
     beats.add(work, unit_id)
     try:
         return await play()
     except asyncio.CancelledError:
         # Stopped from outside (a time limit, a shutdown): the next delivery may take it.
-        await asyncio.shield(_release(work, engine, unit_id))
+        await asyncio.shield(_release(work, database, unit_id))
         raise
     except Exception as exc:
         why = reason(exc)
@@ -239,7 +271,7 @@ async def perform(
         _log_failure(work, unit_id, attempts, "giving up" if last else "to be retried", exc)
         if last:
             return await _given_up(work, give_up, f"error: {why} (after {attempts} deliveries)")
-        await _release(work, engine, unit_id)
+        await _release(work, database, unit_id)
         raise
     finally:
         beats.discard(work, unit_id)
@@ -261,13 +293,35 @@ async def _given_up(work: Work, give_up: Callable[[str], Awaitable[T]], why: str
     return await give_up(why)
 
 
-async def _release(work: Work, engine: AsyncEngine, unit_id: UUID) -> None:
+async def _release(work: Work, database: Database, unit_id: UUID) -> None:
     """Clear the unit's heartbeat: a retry claims it at once instead of waiting it out."""
     try:
-        async with (await direct_pool(engine)).connection() as conn:
+        async with database.connection() as conn:
             await work._release.rows(conn, p_unit=unit_id)
     except Exception:  # the database is away: the heartbeat times out instead
         log.warning("could not release %s %s", work.kind, unit_id, exc_info=True)
+
+
+async def finish(work: Work, database: Database, unit_id: UUID, status: str, **values: Any) -> bool:
+    """End the unit ``unit_id`` as ``status`` with ``values`` (its end stamped, for a kind
+    that has one) if it is still running: ``False`` if another delivery ended it first.
+    Waits out a database that is away (:func:`persist`): what the unit's delivery learned
+    (an agent's reply, a judge's verdicts) is not thrown away for a moment without one."""
+    ended = {work.status_column: status, **values}
+    if work.ended_column is not None:
+        ended[work.ended_column] = utcnow()
+    statement = (
+        update(work.table)
+        .where(work.id == unit_id, work.status == work.running)
+        .values(ended)
+        .returning(work.id)
+    )
+
+    async def once() -> bool:
+        async with database.transaction() as session:
+            return await session.scalar(statement) is not None
+
+    return await persist(once)
 
 
 async def persist(write: Callable[[], Awaitable[T]], *, within_s: float = PERSIST_WITHIN_S) -> T:
@@ -293,11 +347,11 @@ async def persist(write: Callable[[], Awaitable[T]], *, within_s: float = PERSIS
 
 
 class _Heartbeats:
-    """The units a process (one event loop, one engine) has in flight, and the task that
+    """The units a process (one event loop, one database) has in flight, and the task that
     stamps their heartbeats while there are any."""
 
-    def __init__(self, engine: AsyncEngine, interval_s: float) -> None:
-        self.engine = engine
+    def __init__(self, database: Database, interval_s: float) -> None:
+        self.database = database
         self.interval_s = interval_s
         self.units: dict[Work, dict[UUID, int]] = {}
         self.task: asyncio.Task[None] | None = None
@@ -323,20 +377,20 @@ class _Heartbeats:
                 if not held:
                     continue
                 try:
-                    async with (await direct_pool(self.engine)).connection() as conn:
+                    async with self.database.connection() as conn:
                         await work._beat.rows(conn, p_units=list(held), now=utcnow())
                 except Exception:  # the database is away: beat again next time
                     log.warning("could not stamp %s heartbeats", work.kind, exc_info=True)
 
 
-_keepers: dict[tuple[asyncio.AbstractEventLoop, AsyncEngine, float], _Heartbeats] = {}
+_keepers: dict[tuple[asyncio.AbstractEventLoop, Database, float], _Heartbeats] = {}
 
 
-def _heartbeats(engine: AsyncEngine, interval_s: float) -> _Heartbeats:
-    key = (asyncio.get_running_loop(), engine, interval_s)
+def _heartbeats(database: Database, interval_s: float) -> _Heartbeats:
+    key = (asyncio.get_running_loop(), database, interval_s)
     keeper = _keepers.get(key)
     if keeper is None:
-        keeper = _keepers[key] = _Heartbeats(engine, interval_s)
+        keeper = _keepers[key] = _Heartbeats(database, interval_s)
     return keeper
 
 
@@ -366,4 +420,15 @@ async def take(
     if not broker_lost:
         stall = work.waiting_stall or timedelta(seconds=settings.run_stall_s)
         waiting = and_(waiting, updated_at < now - stall)
-    return await touch_stalled(session, work.model, or_(dead, waiting), now=now, limit=limit)
+    # Oldest first, skipping units another transaction holds; touched, so that the next
+    # pass leaves them for as long again.
+    taken = (
+        select(work.id)
+        .where(or_(dead, waiting))
+        .order_by(updated_at)
+        .limit(limit)
+        .with_for_update(skip_locked=True)
+        .scalar_subquery()
+    )
+    touched = update(work.table).where(work.id.in_(taken)).values(updated_at=now)
+    return list(await session.scalars(touched.returning(work.id)))

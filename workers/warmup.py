@@ -17,7 +17,7 @@ from uuid import uuid4
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from shared.batches.window import dispatch_committed
-from shared.db.direct import direct_pool
+from shared.db.engine import Database
 from shared.errors import NotFound
 from shared.outbound import services as outbound
 from shared.runtime import Runtime
@@ -27,7 +27,7 @@ from shared.scenarios import sandbox, store
 async def warm_up(runtime: Runtime) -> None:
     await runtime.warm_up()
     await _open_engine_pool(runtime.database.engine, runtime.settings.db_pool_size)
-    await _rehearse_run_engine(runtime.database.engine)
+    await _rehearse_run_engine(runtime.database, runtime.settings.db_pool_size)
     await _rehearse_sessions(runtime)
     await sandbox.warm_up()  # a renderer for message templates, started in this loop
     runtime.http  # noqa: B018 - the process's egress session, made in this loop
@@ -40,12 +40,12 @@ async def _open_engine_pool(engine: AsyncEngine, size: int) -> None:
         await asyncio.gather(*(stack.enter_async_context(engine.connect()) for _ in range(size)))
 
 
-async def _rehearse_run_engine(engine: AsyncEngine) -> None:
-    """Every run-engine statement once on each connection of the run engine's pool."""
-    pool = await direct_pool(engine)
+async def _rehearse_run_engine(database: Database, size: int) -> None:
+    """Every run-engine statement once on each connection of the run engine's pool (its
+    ``size`` connections held at once)."""
     async with AsyncExitStack() as stack:
         connections = await asyncio.gather(
-            *(stack.enter_async_context(pool.connection()) for _ in range(pool.max_size))
+            *(stack.enter_async_context(database.connection()) for _ in range(size))
         )
         await asyncio.gather(*(store.rehearse(connection) for connection in connections))
 

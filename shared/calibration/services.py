@@ -18,14 +18,13 @@ from uuid import UUID
 
 import aiohttp
 import msgspec
-from sqlalchemy import select, update
+from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from shared import work
 from shared.calibration import schemas
 from shared.calibration.schemas import CalibrationStatus
 from shared.calibration.stats import Confusion, wilson
-from shared.db.base import utcnow
 from shared.db.engine import Database
 from shared.db.models import Agent, Calibration, Criterion, Organization, Scenario, ScenarioTurn
 from shared.db.queries import one_in_org
@@ -37,7 +36,7 @@ from shared.outbound.services import agent_in_org, judge_provider_of, load_outbo
 from shared.paging import Paging, paginate
 from shared.queue import CALIBRATE, send_after_commit
 from shared.settings import Settings
-from shared.work import CALIBRATIONS, claim_params
+from shared.work import CALIBRATIONS
 
 WAIT_POLL_S = 0.1
 
@@ -326,10 +325,14 @@ async def _claim(
     database: Database, settings: Settings, calibration_id: UUID
 ) -> tuple[Calibration, str, int] | None:
     async with database.transaction() as session:
-        claimed = await session.scalar(
-            select(Calibration).from_statement(_CLAIM),
-            {"p_unit": calibration_id, **claim_params(settings)},
-        )
+        claimed = (
+            await work.execute_claim(
+                session,
+                select(Calibration).from_statement(_CLAIM),
+                settings=settings,
+                unit_id=calibration_id,
+            )
+        ).scalar()
         if claimed is None:
             return None
         row = (
@@ -342,23 +345,10 @@ async def _claim(
         return claimed, row.business_information or "", row.outbound_version
 
 
-async def _end(database: Database, calibration_id: UUID, **fields: Any) -> None:
-    """End a ``running`` calibration, waiting out a database that is away: its verdicts
-    cost the judge's calls (:func:`shared.work.persist`)."""
-
-    async def once() -> None:
-        async with database.transaction() as session:
-            now = utcnow()
-            await session.execute(
-                update(Calibration)
-                .where(
-                    Calibration.id == calibration_id,
-                    Calibration.status == CalibrationStatus.RUNNING,
-                )
-                .values(completed_at=now, updated_at=now, **fields)
-            )
-
-    await work.persist(once)
+async def _end(database: Database, calibration_id: UUID, status: str, **fields: Any) -> None:
+    """End a ``running`` calibration (:func:`shared.work.finish`: its verdicts cost the
+    judge's calls)."""
+    await work.finish(CALIBRATIONS, database, calibration_id, status, **fields)
 
 
 async def judge_examples(

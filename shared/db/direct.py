@@ -15,19 +15,22 @@ from __future__ import annotations
 import asyncio
 import weakref
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import msgspec
 from psycopg import AsyncConnection
-from psycopg.rows import namedtuple_row
+from psycopg.rows import dict_row, namedtuple_row
 from psycopg.types.json import Jsonb, set_json_loads
 from psycopg_pool import AsyncConnectionPool
-from sqlalchemy import JSON
+from sqlalchemy import JSON, BindParameter, Table
 from sqlalchemy.dialects.postgresql.psycopg import PGDialect_psycopg
+from sqlalchemy.engine import Compiled
 from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.sql import visitors
 from sqlalchemy.sql.expression import Executable
 
 _DIALECT = PGDialect_psycopg()
+S = TypeVar("S", bound=msgspec.Struct)
 
 # Session settings of every PostgreSQL connection Spar makes (these and the engine's).  No
 # JIT: Spar's statements are short, and on a large fan-out (a batch's runs inserted with
@@ -51,12 +54,29 @@ def json_text(value: object) -> str:
     return msgspec.json.encode(value).decode()
 
 
+class StatementRefused(ValueError):
+    """A statement :class:`Statement` will not compile: it would not do what it says."""
+
+
 class Statement:
     """A Core statement compiled once for psycopg.  Its constants travel with it; the named
-    parameters it leaves open must all be given at each execution."""
+    parameters it leaves open must all be given at each execution.
+
+    Refused when built (:class:`StatementRefused`), so at import for a module's statements:
+
+    * a parameter named after a column of a table it reads or writes: SQLAlchemy names
+      the automatic binds of ``.values(col=…)`` after their columns, and one given by that
+      name would be added to an UPDATE's SET clause (the convention: ``p_`` names);
+    * a ``None`` constant (``.values(col=None)``, ``literal(None)``): compiled as a
+      parameter whose value is ``None``, it could not be told from an open one that must be
+      given, and is not sent at all (``null()`` says NULL);
+    * a column left to a Python-side default (``updated_at``'s ``onupdate``): SQLAlchemy
+      computes it as it executes, and this execution skips SQLAlchemy.
+    """
 
     def __init__(self, statement: Executable) -> None:
         compiled = statement.compile(dialect=_DIALECT)
+        _refuse(statement, compiled)
         self.sql = str(compiled)
         self._constants = {k: v for k, v in compiled.params.items() if v is not None}
         self._required = {k for k, v in compiled.params.items() if v is None}
@@ -79,6 +99,41 @@ class Statement:
         async with connection.cursor(row_factory=namedtuple_row) as cursor:
             await cursor.execute(self.sql, self._params(given))
             return await cursor.fetchall()
+
+    async def structs(
+        self, connection: AsyncConnection[Any], shape: type[S], **given: Any
+    ) -> list[S]:
+        """The rows as ``shape``, each column given to the field of its name (nested JSON
+        decoded into the field's type): a column is found by its name, never its place."""
+        async with connection.cursor(row_factory=dict_row) as cursor:
+            await cursor.execute(self.sql, self._params(given))
+            return msgspec.convert(await cursor.fetchall(), list[shape])  # type: ignore[valid-type]
+
+
+def _refuse(statement: Executable, compiled: Compiled) -> None:
+    # A Python-side default (``onupdate=utcnow``) is computed by SQLAlchemy's execution,
+    # which this one skips: the statement must set the column itself.
+    prefetched = [*compiled.insert_prefetch, *compiled.update_prefetch]  # type: ignore[attr-defined]
+    if prefetched:
+        raise StatementRefused(
+            f"{prefetched[0].name} has a Python-side default SQLAlchemy computes when it "
+            "executes: set it in the statement (NOW)"
+        )
+    binds: Mapping[str, BindParameter[Any]] = compiled.binds  # type: ignore[attr-defined]
+    columns = {
+        column.name
+        for element in visitors.iterate(statement)  # type: ignore[arg-type]
+        if isinstance(element, Table)
+        for column in element.columns
+    }
+    for name, bind in binds.items():
+        if name.startswith("%("):  # an anonymous bind's key: the same bind is under its name too
+            continue
+        automatic = bind.unique or getattr(bind, "_is_crud", False)  # SQLAlchemy's own
+        if not automatic and bind.key in columns:
+            raise StatementRefused(f"parameter :{name} is named after a column: name it p_{name}")
+        if bind.value is None and not bind.required and bind.callable is None:
+            raise StatementRefused(f"a None constant (compiled as :{name}): write null() for NULL")
 
 
 async def _configure(connection: AsyncConnection[Any]) -> None:

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
-from datetime import datetime
 from typing import Any, TypeVar
 from uuid import UUID
 
-from sqlalchemy import ColumnElement, select, update
+from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -54,30 +53,3 @@ async def flush_unique(session: AsyncSession, message: str) -> None:
         await session.flush()
     except IntegrityError:
         raise Conflict(message) from None
-
-
-async def touch_stalled(
-    session: AsyncSession,
-    model: Any,
-    stalled: ColumnElement[bool],
-    *,
-    now: datetime,
-    limit: int,
-) -> list[UUID]:
-    """The sweeper's take: the ids of up to ``limit`` rows of ``model`` that are
-    ``stalled`` (oldest ``updated_at`` first, skipping rows another transaction holds),
-    their ``updated_at`` moved to ``now`` so that the next pass leaves them for as long
-    again."""
-    taken = (
-        select(model.id)
-        .where(stalled)
-        .order_by(model.updated_at)
-        .limit(limit)
-        .with_for_update(skip_locked=True)
-        .scalar_subquery()
-    )
-    return list(
-        await session.scalars(
-            update(model).where(model.id.in_(taken)).values(updated_at=now).returning(model.id)
-        )
-    )

@@ -38,7 +38,7 @@ from shared.knowledge.schemas import ProcessingStatus
 from shared.knowledge.services import search_config
 from shared.metrics import DOCUMENTS_PROCESSED
 from shared.settings import Settings
-from shared.work import DOCUMENTS, claim_params
+from shared.work import DOCUMENTS
 
 log = logging.getLogger("spar.knowledge")
 BATCH = 500
@@ -83,9 +83,8 @@ _CLAIM = DOCUMENTS.claim(processing_progress=0, processing_error=None).returning
 
 async def _claim(database: Database, settings: Settings, document_id: UUID) -> _Claimed | None:
     async with database.transaction() as session:
-        row = (
-            await session.execute(_CLAIM, {"p_unit": document_id, **claim_params(settings)})
-        ).one_or_none()
+        claimed = await work.execute_claim(session, _CLAIM, settings=settings, unit_id=document_id)
+        row = claimed.one_or_none()
         if row is None:
             return None
         # Starting over: whatever an earlier delivery wrote is made again.
@@ -231,15 +230,8 @@ async def _make_ready(database: Database, claimed: _Claimed, parsed: Parsed) -> 
 
 
 async def _fail(database: Database, document_id: UUID, reason: str) -> None:
-    async with database.transaction() as session:
-        failed = await session.execute(
-            update(_docs)
-            .where(_docs.id == document_id, _docs.processing_status == ProcessingStatus.PROCESSING)
-            .values(
-                processing_status=ProcessingStatus.FAILED,
-                processing_error=reason,
-                updated_at=utcnow(),
-            )
-        )
-    if failed.rowcount:  # type: ignore[attr-defined]
+    failed = await work.finish(
+        DOCUMENTS, database, document_id, ProcessingStatus.FAILED, processing_error=reason
+    )
+    if failed:
         DOCUMENTS_PROCESSED.labels("failed").inc()

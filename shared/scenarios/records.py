@@ -5,10 +5,16 @@ The snapshot and the cost summary are JSON columns of ``scenario_runs``; these S
 decode them (``msgspec.convert``) and encode back to the very same JSON shape, so stored
 rows and the API's bodies are unchanged.  Turn and criterion results are the rows the run
 engine writes (``turn_results``, ``criteria_results``), sent to PostgreSQL as JSON.
+
+Each Struct is its record's only definition: the run engine's SQL (the columns a turn
+fills, the recordset types it arrives with, the snapshot and the turns built as JSON, the
+claim's columns) is derived from these fields (:mod:`shared.db.shapes`), and a field's
+name is its column's.
 """
 
 from __future__ import annotations
 
+import uuid
 from typing import Any
 from uuid import UUID
 
@@ -72,7 +78,7 @@ class CostSummary(msgspec.Struct):
 
 
 class TurnRecord(msgspec.Struct, frozen=True):
-    """A played turn, as written to ``turn_results``."""
+    """A turn, as written to ``turn_results``: played, or left unplayed (``skipped``)."""
 
     id: UUID
     turn_index: int
@@ -84,6 +90,21 @@ class TurnRecord(msgspec.Struct, frozen=True):
     knowledge: list[Any] | None = None
     # The credential keys whose values were redacted out of ``response_content``.
     redacted_keys: list[str] = []
+    # Not played: an earlier required turn failed (no message sent, no criterion results).
+    skipped: bool = False
+
+    @classmethod
+    def unplayed(cls, turn_index: int) -> TurnRecord:
+        """A turn a stopped run leaves unplayed."""
+        return cls(
+            id=uuid.uuid4(),
+            turn_index=turn_index,
+            user_message="",
+            response_content="",
+            passed=False,
+            stopped_early=False,
+            skipped=True,
+        )
 
 
 class CriterionRecord(msgspec.Struct, frozen=True):
@@ -107,3 +128,17 @@ class DoneTurn(msgspec.Struct, frozen=True):
     response_content: str
     passed: bool
     stopped_early: bool
+
+
+class Claimed(msgspec.Struct, frozen=True):
+    """What playing a run needs, read by the claim that takes it."""
+
+    organization_id: UUID
+    agent_id: UUID
+    session_id: str | None
+    snapshot: Snapshot
+    cost_summary: CostSummary
+    outbound_version: int  # the organization's, for the outbound configuration cache
+    business_information: str
+    done: list[DoneTurn]  # the turns committed by earlier deliveries, in order
+    attempts: int  # deliveries that claimed the run, this one included (shared.work)

@@ -44,6 +44,7 @@ from shared.outbound.services import load_outbound
 from shared.scenarios import checks, sandbox, store
 from shared.scenarios.records import (
     CallCost,
+    Claimed,
     CostSummary,
     CriterionRecord,
     DoneTurn,
@@ -98,7 +99,7 @@ async def _load(
     database: Database,
     settings: Settings,
     run_id: UUID,
-    run: store.Claimed,
+    run: Claimed,
     http: aiohttp.ClientSession | None,
 ) -> _Context:
     """What playing the claimed run needs: the agent, the egress policy, the judge, an llm

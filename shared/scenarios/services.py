@@ -23,6 +23,7 @@ from sqlalchemy.dialects.postgresql import aggregate_order_by
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import selectinload
 
+from shared.db import shapes
 from shared.db.base import utcnow
 from shared.db.models import (
     Criterion,
@@ -37,6 +38,7 @@ from shared.identity.access import OrgAccess
 from shared.outbound.services import agent_in_org
 from shared.paging import Paging, paginate
 from shared.scenarios import schemas, templates
+from shared.scenarios.records import Snapshot, SnapshotCriterion, SnapshotTurn
 from shared.scenarios.rules import check_turns
 
 
@@ -197,21 +199,20 @@ async def snapshot_of(session: AsyncSession, org_id: UUID, scenario_id: UUID) ->
 def snapshot_source(scenario_ids: FromClause) -> Subquery:
     """``(scenario_id, snapshot, position)`` for the scenarios whose ids ``scenario_ids``
     (one ``id`` column) lists: each snapshot built by PostgreSQL as JSONB, in the shape
-    :class:`shared.scenarios.records.Snapshot` decodes, and its position in creation order
-    (from 1).  A batch of thousands of runs is fanned out by one
-    ``INSERT … SELECT`` without its snapshots crossing the wire; the criteria and turns are
-    aggregated once per turn and per scenario, not by a subquery per row.  A single run's
-    snapshot is built by it too (:func:`snapshot_of`)."""
+    :class:`shared.scenarios.records.Snapshot` decodes (its fields are the Structs':
+    :mod:`shared.db.shapes`), and its position in creation order (from 1).  A batch of
+    thousands of runs is fanned out by one ``INSERT … SELECT`` without its snapshots
+    crossing the wire; the criteria and turns are aggregated once per turn and per
+    scenario, not by a subquery per row.  A single run's snapshot is built by it too
+    (:func:`snapshot_of`)."""
     wanted = select(scenario_ids.c.id).scalar_subquery()
     turns = _snapshot_turns(wanted, _snapshot_criteria(wanted))
     scenario = Scenario.__table__
     return (
         select(
             scenario.c.id.label("scenario_id"),
-            func.jsonb_build_object(
-                "name", scenario.c.name,
-                "customer_context", scenario.c.customer_context,
-                "turns", func.coalesce(turns.c.entries, _EMPTY),
+            shapes.json_object(
+                Snapshot, scenario, turns=func.coalesce(turns.c.entries, _EMPTY)
             ).label("snapshot"),
             func.row_number()
             .over(order_by=(scenario.c.created_at, scenario.c.id))
@@ -234,13 +235,7 @@ def _snapshot_criteria(wanted: ColumnElement[Any]) -> CTE:
     array in order."""
     criterion = Criterion.__table__
     turn = ScenarioTurn.__table__
-    entry = func.jsonb_build_object(
-        "id", cast(criterion.c.id, Text),
-        "order_index", criterion.c.order_index,
-        "question", criterion.c.question,
-        "criteria_type", criterion.c.criteria_type,
-        "few_shot_examples", criterion.c.few_shot_examples,
-    )  # fmt: skip
+    entry = shapes.json_object(SnapshotCriterion, criterion, id=cast(criterion.c.id, Text))
     return (
         select(
             criterion.c.turn_id,
@@ -257,13 +252,12 @@ def _snapshot_turns(wanted: ColumnElement[Any], criteria: CTE) -> CTE:
     """``(scenario_id, entries)``: each ``wanted`` scenario's turns with their ``criteria``,
     as one JSON array in order."""
     turn = ScenarioTurn.__table__
-    entry = func.jsonb_build_object(
-        "id", cast(turn.c.id, Text),
-        "order_index", turn.c.order_index,
-        "user_message", turn.c.user_message,
-        "required", turn.c.required,
-        "criteria", func.coalesce(criteria.c.entries, _EMPTY),
-    )  # fmt: skip
+    entry = shapes.json_object(
+        SnapshotTurn,
+        turn,
+        id=cast(turn.c.id, Text),
+        criteria=func.coalesce(criteria.c.entries, _EMPTY),
+    )
     return (
         select(
             turn.c.scenario_id,

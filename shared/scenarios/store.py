@@ -24,45 +24,37 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 from uuid import UUID
 
-import msgspec
 import psycopg
 from psycopg import AsyncConnection
 from sqlalchemy import (
-    Boolean,
-    Integer,
-    Text,
+    Insert,
     Update,
     Uuid,
     bindparam,
-    column,
-    false,
     func,
-    insert,
-    literal,
     literal_column,
-    null,
     or_,
     select,
     true,
     update,
 )
-from sqlalchemy.dialects.postgresql import JSONB, aggregate_order_by
+from sqlalchemy.dialects.postgresql import aggregate_order_by
 
 from shared import work
 from shared.batches import window
+from shared.db import shapes
 from shared.db.base import NOW, utcnow
 from shared.db.direct import Statement
 from shared.db.engine import Database
 from shared.db.models import CriterionResult, Organization, ScenarioRun, TurnResult
 from shared.scenarios.records import (
+    Claimed,
     CostSummary,
     CriterionRecord,
     DoneTurn,
-    Snapshot,
     TurnRecord,
 )
 from shared.scenarios.schemas import OPEN_STATUSES, RunStatus
@@ -92,49 +84,16 @@ async def _write(database: Database, statement: Statement, params: dict[str, Any
 # --- the claim -----------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
-class Claimed:
-    organization_id: UUID
-    agent_id: UUID
-    session_id: str | None
-    snapshot: Snapshot
-    cost_summary: CostSummary
-    outbound_version: int  # the organization's, for the outbound configuration cache
-    business_information: str
-    done: list[DoneTurn]
-    attempts: int  # deliveries that claimed the run, this one included (shared.work)
+def _of_org(column: Any) -> Any:
+    return select(column).where(_orgs.c.id == _runs.c.organization_id).scalar_subquery()
 
 
-_CLAIM = RUNS.claim(_run, started_at=func.coalesce(_runs.c.started_at, NOW)).returning(
-    _runs.c.organization_id,
-    _runs.c.agent_id,
-    _runs.c.session_id,
-    _runs.c.snapshot,
-    _runs.c.cost_summary,
-    _runs.c.attempts,
-    select(_orgs.c.outbound_version)
-    .where(_orgs.c.id == _runs.c.organization_id)
-    .scalar_subquery()
-    .label("outbound_version"),
-    select(_orgs.c.business_information)
-    .where(_orgs.c.id == _runs.c.organization_id)
-    .scalar_subquery()
-    .label("business_information"),
-)
-_DONE_FIELDS = DoneTurn.__struct_fields__
-
-# The claim and the turns already committed in one statement (the turns as one JSON array).
-_claimed = _CLAIM.cte("claimed")
+# The turns already committed, as one JSON array of DoneTurn.
 _done = (
     select(
         func.coalesce(
             func.jsonb_agg(
-                aggregate_order_by(
-                    func.jsonb_build_object(
-                        *(part for name in _DONE_FIELDS for part in (name, _turns.c[name]))
-                    ),
-                    _turns.c.turn_index,
-                )
+                aggregate_order_by(shapes.json_object(DoneTurn, _turns), _turns.c.turn_index)
             ),
             literal_column("'[]'::jsonb"),
         )
@@ -142,7 +101,19 @@ _done = (
     .where(_turns.c.run_id == _run)
     .scalar_subquery()
 )
-_CLAIM_IN_ONE = Statement(select(_claimed, _done.label("done")))
+# The claim and everything playing the run needs, the committed turns included, in one
+# statement: its columns are Claimed's fields.
+_CLAIM = Statement(
+    RUNS.claim(_run, started_at=func.coalesce(_runs.c.started_at, NOW)).returning(
+        *shapes.labeled(
+            Claimed,
+            _runs,
+            outbound_version=_of_org(_orgs.c.outbound_version),
+            business_information=func.coalesce(_of_org(_orgs.c.business_information), ""),
+            done=_done,
+        )
+    )
+)
 
 
 async def claim(database: Database, settings: Settings, run_id: UUID) -> Claimed | None:
@@ -153,21 +124,8 @@ async def claim(database: Database, settings: Settings, run_id: UUID) -> Claimed
     # Before waiting for a connection: the run started when it was claimed.
     params = claim_params(settings)
     async with database.connection() as conn:
-        runs = await _CLAIM_IN_ONE.rows(conn, p_run=run_id, **params)
-    if not runs:
-        return None
-    run = runs[0]
-    return Claimed(
-        organization_id=run.organization_id,
-        agent_id=run.agent_id,
-        session_id=run.session_id,
-        snapshot=msgspec.convert(run.snapshot, Snapshot),
-        cost_summary=msgspec.convert(run.cost_summary or {}, CostSummary),
-        outbound_version=run.outbound_version,
-        business_information=run.business_information or "",
-        done=msgspec.convert(run.done, list[DoneTurn]),
-        attempts=run.attempts,
-    )
+        claimed = await _CLAIM.structs(conn, Claimed, p_run=run_id, **params)
+    return claimed[0] if claimed else None
 
 
 # --- turns and the end ----------------------------------------------------------------------------
@@ -202,59 +160,23 @@ _TOUCH_AND_END = (
     )
     .returning(_runs.c.id, _runs.c.batch_run_id, _runs.c.status)
 )
-_TURN_COLUMNS = (
-    "id",
-    "run_id",
-    "turn_index",
-    "user_message",
-    "response_content",
-    "passed",
-    "stopped_early",
-    "skipped",
-    "created_at",
-    "knowledge",
-    "redacted_keys",
-)
-_RESULT_COLUMNS = (
-    "id",
-    "turn_result_id",
-    "criteria_id",
-    "order_index",
-    "verdict",
-    "critique",
-    "evidence",
-    "input_tokens",
-    "output_tokens",
-)
-_turn_values = (
-    bindparam("p_turn", type_=Uuid()),
-    bindparam("p_turn_index", type_=Integer()),
-    bindparam("p_user_message", type_=Text()),
-    bindparam("p_response", type_=Text()),
-    bindparam("p_passed", type_=Boolean()),
-    bindparam("p_stopped", type_=Boolean()),
-)
-# The criterion results arrive as one JSON array: the statement is the same for any number.
-_results_given = (
-    func.jsonb_to_recordset(bindparam("p_results", type_=JSONB()))
-    .table_valued(
-        column("id", Uuid()),
-        column("criteria_id", Uuid()),
-        column("order_index", Integer()),
-        column("verdict", Text()),
-        column("critique", Text()),
-        column("evidence", Text()),
-        column("input_tokens", Integer()),
-        column("output_tokens", Integer()),
-    )
-    .render_derived(with_types=True)
-)
-# The turns a stopped run leaves unplayed (ids and indexes), one JSON array too.
-_skipped_given = (
-    func.jsonb_to_recordset(bindparam("p_skipped", type_=JSONB()))
-    .table_valued(column("id", Uuid()), column("turn_index", Integer()))
-    .render_derived(with_types=True)
-)
+# The played turn (a TurnRecord), its criterion results and the turns a stopped run leaves
+# unplayed (lists of CriterionRecord and TurnRecord) arrive as JSON: the statement is the
+# same for any number of each.
+_turn_given = shapes.recordset("p_turn", TurnRecord, _turns, one=True)
+_results_given = shapes.recordset("p_results", CriterionRecord, _results)
+_skipped_given = shapes.recordset("p_skipped", TurnRecord, _turns)
+
+
+def _count(cte: Any, label: str) -> Any:
+    return select(func.count()).select_from(cte).scalar_subquery().label(label)
+
+
+def _write_turns(given: Any, run_id: Any, *, after: Any) -> Insert:
+    """The turns ``given`` (a recordset of TurnRecord) of the run ``run_id``, written for
+    each row of ``after`` (one row, or none: then nothing is written)."""
+    row = {**shapes.values(TurnRecord, given), "run_id": run_id, "created_at": NOW}
+    return shapes.insert_from(_turns, row, after.join(given, true()))
 
 
 def _in_one(run_change: Update, *, turn: bool, end: bool) -> Statement:
@@ -264,63 +186,30 @@ def _in_one(run_change: Update, *, turn: bool, end: bool) -> Statement:
     :func:`shared.batches.window.settle`, which locks the batch row last); with both, the
     turns left unplayed (``:p_skipped``) are written too."""
     run = run_change.cte("run")
-    counts = [select(func.count()).select_from(run).scalar_subquery().label("changed")]
+    counts = [_count(run, "changed")]
     if turn:
         written = (
-            insert(_turns)
-            .from_select(
-                _TURN_COLUMNS,
-                select(
-                    _turn_values[0],
-                    run.c.id,
-                    *_turn_values[1:],
-                    false(),
-                    NOW,
-                    bindparam("p_knowledge", type_=JSONB()),
-                    bindparam("p_redacted_keys", type_=JSONB()),
-                ),
-            )
+            _write_turns(_turn_given, run.c.id, after=run)
             .returning(_turns.c.id, _turns.c.run_id)
             .cte("turn")
         )
         results = (
-            insert(_results)
-            .from_select(
-                _RESULT_COLUMNS,
-                select(
-                    _results_given.c.id,
-                    written.c.id,
-                    *(_results_given.c[name] for name in _RESULT_COLUMNS[2:]),
-                ).select_from(written.join(_results_given, true())),
+            shapes.insert_from(
+                _results,
+                {**shapes.values(CriterionRecord, _results_given), "turn_result_id": written.c.id},
+                written.join(_results_given, true()),
             )
             .returning(_results.c.id)
             .cte("results")
         )
-        counts.append(select(func.count()).select_from(results).scalar_subquery().label("results"))
+        counts.append(_count(results, "results"))
     if turn and end:
-        empty = literal("")
         skipped = (
-            insert(_turns)
-            .from_select(
-                _TURN_COLUMNS,
-                select(
-                    _skipped_given.c.id,
-                    written.c.run_id,
-                    _skipped_given.c.turn_index,
-                    empty,
-                    empty,
-                    false(),
-                    false(),
-                    true(),
-                    NOW,
-                    null(),
-                    literal_column("'[]'::jsonb"),
-                ).select_from(written.join(_skipped_given, true())),
-            )
+            _write_turns(_skipped_given, written.c.run_id, after=written)
             .returning(_turns.c.id)
             .cte("skipped")
         )
-        counts.append(select(func.count()).select_from(skipped).scalar_subquery().label("skipped"))
+        counts.append(_count(skipped, "skipped"))
     if end:
         counts += window.settle(run)
     return Statement(select(*counts))
@@ -352,15 +241,8 @@ async def record_turn(
         "p_run": run_id,
         "p_cost": cost,
         "now": utcnow(),
-        "p_turn": turn.id,
-        "p_turn_index": turn.turn_index,
-        "p_user_message": turn.user_message,
-        "p_response": turn.response_content,
-        "p_passed": turn.passed,
-        "p_stopped": turn.stopped_early,
+        "p_turn": turn,
         "p_results": results,
-        "p_knowledge": turn.knowledge,
-        "p_redacted_keys": turn.redacted_keys,
     }
     if end is None:
         if skipped:
@@ -369,7 +251,7 @@ async def record_turn(
     else:
         statement = _RECORD_AND_END_IN_ONE
         params["p_status"] = end
-        params["p_skipped"] = [{"id": uuid.uuid4(), "turn_index": index} for index in skipped]
+        params["p_skipped"] = [TurnRecord.unplayed(index) for index in skipped]
     try:
         (written,) = await _write(database, statement, params)
     except psycopg.IntegrityError:
@@ -409,20 +291,8 @@ async def rehearse(connection: AsyncConnection[Any]) -> None:
     statements on cold catalog caches."""
     now = utcnow()
     nobody = {"p_run": uuid.uuid4(), "now": now}
-    turn = {
-        **nobody,
-        "p_cost": CostSummary(),
-        "p_turn": uuid.uuid4(),
-        "p_turn_index": 0,
-        "p_user_message": "",
-        "p_response": "",
-        "p_passed": True,
-        "p_stopped": False,
-        "p_results": [],
-        "p_knowledge": None,
-        "p_redacted_keys": [],
-    }
-    await _CLAIM_IN_ONE.rows(connection, **nobody, p_stale=now)
+    turn = {**nobody, "p_cost": CostSummary(), "p_turn": TurnRecord.unplayed(0), "p_results": []}
+    await _CLAIM.structs(connection, Claimed, **nobody, p_stale=now)
     await _RECORD_IN_ONE.rows(connection, **turn)
     await _RECORD_AND_END_IN_ONE.rows(connection, **turn, p_status=RunStatus.PASSED, p_skipped=[])
     await _END_IN_ONE.rows(connection, **nobody, p_status=RunStatus.ERROR, p_error=None)

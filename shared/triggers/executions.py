@@ -24,7 +24,7 @@ from typing import Any
 from uuid import UUID
 
 import aiohttp
-from sqlalchemy import func, select, update
+from sqlalchemy import func, select
 
 from shared import work
 from shared.batches.schemas import BatchRunCreate
@@ -41,7 +41,7 @@ from shared.scenarios import sandbox
 from shared.settings import Settings
 from shared.triggers.schemas import ExecutionStatus
 from shared.triggers.services import local_now, template_trigger
-from shared.work import TRIGGER_EXECUTIONS, claim_params
+from shared.work import TRIGGER_EXECUTIONS
 
 log = logging.getLogger("spar.triggers")
 MAX_RESPONSE_CHARS = 100_000
@@ -61,8 +61,8 @@ _CLAIM = TRIGGER_EXECUTIONS.claim(
 
 async def _claim(database: Database, settings: Settings, execution_id: UUID) -> _Claimed | None:
     async with database.transaction() as session:
-        claimed = await session.scalar(_CLAIM, {"p_unit": execution_id, **claim_params(settings)})
-        if claimed is None:
+        claimed = await work.execute_claim(session, _CLAIM, settings=settings, unit_id=execution_id)
+        if claimed.scalar() is None:
             return None
         row = (
             await session.execute(
@@ -96,7 +96,9 @@ async def execute(
             await _send_message(database, settings, claimed, http=http)
 
     async def give_up(reason: str) -> None:
-        await _finish(database, execution_id, ExecutionStatus.FAILED, error=reason)
+        await work.finish(
+            TRIGGER_EXECUTIONS, database, execution_id, ExecutionStatus.FAILED, error=reason
+        )
 
     await work.perform(
         TRIGGER_EXECUTIONS,
@@ -107,33 +109,6 @@ async def execute(
         play=play,
         give_up=give_up,
     )
-
-
-async def _finish(
-    database: Database,
-    execution_id: UUID,
-    status: ExecutionStatus,
-    **fields: Any,
-) -> bool:
-    """End a ``running`` execution; ``False`` if another delivery ended it first.  Waits out
-    a database that is away (:func:`shared.work.persist`): once the agent has answered, no
-    delivery sends it the message again."""
-
-    async def once() -> bool:
-        async with database.transaction() as session:
-            now = utcnow()
-            ended = await session.scalar(
-                update(TriggerExecution)
-                .where(
-                    TriggerExecution.id == execution_id,
-                    TriggerExecution.status == ExecutionStatus.RUNNING,
-                )
-                .values(status=status, completed_at=now, updated_at=now, **fields)
-                .returning(TriggerExecution.id)
-            )
-        return ended is not None
-
-    return await work.persist(once)
 
 
 async def _send_message(
@@ -154,7 +129,8 @@ async def _send_message(
             },
         )
     except sandbox.TemplateFailed as exc:
-        await _finish(
+        await work.finish(
+            TRIGGER_EXECUTIONS,
             database,
             execution.id,
             ExecutionStatus.FAILED,
@@ -180,11 +156,17 @@ async def _send_message(
         )
     except (NotFound, EgressError) as exc:
         detail = exc.detail if isinstance(exc, NotFound) else str(exc)
-        await _finish(
-            database, execution.id, ExecutionStatus.FAILED, message=message, error=detail[:2000]
+        await work.finish(
+            TRIGGER_EXECUTIONS,
+            database,
+            execution.id,
+            ExecutionStatus.FAILED,
+            message=message,
+            error=detail[:2000],
         )
         return
-    await _finish(
+    await work.finish(
+        TRIGGER_EXECUTIONS,
         database,
         execution.id,
         ExecutionStatus.SUCCEEDED,

@@ -5,10 +5,12 @@ from __future__ import annotations
 import pytest
 from litestar import Litestar
 from litestar.testing import AsyncTestClient
-from sqlalchemy import Integer, bindparam, literal, select
+from sqlalchemy import Integer, bindparam, literal, null, select, update
 from sqlalchemy.dialects.postgresql import JSONB
 
-from shared.db.direct import Statement, direct_pool
+from shared.db.base import NOW
+from shared.db.direct import Statement, StatementRefused
+from shared.db.models import ScenarioRun
 
 
 async def test_constants_travel_with_the_statement_and_json_round_trips(
@@ -21,8 +23,7 @@ async def test_constants_travel_with_the_statement_and_json_round_trips(
             bindparam("doc", type_=JSONB()).label("doc"),
         )
     )
-    pool = await direct_pool(app.state.database.engine)
-    async with pool.connection() as connection:
+    async with app.state.database.connection() as connection:
         (row,) = await statement.rows(connection, n=41, doc={"a": [1, "é", None], "b": {"c": True}})
 
     assert row.constant == "constant"
@@ -34,8 +35,7 @@ async def test_a_missing_parameter_is_named_before_anything_is_sent(
     app: Litestar, client: AsyncTestClient
 ) -> None:
     statement = Statement(select(bindparam("wanted", type_=Integer()).label("x")))
-    pool = await direct_pool(app.state.database.engine)
-    async with pool.connection() as connection:
+    async with app.state.database.connection() as connection:
         with pytest.raises(TypeError, match="wanted"):
             await statement.rows(connection)
 
@@ -43,8 +43,7 @@ async def test_a_missing_parameter_is_named_before_anything_is_sent(
 async def test_the_pool_commits_on_its_own_and_skips_the_wal_wait(
     app: Litestar, client: AsyncTestClient
 ) -> None:
-    pool = await direct_pool(app.state.database.engine)
-    async with pool.connection() as connection:
+    async with app.state.database.connection() as connection:
         assert connection.autocommit
         settings = await (
             await connection.execute(
@@ -52,3 +51,41 @@ async def test_the_pool_commits_on_its_own_and_skips_the_wal_wait(
             )
         ).fetchone()
     assert settings == ("off", "off")
+
+
+def test_a_parameter_named_after_a_column_is_refused_when_the_statement_is_built() -> None:
+    runs = ScenarioRun.__table__
+    with pytest.raises(StatementRefused, match=r":status is named after a column"):
+        Statement(
+            update(runs)
+            .where(runs.c.id == bindparam("p_run"), runs.c.status == bindparam("status"))
+            .values(error_message=bindparam("p_error"), updated_at=NOW)
+        )
+    Statement(  # the convention: p_ names
+        update(runs)
+        .where(runs.c.id == bindparam("p_run"), runs.c.status == bindparam("p_status"))
+        .values(error_message=bindparam("p_error"), updated_at=NOW)
+    )
+
+
+def test_a_none_constant_is_refused_when_the_statement_is_built() -> None:
+    runs = ScenarioRun.__table__
+    with pytest.raises(StatementRefused, match=r"None constant .*:error_message"):
+        Statement(
+            update(runs)
+            .where(runs.c.id == bindparam("p_run"))
+            .values(error_message=None, updated_at=NOW)
+        )
+    with pytest.raises(StatementRefused, match="None constant"):
+        Statement(select(literal(None).label("nothing")))
+    Statement(
+        update(runs)
+        .where(runs.c.id == bindparam("p_run"))
+        .values(error_message=null(), updated_at=NOW)
+    )
+
+
+def test_a_column_left_to_a_python_default_is_refused_when_the_statement_is_built() -> None:
+    runs = ScenarioRun.__table__
+    with pytest.raises(StatementRefused, match="updated_at has a Python-side default"):
+        Statement(update(runs).where(runs.c.id == bindparam("p_run")).values(error_message=null()))
