@@ -9,7 +9,7 @@ from litestar.openapi import ResponseSpec
 from litestar.params import JSONBody
 from litestar.status_codes import HTTP_200_OK, HTTP_204_NO_CONTENT
 
-from api.deps import Access, Caller, Config, DbSession, Page, PathId
+from api.deps import Access, Caller, Config, DbSession, Page, PathId, listing
 from api.exceptions import ErrorBody
 from shared.identity import accounts, members, organizations, platform_tokens, roles, schemas
 from shared.identity.access import AUTHENTICATED, PUBLIC, USER_ONLY, requires, requires_role
@@ -81,11 +81,9 @@ class OrganizationController(Controller):
         self, db_session: DbSession, principal: Caller, paging: Page
     ) -> schemas.OrganizationList:
         """The organizations the caller can see, paged."""
-        orgs, total = await organizations.list_organizations(
-            db_session, principal=principal, paging=paging
-        )
-        return schemas.OrganizationList(
-            organizations=[schemas.OrganizationRead.from_row(o) for o in orgs], total=total
+        return listing(
+            schemas.OrganizationList,
+            await organizations.list_organizations(db_session, principal=principal, paging=paging),
         )
 
     @post("/", operation_id="createOrganization", access=USER_ONLY)
@@ -187,8 +185,9 @@ class RoleController(Controller):
         self, db_session: DbSession, access: Access, org_id: PathId, paging: Page
     ) -> schemas.RoleList:
         """The organization's system and custom roles with their permissions, paged."""
-        page, total = await roles.list_roles(db_session, access=access, paging=paging)
-        return schemas.RoleList(roles=[schemas.RoleRead.from_row(r) for r in page], total=total)
+        return listing(
+            schemas.RoleList, await roles.list_roles(db_session, access=access, paging=paging)
+        )
 
     @post("/", operation_id="createRole", access=requires("roles:write"))
     async def create_role(
@@ -243,11 +242,9 @@ class PlatformTokenController(Controller):
         self, db_session: DbSession, access: Access, org_id: PathId, paging: Page
     ) -> schemas.PlatformTokenList:
         """The organization's platform tokens, never their values, paged (ADMIN/OWNER)."""
-        page, total = await platform_tokens.list_platform_tokens(
-            db_session, access=access, paging=paging
-        )
-        return schemas.PlatformTokenList(
-            tokens=[schemas.PlatformTokenRead.from_row(t) for t in page], total=total
+        return listing(
+            schemas.PlatformTokenList,
+            await platform_tokens.list_platform_tokens(db_session, access=access, paging=paging),
         )
 
     @post("/", operation_id="createPlatformToken", access=requires_role(ADMIN))

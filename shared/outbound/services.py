@@ -11,7 +11,8 @@ from __future__ import annotations
 import ipaddress
 import re
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from dataclasses import dataclass
+from typing import Generic, TypeVar
 from uuid import UUID, uuid4
 
 from sqlalchemy import select, update
@@ -236,11 +237,9 @@ async def credential_usage(
         .order_by(AllowedDomain.created_at, AllowedDomain.id)
     )
     return schemas.CredentialUsage(
-        llm_providers=[
-            schemas.ProviderReference(id=p.id, provider=p.provider, name=p.name) for p in providers
-        ],
+        llm_providers=[schemas.ProviderReference.from_row(p) for p in providers],
         domains=[
-            schemas.DomainReference(id=d.id, domain=d.domain)
+            schemas.DomainReference.from_row(d)
             for d in domains
             if key in referenced_credentials(d.headers, d.query_params)
         ],
@@ -259,23 +258,7 @@ async def delete_credential(session: AsyncSession, *, access: OrgAccess, key: st
     await session.flush()
 
 
-# --- LLM providers -------------------------------------------------------------------------------
-
-
-async def get_provider(
-    session: AsyncSession, *, access: OrgAccess, provider_id: UUID
-) -> LLMProvider:
-    return await provider_in_org(session, access.organization_id, provider_id)
-
-
-async def provider_in_org(session: AsyncSession, org_id: UUID, provider_id: UUID) -> LLMProvider:
-    return await one_in_org(session, LLMProvider, org_id, provider_id, "llm provider")
-
-
-async def list_providers(
-    session: AsyncSession, *, access: OrgAccess, paging: Paging
-) -> tuple[list[LLMProvider], int]:
-    return await page_in_org(session, LLMProvider, access.organization_id, paging)
+# --- LLM providers and agents: written under the organization's outbound lock -------------
 
 
 async def _lock_outbound(session: AsyncSession, org_id: UUID) -> None:
@@ -295,15 +278,53 @@ async def _lock_outbound(session: AsyncSession, org_id: UUID) -> None:
     )
 
 
-async def _write(
-    session: AsyncSession, row: Row, settle: Callable[[AsyncSession, Row], Awaitable[None]]
-) -> Row:
-    """Write a provider or an agent as the caller built or changed it, once ``settle`` has
-    checked it and filled in its defaults; the caller holds :func:`_lock_outbound`."""
-    await settle(session, row)
-    session.add(row)
-    await session.flush()
-    return row
+@dataclass(frozen=True, slots=True)
+class _Kind(Generic[Row]):
+    """LLM providers or agents: what is written of them the same way."""
+
+    model: type[Row]
+    what: str
+    # Checks a row as built or changed, and fills in its defaults (reads do not flush it).
+    settle: Callable[[AsyncSession, Row], Awaitable[None]]
+    users: str
+    # The names of the rows that need this one: it is not deleted while there are any.
+    used_by: Callable[[AsyncSession, Row], Awaitable[list[str]]]
+
+    async def get(self, session: AsyncSession, org_id: UUID, row_id: UUID) -> Row:
+        return await one_in_org(session, self.model, org_id, row_id, self.what)
+
+    async def page(
+        self, session: AsyncSession, access: OrgAccess, paging: Paging
+    ) -> tuple[list[Row], int]:
+        return await page_in_org(session, self.model, access.organization_id, paging)
+
+    async def create(self, session: AsyncSession, access: OrgAccess, body: schemas.Input) -> Row:
+        await _lock_outbound(session, access.organization_id)
+        row = self.model(id=uuid4(), organization_id=access.organization_id, **body.changes())
+        return await self._write(session, row)
+
+    async def update(
+        self, session: AsyncSession, access: OrgAccess, row_id: UUID, body: schemas.Input
+    ) -> Row:
+        await _lock_outbound(session, access.organization_id)
+        row = await self.get(session, access.organization_id, row_id)
+        body.apply_to(row)
+        return await self._write(session, row)
+
+    async def delete(self, session: AsyncSession, access: OrgAccess, row_id: UUID) -> None:
+        await _lock_outbound(session, access.organization_id)
+        row = await self.get(session, access.organization_id, row_id)
+        users = await self.used_by(session, row)
+        if users:
+            raise Conflict(f"{self.what} is used by {self.users}: {', '.join(users)}")
+        await session.delete(row)
+        await session.flush()
+
+    async def _write(self, session: AsyncSession, row: Row) -> Row:
+        await self.settle(session, row)
+        session.add(row)
+        await session.flush()
+        return row
 
 
 async def _settle_provider(session: AsyncSession, provider: LLMProvider) -> None:
@@ -335,55 +356,15 @@ async def _settle_provider(session: AsyncSession, provider: LLMProvider) -> None
         )
 
 
-async def create_provider(
-    session: AsyncSession, *, access: OrgAccess, body: schemas.LLMProviderCreate
-) -> LLMProvider:
-    await _lock_outbound(session, access.organization_id)
-    provider = LLMProvider(id=uuid4(), organization_id=access.organization_id, **body.changes())
-    return await _write(session, provider, _settle_provider)
-
-
-async def update_provider(
-    session: AsyncSession, *, access: OrgAccess, provider_id: UUID, body: schemas.LLMProviderUpdate
-) -> LLMProvider:
-    await _lock_outbound(session, access.organization_id)
-    provider = await get_provider(session, access=access, provider_id=provider_id)
-    body.apply_to(provider)
-    return await _write(session, provider, _settle_provider)
-
-
-async def delete_provider(session: AsyncSession, *, access: OrgAccess, provider_id: UUID) -> None:
-    await _lock_outbound(session, access.organization_id)
-    provider = await get_provider(session, access=access, provider_id=provider_id)
-    users = list(
+async def _agents_using(session: AsyncSession, provider: LLMProvider) -> list[str]:
+    return sorted(
         await session.scalars(
             select(Agent.name).where(
-                Agent.organization_id == access.organization_id,
+                Agent.organization_id == provider.organization_id,
                 (Agent.llm_provider_id == provider.id) | (Agent.judge_provider_id == provider.id),
             )
         )
     )
-    if users:
-        raise Conflict(f"llm provider is used by agents: {', '.join(sorted(users))}")
-    await session.delete(provider)
-    await session.flush()
-
-
-# --- agents ---------------------------------------------------------------------------------------
-
-
-async def get_agent(session: AsyncSession, *, access: OrgAccess, agent_id: UUID) -> Agent:
-    return await agent_in_org(session, access.organization_id, agent_id)
-
-
-async def agent_in_org(session: AsyncSession, org_id: UUID, agent_id: UUID) -> Agent:
-    return await one_in_org(session, Agent, org_id, agent_id, "agent")
-
-
-async def list_agents(
-    session: AsyncSession, *, access: OrgAccess, paging: Paging
-) -> tuple[list[Agent], int]:
-    return await page_in_org(session, Agent, access.organization_id, paging)
 
 
 async def _settle_agent(session: AsyncSession, agent: Agent) -> None:
@@ -411,33 +392,77 @@ async def _settle_agent(session: AsyncSession, agent: Agent) -> None:
             await provider_in_org(session, agent.organization_id, agent.judge_provider_id)
 
 
+async def _triggers_naming(session: AsyncSession, agent: Agent) -> list[str]:
+    return list(
+        await session.scalars(
+            select(Trigger.name).where(Trigger.agent_id == agent.id).order_by(Trigger.name)
+        )
+    )
+
+
+_PROVIDERS = _Kind(LLMProvider, "llm provider", _settle_provider, "agents", _agents_using)
+_AGENTS = _Kind(Agent, "agent", _settle_agent, "triggers", _triggers_naming)
+
+
+async def provider_in_org(session: AsyncSession, org_id: UUID, provider_id: UUID) -> LLMProvider:
+    return await _PROVIDERS.get(session, org_id, provider_id)
+
+
+async def agent_in_org(session: AsyncSession, org_id: UUID, agent_id: UUID) -> Agent:
+    return await _AGENTS.get(session, org_id, agent_id)
+
+
+async def list_providers(
+    session: AsyncSession, *, access: OrgAccess, paging: Paging
+) -> tuple[list[LLMProvider], int]:
+    return await _PROVIDERS.page(session, access, paging)
+
+
+async def get_provider(
+    session: AsyncSession, *, access: OrgAccess, provider_id: UUID
+) -> LLMProvider:
+    return await _PROVIDERS.get(session, access.organization_id, provider_id)
+
+
+async def create_provider(
+    session: AsyncSession, *, access: OrgAccess, body: schemas.LLMProviderCreate
+) -> LLMProvider:
+    return await _PROVIDERS.create(session, access, body)
+
+
+async def update_provider(
+    session: AsyncSession, *, access: OrgAccess, provider_id: UUID, body: schemas.LLMProviderUpdate
+) -> LLMProvider:
+    return await _PROVIDERS.update(session, access, provider_id, body)
+
+
+async def delete_provider(session: AsyncSession, *, access: OrgAccess, provider_id: UUID) -> None:
+    """Delete a provider no agent uses (409 names the agents)."""
+    await _PROVIDERS.delete(session, access, provider_id)
+
+
+async def list_agents(
+    session: AsyncSession, *, access: OrgAccess, paging: Paging
+) -> tuple[list[Agent], int]:
+    return await _AGENTS.page(session, access, paging)
+
+
+async def get_agent(session: AsyncSession, *, access: OrgAccess, agent_id: UUID) -> Agent:
+    return await _AGENTS.get(session, access.organization_id, agent_id)
+
+
 async def create_agent(
     session: AsyncSession, *, access: OrgAccess, body: schemas.AgentCreate
 ) -> Agent:
-    await _lock_outbound(session, access.organization_id)
-    agent = Agent(organization_id=access.organization_id, **body.changes())
-    return await _write(session, agent, _settle_agent)
+    return await _AGENTS.create(session, access, body)
 
 
 async def update_agent(
     session: AsyncSession, *, access: OrgAccess, agent_id: UUID, body: schemas.AgentUpdate
 ) -> Agent:
-    await _lock_outbound(session, access.organization_id)
-    agent = await get_agent(session, access=access, agent_id=agent_id)
-    body.apply_to(agent)
-    return await _write(session, agent, _settle_agent)
+    return await _AGENTS.update(session, access, agent_id, body)
 
 
 async def delete_agent(session: AsyncSession, *, access: OrgAccess, agent_id: UUID) -> None:
     """Delete an agent no trigger names (409 names the triggers)."""
-    await _lock_outbound(session, access.organization_id)
-    agent = await get_agent(session, access=access, agent_id=agent_id)
-    triggers = list(
-        await session.scalars(
-            select(Trigger.name).where(Trigger.agent_id == agent.id).order_by(Trigger.name)
-        )
-    )
-    if triggers:
-        raise Conflict(f"agent is used by triggers: {', '.join(triggers)}")
-    await session.delete(agent)
-    await session.flush()
+    await _AGENTS.delete(session, access, agent_id)
