@@ -23,7 +23,7 @@ from litestar.exceptions import ValidationException
 from litestar.handlers import BaseRouteHandler
 
 from shared.errors import PermissionDenied, Unauthorized
-from shared.identity import services
+from shared.identity import authentication
 from shared.identity.access import AccessRule, OrgAccess, Principal
 
 ACCESS_KEY = "access"
@@ -62,7 +62,7 @@ async def authenticate(
     connection of its own: the handler's session may not be wanted, and a session opened
     here could not be closed if the request failed before the handler's dependencies."""
     async with state.database.autocommit.connect() as db:
-        return await services.authenticate(db, token, org_id)
+        return await authentication.authenticate(db, token, org_id)
 
 
 async def authorize(

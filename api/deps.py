@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from typing import Annotated, Any
+from collections.abc import AsyncIterator, Sequence
+from typing import Annotated, Any, TypeVar, get_args
 from uuid import UUID
 
+import msgspec
 from litestar import Request
 from litestar.datastructures import State
 from litestar.di import NamedDependency, Provide
@@ -15,7 +16,10 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from api.auth import provide_access, provide_principal
 from shared.identity.access import OrgAccess, Principal
 from shared.paging import DEFAULT_LIMIT, MAX_LIMIT, MAX_OFFSET, Paging
+from shared.schemas import Output
 from shared.settings import Settings
+
+Listing = TypeVar("Listing", bound=Output)
 
 # Handler parameter types: dependencies are named explicitly, path ids are UUIDs (a
 # malformed one answers 422 with loc ["path", ...]).
@@ -57,6 +61,15 @@ def provide_paging(
     offset: Annotated[int, QueryParameter(ge=0, le=OFFSET_LIMIT, description="Items to skip.")] = 0,
 ) -> Paging:
     return Paging(limit=limit, offset=offset)
+
+
+def listing(body: type[Listing], page: tuple[Sequence[Any], int]) -> Listing:
+    """The listing ``body`` (its items, then ``total``) of one page of rows and their total
+    (a listing service's answer): each row as the items' body, by ``from_row``."""
+    items, _ = msgspec.structs.fields(body)
+    (read,) = get_args(items.type)
+    rows, total = page
+    return body(**{items.name: [read.from_row(row) for row in rows]}, total=total)
 
 
 DEPENDENCIES = {

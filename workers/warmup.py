@@ -19,7 +19,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from shared.batches.window import dispatch_committed
 from shared.db.engine import Database
 from shared.errors import NotFound
-from shared.outbound import services as outbound
+from shared.outbound import configuration as outbound
 from shared.runtime import Runtime
 from shared.scenarios import sandbox, store
 

@@ -9,9 +9,9 @@ from litestar.openapi import ResponseSpec
 from litestar.params import JSONBody
 from litestar.status_codes import HTTP_200_OK, HTTP_204_NO_CONTENT
 
-from api.deps import Access, Caller, Config, DbSession, Page, PathId
+from api.deps import Access, Caller, Config, DbSession, Page, PathId, listing
 from api.exceptions import ErrorBody
-from shared.identity import schemas, services
+from shared.identity import accounts, members, organizations, platform_tokens, roles, schemas
 from shared.identity.access import AUTHENTICATED, PUBLIC, USER_ONLY, requires, requires_role
 from shared.identity.permissions import ADMIN, OWNER
 
@@ -25,7 +25,7 @@ class AuthController(Controller):
         self, db_session: DbSession, settings: Config, data: JSONBody[schemas.RegisterBody]
     ) -> schemas.Registered:
         """Create an account (or activate an invited one) and return a first user token."""
-        user, token, expires_at = await services.register(db_session, settings=settings, body=data)
+        user, token, expires_at = await accounts.register(db_session, settings=settings, body=data)
         return schemas.Registered(
             user=schemas.UserRead.from_row(user), access_token=token, expires_at=expires_at
         )
@@ -51,7 +51,7 @@ class AuthController(Controller):
         data: JSONBody[schemas.LoginBody],
     ) -> schemas.AccessToken:
         """Exchange email and password for a user token (`ust_…`); failed logins are throttled."""
-        token, expires_at = await services.login(
+        token, expires_at = await accounts.login(
             db_session,
             settings=settings,
             body=data,
@@ -64,12 +64,12 @@ class AuthController(Controller):
     @post("/logout", operation_id="logout", access=USER_ONLY, status_code=HTTP_204_NO_CONTENT)
     async def logout(self, db_session: DbSession, principal: Caller) -> None:
         """Revoke the user token this request presents."""
-        await services.logout(db_session, principal=principal)
+        await accounts.logout(db_session, principal=principal)
 
     @get("/me", operation_id="getCurrentUser", access=USER_ONLY)
     async def me(self, db_session: DbSession, principal: Caller) -> schemas.Me:
         """The current user with each organization, its role and effective permissions."""
-        return await services.me(db_session, principal=principal)
+        return await accounts.me(db_session, principal=principal)
 
 
 class OrganizationController(Controller):
@@ -81,11 +81,9 @@ class OrganizationController(Controller):
         self, db_session: DbSession, principal: Caller, paging: Page
     ) -> schemas.OrganizationList:
         """The organizations the caller can see, paged."""
-        orgs, total = await services.list_organizations(
-            db_session, principal=principal, paging=paging
-        )
-        return schemas.OrganizationList(
-            organizations=[schemas.OrganizationRead.from_row(o) for o in orgs], total=total
+        return listing(
+            schemas.OrganizationList,
+            await organizations.list_organizations(db_session, principal=principal, paging=paging),
         )
 
     @post("/", operation_id="createOrganization", access=USER_ONLY)
@@ -93,7 +91,7 @@ class OrganizationController(Controller):
         self, db_session: DbSession, principal: Caller, data: JSONBody[schemas.OrganizationCreate]
     ) -> schemas.OrganizationRead:
         """Create an organization; the caller becomes its OWNER."""
-        org = await services.create_organization(db_session, principal=principal, body=data)
+        org = await organizations.create_organization(db_session, principal=principal, body=data)
         return schemas.OrganizationRead.from_row(org)
 
     @get("/{org_id:str}", operation_id="getOrganization", access=requires("org:read"))
@@ -102,7 +100,7 @@ class OrganizationController(Controller):
     ) -> schemas.OrganizationRead:
         """One organization the caller belongs to."""
         return schemas.OrganizationRead.from_row(
-            await services.get_organization(db_session, access=access)
+            await organizations.get_organization(db_session, access=access)
         )
 
     @patch("/{org_id:str}", operation_id="updateOrganization", access=requires("org:write"))
@@ -115,7 +113,7 @@ class OrganizationController(Controller):
     ) -> schemas.OrganizationRead:
         """Change the name, business information or time zone; omitted fields stay."""
         return schemas.OrganizationRead.from_row(
-            await services.update_organization(db_session, access=access, body=data)
+            await organizations.update_organization(db_session, access=access, body=data)
         )
 
     @delete("/{org_id:str}", operation_id="deleteOrganization", access=requires_role(OWNER))
@@ -123,7 +121,7 @@ class OrganizationController(Controller):
         self, db_session: DbSession, access: Access, org_id: PathId
     ) -> None:
         """Delete the organization and everything it owns (OWNER only)."""
-        await services.delete_organization(db_session, access=access)
+        await organizations.delete_organization(db_session, access=access)
 
 
 class MemberController(Controller):
@@ -135,8 +133,8 @@ class MemberController(Controller):
         self, db_session: DbSession, access: Access, org_id: PathId, paging: Page
     ) -> schemas.MemberList:
         """The organization's members with their roles and status, paged."""
-        members, total = await services.list_members(db_session, access=access, paging=paging)
-        return schemas.MemberList(members=members, total=total)
+        page, total = await members.list_members(db_session, access=access, paging=paging)
+        return schemas.MemberList(members=page, total=total)
 
     @post("/", operation_id="inviteMember", access=requires("members:write"))
     async def invite_member(
@@ -147,14 +145,14 @@ class MemberController(Controller):
         data: JSONBody[schemas.MemberInvite],
     ) -> schemas.MemberRead:
         """Add a member by email; an unknown email becomes an invited user."""
-        return await services.invite_member(db_session, access=access, body=data)
+        return await members.invite_member(db_session, access=access, body=data)
 
     @get("/{user_id:str}", operation_id="getMember", access=requires("members:read"))
     async def get_member(
         self, db_session: DbSession, access: Access, org_id: PathId, user_id: PathId
     ) -> schemas.MemberRead:
         """One member of the organization, with their role."""
-        return await services.get_member(db_session, access=access, user_id=user_id)
+        return await members.get_member(db_session, access=access, user_id=user_id)
 
     @patch("/{user_id:str}", operation_id="updateMemberRole", access=requires("members:write"))
     async def update_member_role(
@@ -166,7 +164,7 @@ class MemberController(Controller):
         data: JSONBody[schemas.MemberRoleUpdate],
     ) -> schemas.MemberRead:
         """Give the member another role; the membership keeps its id."""
-        return await services.change_member_role(
+        return await members.change_member_role(
             db_session, access=access, user_id=user_id, body=data
         )
 
@@ -175,7 +173,7 @@ class MemberController(Controller):
         self, db_session: DbSession, access: Access, org_id: PathId, user_id: PathId
     ) -> None:
         """Remove a member from the organization (the owner cannot be removed)."""
-        await services.remove_member(db_session, access=access, user_id=user_id)
+        await members.remove_member(db_session, access=access, user_id=user_id)
 
 
 class RoleController(Controller):
@@ -187,8 +185,9 @@ class RoleController(Controller):
         self, db_session: DbSession, access: Access, org_id: PathId, paging: Page
     ) -> schemas.RoleList:
         """The organization's system and custom roles with their permissions, paged."""
-        roles, total = await services.list_roles(db_session, access=access, paging=paging)
-        return schemas.RoleList(roles=[services.role_read(r) for r in roles], total=total)
+        return listing(
+            schemas.RoleList, await roles.list_roles(db_session, access=access, paging=paging)
+        )
 
     @post("/", operation_id="createRole", access=requires("roles:write"))
     async def create_role(
@@ -199,15 +198,17 @@ class RoleController(Controller):
         data: JSONBody[schemas.RoleCreate],
     ) -> schemas.RoleRead:
         """Create a custom role: a name and a list of known permissions."""
-        return services.role_read(await services.create_role(db_session, access=access, body=data))
+        return schemas.RoleRead.from_row(
+            await roles.create_role(db_session, access=access, body=data)
+        )
 
     @get("/{role_id:str}", operation_id="getRole", access=requires("roles:read"))
     async def get_role(
         self, db_session: DbSession, access: Access, org_id: PathId, role_id: PathId
     ) -> schemas.RoleRead:
         """One role with its permissions."""
-        return services.role_read(
-            await services.get_role(db_session, access=access, role_id=role_id)
+        return schemas.RoleRead.from_row(
+            await roles.get_role(db_session, access=access, role_id=role_id)
         )
 
     @patch("/{role_id:str}", operation_id="updateRole", access=requires("roles:write"))
@@ -220,8 +221,8 @@ class RoleController(Controller):
         data: JSONBody[schemas.RoleUpdate],
     ) -> schemas.RoleRead:
         """Change a role's name or permissions; omitted fields stay."""
-        return services.role_read(
-            await services.update_role(db_session, access=access, role_id=role_id, body=data)
+        return schemas.RoleRead.from_row(
+            await roles.update_role(db_session, access=access, role_id=role_id, body=data)
         )
 
     @delete("/{role_id:str}", operation_id="deleteRole", access=requires("roles:write"))
@@ -229,7 +230,7 @@ class RoleController(Controller):
         self, db_session: DbSession, access: Access, org_id: PathId, role_id: PathId
     ) -> None:
         """Delete a custom role (system roles: 409); its members move to GUEST."""
-        await services.delete_role(db_session, access=access, role_id=role_id)
+        await roles.delete_role(db_session, access=access, role_id=role_id)
 
 
 class PlatformTokenController(Controller):
@@ -241,11 +242,9 @@ class PlatformTokenController(Controller):
         self, db_session: DbSession, access: Access, org_id: PathId, paging: Page
     ) -> schemas.PlatformTokenList:
         """The organization's platform tokens, never their values, paged (ADMIN/OWNER)."""
-        tokens, total = await services.list_platform_tokens(
-            db_session, access=access, paging=paging
-        )
-        return schemas.PlatformTokenList(
-            tokens=[services.platform_token_read(t) for t in tokens], total=total
+        return listing(
+            schemas.PlatformTokenList,
+            await platform_tokens.list_platform_tokens(db_session, access=access, paging=paging),
         )
 
     @post("/", operation_id="createPlatformToken", access=requires_role(ADMIN))
@@ -257,23 +256,23 @@ class PlatformTokenController(Controller):
         data: JSONBody[schemas.PlatformTokenCreate],
     ) -> schemas.PlatformTokenCreated:
         """Create a token; the full `pat_…` value is in this response only."""
-        pat, raw = await services.create_platform_token(db_session, access=access, body=data)
-        return services.platform_token_created(pat, raw)
+        return await platform_tokens.create_platform_token(db_session, access=access, body=data)
 
     @get("/{token_id:str}", operation_id="getPlatformToken", access=requires_role(ADMIN))
     async def get_token(
         self, db_session: DbSession, access: Access, org_id: PathId, token_id: PathId
     ) -> schemas.PlatformTokenRead:
         """One platform token, never its value (ADMIN/OWNER)."""
-        pat = await services.get_platform_token(db_session, access=access, token_id=token_id)
-        return services.platform_token_read(pat)
+        return schemas.PlatformTokenRead.from_row(
+            await platform_tokens.get_platform_token(db_session, access=access, token_id=token_id)
+        )
 
     @delete("/{token_id:str}", operation_id="revokePlatformToken", access=requires_role(ADMIN))
     async def revoke_token(
         self, db_session: DbSession, access: Access, org_id: PathId, token_id: PathId
     ) -> None:
         """Revoke the token (it stays listed with `is_active` false)."""
-        await services.revoke_platform_token(db_session, access=access, token_id=token_id)
+        await platform_tokens.revoke_platform_token(db_session, access=access, token_id=token_id)
 
 
 CONTROLLERS = [

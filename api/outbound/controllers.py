@@ -9,7 +9,7 @@ from litestar.openapi import ResponseSpec
 from litestar.params import JSONBody, PathParameter
 from litestar.status_codes import HTTP_200_OK, HTTP_201_CREATED
 
-from api.deps import Access, Config, DbSession, Page, PathId
+from api.deps import Access, Config, DbSession, Page, PathId, listing
 from shared.identity.access import requires
 from shared.outbound import schemas, services
 
@@ -31,9 +31,9 @@ class AllowedDomainController(Controller):
         self, db_session: DbSession, access: Access, org_id: PathId, paging: Page
     ) -> schemas.AllowedDomainList:
         """The organization's allowed domains, paged."""
-        entries, total = await services.list_domains(db_session, access=access, paging=paging)
-        return schemas.AllowedDomainList(
-            domains=[schemas.AllowedDomainRead.from_row(e) for e in entries], total=total
+        return listing(
+            schemas.AllowedDomainList,
+            await services.list_domains(db_session, access=access, paging=paging),
         )
 
     @post("/", operation_id="createAllowedDomain", access=requires("domains:write"))
@@ -68,10 +68,9 @@ class AllowedDomainController(Controller):
         data: JSONBody[schemas.AllowedDomainUpdate],
     ) -> schemas.AllowedDomainRead:
         """Change an allowed domain, its headers or query params; omitted fields stay."""
-        entry = await services.update_domain(
-            db_session, access=access, domain_id=domain_id, body=data
+        return schemas.AllowedDomainRead.from_row(
+            await services.update_domain(db_session, access=access, domain_id=domain_id, body=data)
         )
-        return schemas.AllowedDomainRead.from_row(entry)
 
     @delete(
         "/{domain_id:str}", operation_id="deleteAllowedDomain", access=requires("domains:write")
@@ -92,9 +91,9 @@ class CredentialController(Controller):
         self, db_session: DbSession, access: Access, org_id: PathId, paging: Page
     ) -> schemas.CredentialList:
         """Keys and descriptions; values are write-only and never returned."""
-        rows, total = await services.list_credentials(db_session, access=access, paging=paging)
-        return schemas.CredentialList(
-            credentials=[schemas.CredentialRead.from_row(c) for c in rows], total=total
+        return listing(
+            schemas.CredentialList,
+            await services.list_credentials(db_session, access=access, paging=paging),
         )
 
     @put(
@@ -149,9 +148,9 @@ class LLMProviderController(Controller):
         self, db_session: DbSession, access: Access, org_id: PathId, paging: Page
     ) -> schemas.LLMProviderList:
         """The organization's LLM providers, paged."""
-        rows, total = await services.list_providers(db_session, access=access, paging=paging)
-        return schemas.LLMProviderList(
-            llm_providers=[schemas.LLMProviderRead.from_row(p) for p in rows], total=total
+        return listing(
+            schemas.LLMProviderList,
+            await services.list_providers(db_session, access=access, paging=paging),
         )
 
     @post("/", operation_id="createLLMProvider", access=requires("providers:write"))
@@ -188,10 +187,11 @@ class LLMProviderController(Controller):
         data: JSONBody[schemas.LLMProviderUpdate],
     ) -> schemas.LLMProviderRead:
         """Change an LLM provider; omitted fields stay."""
-        provider = await services.update_provider(
-            db_session, access=access, provider_id=provider_id, body=data
+        return schemas.LLMProviderRead.from_row(
+            await services.update_provider(
+                db_session, access=access, provider_id=provider_id, body=data
+            )
         )
-        return schemas.LLMProviderRead.from_row(provider)
 
     @delete(
         "/{provider_id:str}", operation_id="deleteLLMProvider", access=requires("providers:write")
@@ -212,8 +212,9 @@ class AgentController(Controller):
         self, db_session: DbSession, access: Access, org_id: PathId, paging: Page
     ) -> schemas.AgentList:
         """The organization's agents, paged."""
-        rows, total = await services.list_agents(db_session, access=access, paging=paging)
-        return schemas.AgentList(agents=[schemas.AgentRead.from_row(a) for a in rows], total=total)
+        return listing(
+            schemas.AgentList, await services.list_agents(db_session, access=access, paging=paging)
+        )
 
     @post("/", operation_id="createAgent", access=requires("agents:write"))
     async def create_agent(

@@ -52,7 +52,7 @@ from api.ui.session import (
 from shared.batches import services as batches
 from shared.batches.schemas import BatchRunRead
 from shared.errors import NotFound, PermissionDenied, Unauthorized
-from shared.identity import services as identity
+from shared.identity import organizations as identity
 from shared.identity.access import AUTHENTICATED, PUBLIC, requires
 from shared.paging import MAX_LIMIT, Paging
 

@@ -31,8 +31,9 @@ from shared.db.queries import one_in_org
 from shared.errors import Conflict, InvalidInput, NotFound
 from shared.identity.access import OrgAccess
 from shared.llm.judge import JudgeError, judge
+from shared.outbound.configuration import judge_provider_of, load_outbound
 from shared.outbound.egress import EgressClient, EgressError
-from shared.outbound.services import agent_in_org, judge_provider_of, load_outbound
+from shared.outbound.services import agent_in_org
 from shared.paging import Paging, paginate
 from shared.queue import CALIBRATE, send_after_commit
 from shared.settings import Settings

@@ -45,7 +45,7 @@ from shared.calibration.stats import Confusion, correct
 from shared.db.base import utcnow
 from shared.db.engine import Database
 from shared.db.models import Agent, BatchRun, Calibration, CriterionResult, ScenarioRun, TurnResult
-from shared.outbound.services import judge_provider_of
+from shared.outbound.configuration import judge_provider_of
 from shared.scenarios.records import Snapshot
 
 REQUEST_STALL = timedelta(minutes=5)

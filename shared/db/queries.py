@@ -11,6 +11,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from shared.errors import Conflict, NotFound
+from shared.paging import Paging, paginate
 
 T = TypeVar("T")
 
@@ -27,6 +28,15 @@ async def one_in_org(
     if row is None:
         raise NotFound(f"{what} not found")
     return row
+
+
+async def page_in_org(
+    session: AsyncSession, model: type[T], org_id: UUID, paging: Paging
+) -> tuple[list[T], int]:
+    """One page of ``model``'s rows in ``org_id``, in the order every listing uses, and
+    their total."""
+    query = select(model).where(model.organization_id == org_id)  # type: ignore[attr-defined]
+    return await paginate(session, query, paging, model.created_at, model.id)  # type: ignore[attr-defined]
 
 
 async def all_in_org(

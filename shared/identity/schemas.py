@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Annotated
+from typing import Annotated, Any, Self
 from uuid import UUID
 
 import msgspec
 
-from shared.identity.permissions import Permission
+from shared.identity.permissions import Permission, ordered
 from shared.schemas import SECRET, Email, Input, Name255, Output, TimezoneName, text
 
 Password = Annotated[str, text(8, 128), SECRET]
@@ -138,7 +138,16 @@ class MemberRoleUpdate(Input):
 # --- roles ------------------------------------------------------------------------------------
 
 
-class RoleRead(Output):
+class _HoldsPermissions(Output):
+    """A body whose row holds permissions: shown in catalogue order, whatever the stored
+    order (a system role's is its definition's)."""
+
+    @classmethod
+    def from_row(cls, row: Any, **computed: Any) -> Self:
+        return super().from_row(row, **{"permissions": ordered(row.permissions), **computed})
+
+
+class RoleRead(_HoldsPermissions):
     id: UUID
     organization_id: UUID
     name: str
@@ -166,7 +175,7 @@ class RoleUpdate(Input):
 # --- platform tokens ---------------------------------------------------------------------------
 
 
-class PlatformTokenRead(Output):
+class PlatformTokenRead(_HoldsPermissions):
     id: UUID
     name: str
     organization_id: UUID

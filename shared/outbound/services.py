@@ -1,37 +1,34 @@
-"""Outbound configuration rules: allowed domains, credentials, LLM providers, agents.
+"""Outbound configuration rules: writing an organization's allowed domains, credentials,
+LLM providers and agents, and reading them as the API shows them.
 
-Also builds what the egress client needs at call time (:func:`load_egress_policy`,
-:func:`load_provider`, both together for a run in :func:`load_outbound`): the org's
-allow-list with credentials resolved, and a provider with its API key decrypted.
-Decrypted values live only in a worker's memory (for a call, or in the run configuration
-cache until a change to the organization's outbound configuration replaces them); they
-are never stored, returned or logged.
+Every function takes the caller's session (the caller owns the transaction) and the
+caller's :class:`OrgAccess`.  What a run loads of this configuration to call out with is
+:mod:`shared.outbound.configuration`'s.
 """
 
 from __future__ import annotations
 
-import asyncio
 import ipaddress
 import re
-from collections import OrderedDict
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import Generic, TypeVar
 from uuid import UUID, uuid4
 
 from sqlalchemy import select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from shared.crypto import secret_box
-from shared.db.base import utcnow
-from shared.db.engine import Database
 from shared.db.models import Agent, AllowedDomain, Credential, LLMProvider, Organization, Trigger
-from shared.db.queries import flush_unique, one_in_org
+from shared.db.queries import flush_unique, one_in_org, page_in_org
 from shared.errors import Conflict, InvalidInput, NotFound
 from shared.identity.access import OrgAccess
 from shared.outbound import schemas
-from shared.outbound.agents import AgentConfig
-from shared.outbound.egress import CREDENTIAL_REF, DomainRule, EgressPolicy, ProviderConfig
-from shared.paging import Paging, paginate
+from shared.outbound.egress import CREDENTIAL_REF
+from shared.paging import Paging
 from shared.settings import Settings
+
+Row = TypeVar("Row", LLMProvider, Agent)
 
 _HOST_LABEL = re.compile(r"^(?!-)[a-z0-9-]{1,63}(?<!-)$")
 _HEADER_NAME = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
@@ -120,8 +117,7 @@ async def _require_credentials(
 async def list_domains(
     session: AsyncSession, *, access: OrgAccess, paging: Paging
 ) -> tuple[list[AllowedDomain], int]:
-    query = select(AllowedDomain).where(AllowedDomain.organization_id == access.organization_id)
-    return await paginate(session, query, paging, AllowedDomain.created_at, AllowedDomain.id)
+    return await page_in_org(session, AllowedDomain, access.organization_id, paging)
 
 
 async def get_domain(session: AsyncSession, *, access: OrgAccess, domain_id: UUID) -> AllowedDomain:
@@ -163,15 +159,13 @@ async def update_domain(
     session: AsyncSession, *, access: OrgAccess, domain_id: UUID, body: schemas.AllowedDomainUpdate
 ) -> AllowedDomain:
     entry = await get_domain(session, access=access, domain_id=domain_id)
-    if body.domain is not schemas.UNSET:
-        entry.domain = normalize_domain(body.domain)
-    headers = entry.headers if body.headers is schemas.UNSET else dict(body.headers)
-    query_params = (
-        entry.query_params if body.query_params is schemas.UNSET else dict(body.query_params)
+    domain = {} if body.domain is schemas.UNSET else {"domain": normalize_domain(body.domain)}
+    # The maps as they will be, each the body's or else the entry's.
+    changed = {"headers": entry.headers, "query_params": entry.query_params} | body.changes()
+    await _check_domain_maps(
+        session, access.organization_id, changed["headers"], changed["query_params"]
     )
-    await _check_domain_maps(session, access.organization_id, headers, query_params)
-    entry.headers, entry.query_params = headers, query_params
-    entry.updated_at = utcnow()
+    body.apply_to(entry, **domain)
     await flush_unique(session, f"{entry.domain} is already allowed")
     return entry
 
@@ -209,15 +203,11 @@ async def put_credential(
         .with_for_update()
     )
     created = credential is None
-    now = utcnow()
     if credential is None:
-        credential = Credential(
-            organization_id=access.organization_id, key=key, ciphertext=ciphertext, created_at=now
-        )
+        credential = Credential(organization_id=access.organization_id, key=key)
         session.add(credential)
     credential.ciphertext = ciphertext
     credential.description = body.description
-    credential.updated_at = now
     await flush_unique(session, f"credential {key} was created concurrently; retry")
     return credential, created
 
@@ -225,8 +215,7 @@ async def put_credential(
 async def list_credentials(
     session: AsyncSession, *, access: OrgAccess, paging: Paging
 ) -> tuple[list[Credential], int]:
-    query = select(Credential).where(Credential.organization_id == access.organization_id)
-    return await paginate(session, query, paging, Credential.created_at, Credential.id)
+    return await page_in_org(session, Credential, access.organization_id, paging)
 
 
 async def credential_usage(
@@ -248,11 +237,9 @@ async def credential_usage(
         .order_by(AllowedDomain.created_at, AllowedDomain.id)
     )
     return schemas.CredentialUsage(
-        llm_providers=[
-            schemas.ProviderReference(id=p.id, provider=p.provider, name=p.name) for p in providers
-        ],
+        llm_providers=[schemas.ProviderReference.from_row(p) for p in providers],
         domains=[
-            schemas.DomainReference(id=d.id, domain=d.domain)
+            schemas.DomainReference.from_row(d)
             for d in domains
             if key in referenced_credentials(d.headers, d.query_params)
         ],
@@ -271,24 +258,7 @@ async def delete_credential(session: AsyncSession, *, access: OrgAccess, key: st
     await session.flush()
 
 
-# --- LLM providers -------------------------------------------------------------------------------
-
-
-async def get_provider(
-    session: AsyncSession, *, access: OrgAccess, provider_id: UUID
-) -> LLMProvider:
-    return await _provider_in_org(session, access.organization_id, provider_id)
-
-
-async def _provider_in_org(session: AsyncSession, org_id: UUID, provider_id: UUID) -> LLMProvider:
-    return await one_in_org(session, LLMProvider, org_id, provider_id, "llm provider")
-
-
-async def list_providers(
-    session: AsyncSession, *, access: OrgAccess, paging: Paging
-) -> tuple[list[LLMProvider], int]:
-    query = select(LLMProvider).where(LLMProvider.organization_id == access.organization_id)
-    return await paginate(session, query, paging, LLMProvider.created_at, LLMProvider.id)
+# --- LLM providers and agents: written under the organization's outbound lock -------------
 
 
 async def _lock_outbound(session: AsyncSession, org_id: UUID) -> None:
@@ -306,6 +276,55 @@ async def _lock_outbound(session: AsyncSession, org_id: UUID) -> None:
     await session.execute(
         select(Organization.id).where(Organization.id == org_id).with_for_update(key_share=True)
     )
+
+
+@dataclass(frozen=True, slots=True)
+class _Kind(Generic[Row]):
+    """LLM providers or agents: what is written of them the same way."""
+
+    model: type[Row]
+    what: str
+    # Checks a row as built or changed, and fills in its defaults (reads do not flush it).
+    settle: Callable[[AsyncSession, Row], Awaitable[None]]
+    users: str
+    # The names of the rows that need this one: it is not deleted while there are any.
+    used_by: Callable[[AsyncSession, Row], Awaitable[list[str]]]
+
+    async def get(self, session: AsyncSession, org_id: UUID, row_id: UUID) -> Row:
+        return await one_in_org(session, self.model, org_id, row_id, self.what)
+
+    async def page(
+        self, session: AsyncSession, access: OrgAccess, paging: Paging
+    ) -> tuple[list[Row], int]:
+        return await page_in_org(session, self.model, access.organization_id, paging)
+
+    async def create(self, session: AsyncSession, access: OrgAccess, body: schemas.Input) -> Row:
+        await _lock_outbound(session, access.organization_id)
+        row = self.model(id=uuid4(), organization_id=access.organization_id, **body.changes())
+        return await self._write(session, row)
+
+    async def update(
+        self, session: AsyncSession, access: OrgAccess, row_id: UUID, body: schemas.Input
+    ) -> Row:
+        await _lock_outbound(session, access.organization_id)
+        row = await self.get(session, access.organization_id, row_id)
+        body.apply_to(row)
+        return await self._write(session, row)
+
+    async def delete(self, session: AsyncSession, access: OrgAccess, row_id: UUID) -> None:
+        await _lock_outbound(session, access.organization_id)
+        row = await self.get(session, access.organization_id, row_id)
+        users = await self.used_by(session, row)
+        if users:
+            raise Conflict(f"{self.what} is used by {self.users}: {', '.join(users)}")
+        await session.delete(row)
+        await session.flush()
+
+    async def _write(self, session: AsyncSession, row: Row) -> Row:
+        await self.settle(session, row)
+        session.add(row)
+        await session.flush()
+        return row
 
 
 async def _settle_provider(session: AsyncSession, provider: LLMProvider) -> None:
@@ -337,73 +356,15 @@ async def _settle_provider(session: AsyncSession, provider: LLMProvider) -> None
         )
 
 
-async def create_provider(
-    session: AsyncSession, *, access: OrgAccess, body: schemas.LLMProviderCreate
-) -> LLMProvider:
-    await _lock_outbound(session, access.organization_id)
-    provider = LLMProvider(
-        id=uuid4(),
-        organization_id=access.organization_id,
-        name=body.name,
-        provider=body.provider,
-        base_url=body.base_url,
-        default_model=body.default_model,
-        credential_key=body.credential_key,
-        input_cost_per_mtok=body.input_cost_per_mtok,
-        output_cost_per_mtok=body.output_cost_per_mtok,
-        is_default_judge=body.is_default_judge,
-    )
-    await _settle_provider(session, provider)
-    session.add(provider)
-    await session.flush()
-    return provider
-
-
-async def update_provider(
-    session: AsyncSession, *, access: OrgAccess, provider_id: UUID, body: schemas.LLMProviderUpdate
-) -> LLMProvider:
-    await _lock_outbound(session, access.organization_id)
-    provider = await get_provider(session, access=access, provider_id=provider_id)
-    _apply(provider, body)
-    provider.updated_at = utcnow()
-    await _settle_provider(session, provider)
-    await session.flush()
-    return provider
-
-
-async def delete_provider(session: AsyncSession, *, access: OrgAccess, provider_id: UUID) -> None:
-    await _lock_outbound(session, access.organization_id)
-    provider = await get_provider(session, access=access, provider_id=provider_id)
-    users = list(
+async def _agents_using(session: AsyncSession, provider: LLMProvider) -> list[str]:
+    return sorted(
         await session.scalars(
             select(Agent.name).where(
-                Agent.organization_id == access.organization_id,
+                Agent.organization_id == provider.organization_id,
                 (Agent.llm_provider_id == provider.id) | (Agent.judge_provider_id == provider.id),
             )
         )
     )
-    if users:
-        raise Conflict(f"llm provider is used by agents: {', '.join(sorted(users))}")
-    await session.delete(provider)
-    await session.flush()
-
-
-# --- agents ---------------------------------------------------------------------------------------
-
-
-async def get_agent(session: AsyncSession, *, access: OrgAccess, agent_id: UUID) -> Agent:
-    return await agent_in_org(session, access.organization_id, agent_id)
-
-
-async def agent_in_org(session: AsyncSession, org_id: UUID, agent_id: UUID) -> Agent:
-    return await one_in_org(session, Agent, org_id, agent_id, "agent")
-
-
-async def list_agents(
-    session: AsyncSession, *, access: OrgAccess, paging: Paging
-) -> tuple[list[Agent], int]:
-    query = select(Agent).where(Agent.organization_id == access.organization_id)
-    return await paginate(session, query, paging, Agent.created_at, Agent.id)
 
 
 async def _settle_agent(session: AsyncSession, agent: Agent) -> None:
@@ -424,214 +385,84 @@ async def _settle_agent(session: AsyncSession, agent: Agent) -> None:
             )
         # Every provider reference must be a provider of this organization, whatever the kind.
         if agent.llm_provider_id is not None:
-            provider = await _provider_in_org(session, agent.organization_id, agent.llm_provider_id)
+            provider = await provider_in_org(session, agent.organization_id, agent.llm_provider_id)
             if agent.kind == "llm":
                 agent.model = agent.model or provider.default_model
         if agent.judge_provider_id is not None:
-            await _provider_in_org(session, agent.organization_id, agent.judge_provider_id)
+            await provider_in_org(session, agent.organization_id, agent.judge_provider_id)
+
+
+async def _triggers_naming(session: AsyncSession, agent: Agent) -> list[str]:
+    return list(
+        await session.scalars(
+            select(Trigger.name).where(Trigger.agent_id == agent.id).order_by(Trigger.name)
+        )
+    )
+
+
+_PROVIDERS = _Kind(LLMProvider, "llm provider", _settle_provider, "agents", _agents_using)
+_AGENTS = _Kind(Agent, "agent", _settle_agent, "triggers", _triggers_naming)
+
+
+async def provider_in_org(session: AsyncSession, org_id: UUID, provider_id: UUID) -> LLMProvider:
+    return await _PROVIDERS.get(session, org_id, provider_id)
+
+
+async def agent_in_org(session: AsyncSession, org_id: UUID, agent_id: UUID) -> Agent:
+    return await _AGENTS.get(session, org_id, agent_id)
+
+
+async def list_providers(
+    session: AsyncSession, *, access: OrgAccess, paging: Paging
+) -> tuple[list[LLMProvider], int]:
+    return await _PROVIDERS.page(session, access, paging)
+
+
+async def get_provider(
+    session: AsyncSession, *, access: OrgAccess, provider_id: UUID
+) -> LLMProvider:
+    return await _PROVIDERS.get(session, access.organization_id, provider_id)
+
+
+async def create_provider(
+    session: AsyncSession, *, access: OrgAccess, body: schemas.LLMProviderCreate
+) -> LLMProvider:
+    return await _PROVIDERS.create(session, access, body)
+
+
+async def update_provider(
+    session: AsyncSession, *, access: OrgAccess, provider_id: UUID, body: schemas.LLMProviderUpdate
+) -> LLMProvider:
+    return await _PROVIDERS.update(session, access, provider_id, body)
+
+
+async def delete_provider(session: AsyncSession, *, access: OrgAccess, provider_id: UUID) -> None:
+    """Delete a provider no agent uses (409 names the agents)."""
+    await _PROVIDERS.delete(session, access, provider_id)
+
+
+async def list_agents(
+    session: AsyncSession, *, access: OrgAccess, paging: Paging
+) -> tuple[list[Agent], int]:
+    return await _AGENTS.page(session, access, paging)
+
+
+async def get_agent(session: AsyncSession, *, access: OrgAccess, agent_id: UUID) -> Agent:
+    return await _AGENTS.get(session, access.organization_id, agent_id)
 
 
 async def create_agent(
     session: AsyncSession, *, access: OrgAccess, body: schemas.AgentCreate
 ) -> Agent:
-    await _lock_outbound(session, access.organization_id)
-    agent = Agent(organization_id=access.organization_id, **_fields(body))
-    await _settle_agent(session, agent)
-    session.add(agent)
-    await session.flush()
-    return agent
+    return await _AGENTS.create(session, access, body)
 
 
 async def update_agent(
     session: AsyncSession, *, access: OrgAccess, agent_id: UUID, body: schemas.AgentUpdate
 ) -> Agent:
-    await _lock_outbound(session, access.organization_id)
-    agent = await get_agent(session, access=access, agent_id=agent_id)
-    _apply(agent, body)
-    agent.updated_at = utcnow()
-    await _settle_agent(session, agent)
-    await session.flush()
-    return agent
+    return await _AGENTS.update(session, access, agent_id, body)
 
 
 async def delete_agent(session: AsyncSession, *, access: OrgAccess, agent_id: UUID) -> None:
     """Delete an agent no trigger names (409 names the triggers)."""
-    await _lock_outbound(session, access.organization_id)
-    agent = await get_agent(session, access=access, agent_id=agent_id)
-    triggers = list(
-        await session.scalars(
-            select(Trigger.name).where(Trigger.agent_id == agent.id).order_by(Trigger.name)
-        )
-    )
-    if triggers:
-        raise Conflict(f"agent is used by triggers: {', '.join(triggers)}")
-    await session.delete(agent)
-    await session.flush()
-
-
-# --- what the egress client needs at call time ---------------------------------------------------
-
-
-async def _decrypted_credentials(
-    session: AsyncSession, settings: Settings, org_id: UUID, keys: set[str] | None
-) -> dict[str, str]:
-    """The values of ``keys`` (all of the organization's when ``None``)."""
-    if keys is not None and not keys:
-        return {}
-    query = select(Credential).where(Credential.organization_id == org_id)
-    rows = await session.scalars(query if keys is None else query.where(Credential.key.in_(keys)))
-    box = secret_box(settings.secret_key)
-    return {row.key: box.decrypt(row.ciphertext) for row in rows}
-
-
-async def load_egress_policy(
-    session: AsyncSession, settings: Settings, org_id: UUID
-) -> EgressPolicy:
-    domains = list(
-        await session.scalars(select(AllowedDomain).where(AllowedDomain.organization_id == org_id))
-    )
-    # All of them, not only the referenced ones: egress redacts every value from what it
-    # brings back (a provider's key, a value an agent learnt some other way).
-    credentials = await _decrypted_credentials(session, settings, org_id, None)
-    return EgressPolicy(
-        rules=[
-            DomainRule(pattern=d.domain, headers=dict(d.headers), query_params=dict(d.query_params))
-            for d in domains
-        ],
-        credentials=credentials,
-        allow_private=settings.egress_allow_private,
-    )
-
-
-async def load_provider(
-    session: AsyncSession, settings: Settings, org_id: UUID, provider_id: UUID
-) -> ProviderConfig:
-    provider = await _provider_in_org(session, org_id, provider_id)
-    api_key = None
-    if provider.credential_key:
-        found = await _decrypted_credentials(session, settings, org_id, {provider.credential_key})
-        api_key = found.get(provider.credential_key)
-    return ProviderConfig(
-        id=provider.id,
-        provider=provider.provider,
-        base_url=provider.base_url,
-        default_model=provider.default_model,
-        api_key=api_key,
-        input_cost_per_mtok=provider.input_cost_per_mtok,
-        output_cost_per_mtok=provider.output_cost_per_mtok,
-    )
-
-
-async def load_agent(
-    session: AsyncSession, settings: Settings, org_id: UUID, agent_id: UUID
-) -> AgentConfig:
-    """An agent ready to call, its provider (kind ``llm``) loaded with its key."""
-    agent = await agent_in_org(session, org_id, agent_id)
-    provider = None
-    if agent.kind == "llm" and agent.llm_provider_id is not None:
-        provider = await load_provider(session, settings, org_id, agent.llm_provider_id)
-    return AgentConfig(
-        id=agent.id,
-        name=agent.name,
-        kind=agent.kind,
-        endpoint_url=agent.endpoint_url,
-        protocol=agent.protocol,
-        model=agent.model,
-        system_prompt=agent.system_prompt,
-        provider=provider,
-        judge_provider_id=agent.judge_provider_id,
-        judge_model=agent.judge_model,
-    )
-
-
-async def default_judge_provider_id(session: AsyncSession, org_id: UUID) -> UUID | None:
-    return await session.scalar(
-        select(LLMProvider.id)
-        .where(LLMProvider.organization_id == org_id, LLMProvider.is_default_judge)
-        .order_by(LLMProvider.created_at)
-        .limit(1)
-    )
-
-
-async def judge_provider_of(session: AsyncSession, org_id: UUID, own: UUID | None) -> UUID | None:
-    """The judge an agent uses: its own ``judge_provider_id``, else the organization's
-    default judge; ``None`` when there is neither."""
-    return own or await default_judge_provider_id(session, org_id)
-
-
-@dataclass(frozen=True, slots=True)
-class OutboundConfig:
-    """What a run calls out with: its agent, the organization's egress policy, its judge
-    (the agent's own, else the organization's default judge; ``None`` if it has neither)."""
-
-    agent: AgentConfig
-    policy: EgressPolicy
-    judge: ProviderConfig | None
-
-
-async def load_outbound(
-    database: Database,
-    settings: Settings,
-    org_id: UUID,
-    agent_id: UUID,
-    version: int,
-) -> OutboundConfig:
-    """The agent's :class:`OutboundConfig`, as of the organization's ``outbound_version``
-    (read by the caller).  Cached per worker process under that version: a batch of
-    hundreds of runs loads it once, and any change to the agents, providers, credentials
-    or allowed domains (a trigger on each of those tables bumps the version, migration
-    0008) is seen by the next run to start.  A session of ``database`` is opened only to
-    load.  Raises :class:`NotFound` when the agent or its
-    provider is gone."""
-    key = (org_id, agent_id, version, settings)
-    cached = _outbound_cache.get(key)
-    if cached is not None:
-        _outbound_cache.move_to_end(key)
-        return cached
-    # One load per key at a time: a batch's first window starts a hundred runs of one
-    # agent at once, and they would all miss together.
-    loading = (asyncio.get_running_loop(), key)
-    try:
-        async with _loading.setdefault(loading, asyncio.Lock()):
-            cached = _outbound_cache.get(key)
-            if cached is None:
-                async with database.transaction() as session:
-                    cached = await _load_outbound(session, settings, org_id, agent_id)
-                _outbound_cache[key] = cached
-                while len(_outbound_cache) > OUTBOUND_CACHE_SIZE:
-                    _outbound_cache.popitem(last=False)
-    finally:
-        _loading.pop(loading, None)
-    return cached
-
-
-async def _load_outbound(
-    session: AsyncSession, settings: Settings, org_id: UUID, agent_id: UUID
-) -> OutboundConfig:
-    agent = await load_agent(session, settings, org_id, agent_id)
-    judge_id = await judge_provider_of(session, org_id, agent.judge_provider_id)
-    return OutboundConfig(
-        agent=agent,
-        policy=await load_egress_policy(session, settings, org_id),
-        judge=await load_provider(session, settings, org_id, judge_id) if judge_id else None,
-    )
-
-
-OUTBOUND_CACHE_SIZE = 256
-_outbound_cache: OrderedDict[tuple[UUID, UUID, int, Settings], OutboundConfig] = OrderedDict()
-_loading: dict[tuple[asyncio.AbstractEventLoop, tuple[UUID, UUID, int, Settings]], asyncio.Lock]
-_loading = {}
-
-
-# --- plumbing and response shapes --------------------------------------------------------------
-
-
-def _fields(body: schemas.Input) -> dict[str, object]:
-    return {name: getattr(body, name) for name in body.__struct_fields__}
-
-
-def _apply(row: object, body: schemas.Input) -> None:
-    """Copy the fields the client sent (UNSET means: keep)."""
-    for name, value in _fields(body).items():
-        if value is not schemas.UNSET:
-            setattr(row, name, value)
+    await _AGENTS.delete(session, access, agent_id)

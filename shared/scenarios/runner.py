@@ -39,8 +39,8 @@ from shared.knowledge.context import load as load_knowledge
 from shared.llm.judge import Judgement, judge
 from shared.metrics import RUNS_IN_FLIGHT, in_flight, run_finished
 from shared.outbound.agents import AgentConfig, AgentReply, call_agent
+from shared.outbound.configuration import load_outbound
 from shared.outbound.egress import EgressClient, EgressError, ProviderConfig
-from shared.outbound.services import load_outbound
 from shared.scenarios import checks, sandbox, store
 from shared.scenarios.records import (
     CallCost,

@@ -34,8 +34,8 @@ from shared.db.engine import Database
 from shared.db.models import Organization, Trigger, TriggerExecution
 from shared.errors import InvalidInput, NotFound
 from shared.outbound.agents import call_agent
+from shared.outbound.configuration import load_outbound
 from shared.outbound.egress import EgressClient, EgressError
-from shared.outbound.services import load_outbound
 from shared.queue import DISPATCH_BATCH, send_after_commit
 from shared.scenarios import sandbox
 from shared.settings import Settings

@@ -30,7 +30,7 @@ from shared.db.models import Scenario, Trigger, TriggerExecution
 from shared.db.queries import all_in_org, one_in_org
 from shared.errors import Conflict, InvalidInput, NotFound, Unauthorized
 from shared.identity.access import OrgAccess
-from shared.identity.services import check_timezone
+from shared.identity.accounts import check_timezone
 from shared.outbound.services import agent_in_org
 from shared.paging import Paging, paginate
 from shared.scenarios import templates

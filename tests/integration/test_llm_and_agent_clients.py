@@ -15,7 +15,7 @@ from litestar import Litestar
 from litestar.testing import AsyncTestClient
 
 from shared.llm.clients import ANTHROPIC_VERSION, LLMError, chat
-from shared.outbound import services
+from shared.outbound import configuration as services
 from shared.outbound.agents import AgentConfig, AgentError, call_agent
 from shared.outbound.egress import (
     DomainRule,

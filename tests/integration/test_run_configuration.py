@@ -1,5 +1,5 @@
 """What a run calls out with (its agent, the egress policy, the judge) is cached by the
-workers per organization version (``shared.outbound.services.load_outbound``): every write
+workers per organization version (``shared.outbound.configuration.load_outbound``): every write
 to agents, LLM providers, credentials or allowed domains moves the version, so the next
 run to start sees the change even when a run before it — in the same process — loaded
 the configuration a moment earlier."""

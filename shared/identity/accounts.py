@@ -1,0 +1,138 @@
+"""Accounts: registering, logging in and out (user tokens), and the current user as
+``/auth/me`` shows them; the checks an account's fields share with the rest of identity.
+
+Every function takes the caller's session: the caller owns the transaction.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import datetime, timedelta
+from uuid import UUID
+
+from sqlalchemy import select, update
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from shared import security
+from shared.db.base import utcnow
+from shared.db.models import Membership, Organization, Role, User, UserToken
+from shared.db.queries import flush_unique
+from shared.errors import Conflict, InvalidInput, NotFound, PermissionDenied, Unauthorized
+from shared.identity import schemas
+from shared.identity.access import Principal
+from shared.identity.permissions import ordered
+from shared.identity.throttle import LoginThrottle
+from shared.schemas import iana_zones
+from shared.settings import Settings
+
+
+def normalize_email(email: str) -> str:
+    return email.strip().lower()
+
+
+def check_timezone(name: str, loc: tuple[str, ...] = ("body", "timezone")) -> str:
+    if name not in iana_zones():
+        raise InvalidInput(loc, "Unknown IANA time zone", input=name)
+    return name
+
+
+async def _issue_user_token(
+    session: AsyncSession, settings: Settings, user_id: UUID
+) -> tuple[str, datetime]:
+    token = security.new_token(security.USER_TOKEN_PREFIX)
+    expires_at = utcnow() + timedelta(seconds=settings.user_token_ttl_s)
+    session.add(
+        UserToken(user_id=user_id, token_digest=security.token_digest(token), expires_at=expires_at)
+    )
+    await session.flush()
+    return token, expires_at
+
+
+async def register(
+    session: AsyncSession, *, settings: Settings, body: schemas.RegisterBody
+) -> tuple[User, str, datetime]:
+    """Create an account, or activate one that an invitation created; returns a first token."""
+    if not settings.allow_registration:
+        raise PermissionDenied("registration is disabled on this server")
+    check_timezone(body.timezone)
+    # argon2 is deliberately slow: keep it off the event loop.
+    password_hash = await asyncio.to_thread(security.hash_password, body.password)
+    email = normalize_email(body.email)
+    user = await session.scalar(select(User).where(User.email == email).with_for_update())
+    if user is not None and user.status != "invited":
+        raise Conflict("an account with this email already exists")
+    if user is None:
+        user = User(email=email)
+        session.add(user)
+    user.password_hash = password_hash
+    user.first_name = body.first_name
+    user.last_name = body.last_name
+    user.timezone = body.timezone
+    user.status = "active"
+    await flush_unique(session, "an account with this email already exists")
+    token, expires_at = await _issue_user_token(session, settings, user.id)
+    return user, token, expires_at
+
+
+async def login(
+    session: AsyncSession,
+    *,
+    settings: Settings,
+    body: schemas.LoginBody,
+    throttle: LoginThrottle,
+    address: str,
+) -> tuple[str, datetime]:
+    """Issue a token for a matching email and password; every failure reads the same.
+
+    ``address`` is the client's; the throttle refuses (429) before any password work when
+    this account or address has failed too often, whether or not the account exists.
+    """
+    email = normalize_email(body.email)
+    attempt = await throttle.admit(email, address)
+    try:
+        user = await session.scalar(select(User).where(User.email == email))
+        password_ok = await asyncio.to_thread(
+            security.verify_password, user.password_hash if user else None, body.password
+        )
+    except Exception:
+        await throttle.abandoned(attempt)
+        raise
+    if user is None or not password_ok or not user.is_active or user.status != "active":
+        raise Unauthorized("invalid email or password")  # the attempt stays counted
+    await throttle.succeeded(attempt)
+    return await _issue_user_token(session, settings, user.id)
+
+
+async def logout(session: AsyncSession, *, principal: Principal) -> None:
+    await session.execute(
+        update(UserToken)
+        .where(UserToken.id == principal.token_id, UserToken.revoked_at.is_(None))
+        .values(revoked_at=utcnow())
+    )
+
+
+async def get_user(session: AsyncSession, *, user_id: UUID) -> User:
+    user = await session.get(User, user_id)
+    if user is None:
+        raise NotFound("user not found")
+    return user
+
+
+async def me(session: AsyncSession, *, principal: Principal) -> schemas.Me:
+    user = await get_user(session, user_id=principal.user_id)  # type: ignore[arg-type]
+    rows = (
+        await session.execute(
+            select(Organization, Role)
+            .join(Membership, Membership.organization_id == Organization.id)
+            .join(Role, Role.id == Membership.role_id)
+            .where(Membership.user_id == user.id)
+            .order_by(Organization.created_at, Organization.id)
+        )
+    ).all()
+    organizations = [
+        schemas.OrganizationWithAccess.from_row(
+            org, role=role, permissions=ordered(role.permissions)
+        )
+        for org, role in rows
+    ]
+    return schemas.Me(user=schemas.UserRead.from_row(user), organizations=organizations)
