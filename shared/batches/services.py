@@ -259,7 +259,8 @@ async def cancel_batch(session: AsyncSession, *, access: OrgAccess, batch_id: UU
     batch = await get_batch(session, access=access, batch_id=batch_id)
     if batch.status not in ACTIVE:
         raise Conflict(f"batch run is already {batch.status}")
-    if not await window.cancel(session, batch.id):  # it ended meanwhile: the request rolls back
+    if not await window.cancel(session, batch_id=batch.id):
+        # It ended meanwhile: the request rolls back.
         raise Conflict("batch run has already ended")
     return await get_batch(session, access=access, batch_id=batch_id)
 
