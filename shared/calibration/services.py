@@ -231,17 +231,9 @@ def _agreement(decided: Sequence[tuple[str, str]], undecided: int) -> schemas.Ag
         low, high = wilson(successes, trials)
         return schemas.Interval(low=round(low, 6), high=round(high, 6))
 
-    return schemas.Agreement(
+    return schemas.Agreement.from_row(
+        confusion,
         total=confusion.total + undecided,
-        agreements=confusion.agreements,
-        agreement_rate=confusion.agreement_rate,
-        true_positives=confusion.true_positives,
-        true_negatives=confusion.true_negatives,
-        false_positives=confusion.false_positives,
-        false_negatives=confusion.false_negatives,
-        tpr=confusion.tpr,
-        tnr=confusion.tnr,
-        kappa=confusion.kappa,
         undecided=undecided,
         agreement_rate_interval=interval(confusion.agreements, confusion.total),
         tpr_interval=interval(confusion.true_positives, confusion.positives),
