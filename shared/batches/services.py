@@ -108,8 +108,7 @@ async def start_batch(
         max_concurrency=body.max_concurrency,
         total_scenarios=len(scenario_ids),
         created_by_user_id=user_id,
-        created_at=now,
-        updated_at=now,
+        created_at=now,  # the instant its runs are created at (the fan-out's ``now``)
     )
     session.add(batch)
     await session.flush()

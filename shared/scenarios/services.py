@@ -32,6 +32,7 @@ from shared.db.models import (
     ScenarioTurn,
     TurnResult,
 )
+from shared.db.queries import one_in_org
 from shared.errors import InvalidInput, NotFound
 from shared.identity.access import OrgAccess
 from shared.outbound.services import agent_in_org
@@ -297,15 +298,16 @@ async def start_run(
 
 
 async def get_run(session: AsyncSession, *, access: OrgAccess, run_id: UUID) -> ScenarioRun:
-    run = await session.scalar(
-        select(ScenarioRun)
-        .where(ScenarioRun.id == run_id, ScenarioRun.organization_id == access.organization_id)
-        .options(selectinload(ScenarioRun.turn_results).selectinload(TurnResult.criteria_results))
-        .execution_options(populate_existing=True)
+    """The run with its turns' and criteria's results."""
+    return await one_in_org(
+        session,
+        ScenarioRun,
+        access.organization_id,
+        run_id,
+        "scenario run",
+        load=[selectinload(ScenarioRun.turn_results).selectinload(TurnResult.criteria_results)],
+        populate_existing=True,
     )
-    if run is None:
-        raise NotFound("scenario run not found")
-    return run
 
 
 async def list_runs(

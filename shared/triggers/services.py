@@ -175,7 +175,6 @@ async def create_trigger(
         schedule_from=now,
         created_by_user_id=access.principal.user_id,
         created_at=now,
-        updated_at=now,
     )
     await _check(session, trigger)
     session.add(trigger)
