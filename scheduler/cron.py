@@ -99,7 +99,7 @@ class TriggerCron:
         """The job: record the trigger's due slots, as the database sees them now."""
         try:
             async with self._database.transaction() as session:
-                trigger = await scheduled_trigger(session, trigger_id)
+                trigger = await scheduled_trigger(session, trigger_id=trigger_id)
             if trigger is None:
                 return  # paused or deleted since: the next sync drops the job
             next_due = trigger.next_due()
@@ -115,7 +115,7 @@ class TriggerCron:
     async def _record(self, trigger: ScheduledTrigger) -> None:
         async with self._database.transaction() as session:
             fired = await fire_due(
-                session, trigger, now=utcnow(), grace=self._grace, broker=self._broker
+                session, trigger=trigger, now=utcnow(), grace=self._grace, broker=self._broker
             )
         TRIGGER_SLOTS.labels("queued").inc(len(fired.queued))
         TRIGGER_SLOTS.labels("missed").inc(fired.missed)

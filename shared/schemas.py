@@ -262,7 +262,7 @@ class Output(msgspec.Struct, kw_only=True):
         """The one way a row becomes a body: each field from the attribute of its name on
         ``row`` (an ORM object or a result row), nested bodies from loaded relationships or
         JSON values; a field the row does not hold (or holds otherwise) given in
-        ``computed``."""
+        ``computed`` (``UNSET`` there leaves the field out: it takes its default)."""
         return msgspec.convert(
             _Overlay(row, computed) if computed else row, cls, from_attributes=True
         )
@@ -278,4 +278,9 @@ class _Overlay:
 
     def __getattr__(self, name: str) -> Any:
         computed = self._computed
-        return computed[name] if name in computed else getattr(self._row, name)
+        if name not in computed:
+            return getattr(self._row, name)
+        value = computed[name]
+        if value is msgspec.UNSET:  # left out: msgspec gives the field its default
+            raise AttributeError(name)
+        return value

@@ -1,7 +1,7 @@
 """The actors of queue ``calibration``: judging calibration examples, and a batch's pass
 rates with the judge's measured error taken out.
 
-Thin: the rules live in :mod:`shared.calibration.services`.
+Thin: the rules live in :mod:`shared.calibration.judging` and :mod:`shared.calibration.trust`.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from uuid import UUID
 import dramatiq
 
 from shared.calibration import trust
-from shared.calibration.services import judge_examples
+from shared.calibration.judging import judge_examples
 from shared.queue import CALIBRATE, JUDGE_TRUST
 from shared.runtime import get_runtime
 from shared.work import CALIBRATIONS

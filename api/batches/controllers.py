@@ -19,7 +19,6 @@ from litestar.status_codes import HTTP_200_OK
 from api.deps import Access, DbSession, Page, PathId
 from shared.batches import schemas, services
 from shared.identity.access import OrgAccess, requires
-from shared.queue import DISPATCH_BATCH, send_after_commit
 
 EVENT_POLL_S = 0.5
 RECENT = timedelta(seconds=30)
@@ -39,8 +38,9 @@ class BatchRunController(Controller):
         data: JSONBody[schemas.BatchRunCreate],
     ) -> schemas.BatchRunRead:
         """Run many scenarios (by id and/or tag) against one agent: 201, status `queued`."""
-        batch = await services.create_batch(db_session, access, data)
-        send_after_commit(db_session, state.broker, DISPATCH_BATCH, str(batch.id))
+        batch = await services.create_batch(
+            db_session, access=access, body=data, broker=state.broker
+        )
         return services.batch_read(batch)
 
     @get("/", operation_id="listBatchRuns", access=requires("scenarios:read"))
@@ -53,7 +53,9 @@ class BatchRunController(Controller):
         status: Annotated[schemas.BatchStatus | None, QueryParameter()] = None,
     ) -> schemas.BatchRunList:
         """The organization's batch runs, paged; `status` keeps those in that state."""
-        rows, total = await services.list_batches(db_session, access, paging, status)
+        rows, total = await services.list_batches(
+            db_session, access=access, paging=paging, status=status
+        )
         return schemas.BatchRunList(batch_runs=[services.batch_read(b) for b in rows], total=total)
 
     @get("/compare", operation_id="compareBatchRuns", access=requires("scenarios:read"))
@@ -68,7 +70,7 @@ class BatchRunController(Controller):
         """Two batch runs side by side, scenario by scenario (matched by scenario id):
         `regressed` (passed in A, failed in B) first, then `fixed`, `changed`, `only_in_a`,
         `only_in_b` and `unchanged`; `regressions` and `fixes` count them."""
-        return await services.compare_batches(db_session, access, a, b)
+        return await services.compare_batches(db_session, access=access, a_id=a, b_id=b)
 
     @get("/{batch_run_id:str}", operation_id="getBatchRun", access=requires("scenarios:read"))
     async def get_batch(
@@ -82,7 +84,9 @@ class BatchRunController(Controller):
         """The batch with its counters, a summary of every run and, once it is over, its
         judge trust: each LLM-judged criterion's pass rate with the judge's measured error
         taken out (`computing` at first: the `calibration` queue works it out)."""
-        return await services.batch_detail(db_session, access, batch_run_id, state.broker)
+        return await services.batch_detail(
+            db_session, access=access, batch_id=batch_run_id, broker=state.broker
+        )
 
     @post(
         "/{batch_run_id:str}/cancel",
@@ -94,7 +98,8 @@ class BatchRunController(Controller):
         self, db_session: DbSession, access: Access, org_id: PathId, batch_run_id: PathId
     ) -> schemas.BatchRunRead:
         """Stop the batch: runs not yet started end as cancelled errors; status `error`."""
-        return services.batch_read(await services.cancel_batch(db_session, access, batch_run_id))
+        batch = await services.cancel_batch(db_session, access=access, batch_id=batch_run_id)
+        return services.batch_read(batch)
 
     @get(
         "/{batch_run_id:str}/events",
@@ -118,7 +123,7 @@ class BatchRunController(Controller):
     ) -> ServerSentEvent:
         """Server-Sent Events: `progress` (counters) on every change, `run` per finished run,
         and a final `end` once the batch is over and every one of its runs is counted."""
-        await services.get_batch(db_session, access, batch_run_id)  # 404 before streaming
+        await services.get_batch(db_session, access=access, batch_id=batch_run_id)  # 404 first
         return ServerSentEvent(_progress(state, access, batch_run_id))
 
 
@@ -129,13 +134,15 @@ async def _progress(
     since: datetime | None = None  # runs ended before this were all reported
     last: bytes | None = None
     while True:
-        # Only what ended lately (a run commits within moments of its completed_at).
-        now = await services.progress(
-            state.database,
-            access,
-            batch_id,
-            ended_since=since - RECENT if since is not None else None,
-        )
+        # Only what ended lately (a run commits within moments of its completed_at).  A
+        # short transaction per look: the stream holds no connection while it sleeps.
+        async with state.database.transaction() as session:
+            now = await services.progress(
+                session,
+                access=access,
+                batch_id=batch_id,
+                ended_since=since - RECENT if since is not None else None,
+            )
         for run in now.ended:
             if run.id not in seen:
                 seen.add(run.id)

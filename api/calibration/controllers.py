@@ -12,7 +12,7 @@ from litestar.params import JSONBody, QueryParameter
 from litestar.status_codes import HTTP_200_OK, HTTP_202_ACCEPTED
 
 from api.deps import Access, Config, DbSession, Page, PathId
-from shared.calibration import schemas, services
+from shared.calibration import judging, schemas, services
 from shared.identity.access import requires
 
 
@@ -44,7 +44,7 @@ class CalibrationController(Controller):
     ) -> Response[schemas.CalibrationRead | schemas.CalibrationPending]:
         """Judge labelled examples with the agent's judge and measure its agreement with
         the humans: 200 with the metrics, or 202 `{id, status}` if still judging."""
-        calibration_id = await services.start(
+        calibration_id, done = await judging.calibrate(
             state.database,
             settings=settings,
             access=access,
@@ -52,15 +52,13 @@ class CalibrationController(Controller):
             body=data,
             broker=state.broker,
         )
-        done = await services.wait(
-            state.database, calibration_id, seconds=settings.calibration_wait_s
-        )
         if done is None:
             return Response(
                 schemas.CalibrationPending(id=calibration_id, status="running"),
                 status_code=HTTP_202_ACCEPTED,
             )
-        return Response(await services.calibration_read(db_session, done), status_code=HTTP_200_OK)
+        body = await services.calibration_read(db_session, calibration=done)
+        return Response(body, status_code=HTTP_200_OK)
 
     @get(
         "/calibrations/{calibration_id:str}",
@@ -74,7 +72,7 @@ class CalibrationController(Controller):
         calibration = await services.get_calibration(
             db_session, access=access, calibration_id=calibration_id
         )
-        return await services.calibration_read(db_session, calibration)
+        return await services.calibration_read(db_session, calibration=calibration)
 
     @get("/calibrations", operation_id="listCalibrations", access=requires("scenarios:read"))
     async def list_calibrations(
@@ -84,7 +82,8 @@ class CalibrationController(Controller):
         rows, total = await services.list_calibrations(db_session, access=access, paging=paging)
         return schemas.CalibrationList(
             calibrations=[
-                await services.calibration_read(db_session, c, with_results=False) for c in rows
+                await services.calibration_read(db_session, calibration=c, with_results=False)
+                for c in rows
             ],
             total=total,
         )

@@ -12,7 +12,6 @@ from litestar.status_codes import HTTP_200_OK, HTTP_415_UNSUPPORTED_MEDIA_TYPE
 from api.deps import Access, Config, DbSession, Page, PathId
 from shared.identity.access import AUTHENTICATED, requires
 from shared.knowledge import schemas, services
-from shared.queue import PROCESS_DOCUMENT, send_after_commit
 
 # JSON escaping can make a document's body several times its content: the content's own
 # limit (SPAR_KNOWLEDGE_MAX_BYTES, 413) is checked by the service.
@@ -33,7 +32,7 @@ class CollectionController(Controller):
     ) -> schemas.CollectionRead:
         """A collection for documents; names are unique in the organization (409)."""
         collection = await services.create_collection(db_session, access=access, body=data)
-        return services.collection_read(collection, 0)
+        return schemas.CollectionRead.from_row(collection, document_count=0)
 
     @get("/", operation_id="listKnowledgeCollections", access=requires("knowledge:read"))
     async def list_collections(
@@ -42,7 +41,8 @@ class CollectionController(Controller):
         """The organization's collections, paged, with their document counts."""
         rows, total = await services.list_collections(db_session, access=access, paging=paging)
         return schemas.CollectionList(
-            collections=[services.collection_read(c, n) for c, n in rows], total=total
+            collections=[schemas.CollectionRead.from_row(c, document_count=n) for c, n in rows],
+            total=total,
         )
 
     @get(
@@ -57,7 +57,7 @@ class CollectionController(Controller):
         collection, count = await services.get_collection(
             db_session, access=access, collection_id=collection_id
         )
-        return services.collection_read(collection, count)
+        return schemas.CollectionRead.from_row(collection, document_count=count)
 
     @delete(
         "/{collection_id:str}",
@@ -88,7 +88,7 @@ class CollectionController(Controller):
             db_session, access=access, collection_id=collection_id, paging=paging
         )
         return schemas.DocumentList(
-            documents=[services.document_read(d) for d in rows], total=total
+            documents=[schemas.DocumentRead.from_row(d) for d in rows], total=total
         )
 
 
@@ -120,9 +120,10 @@ class DocumentController(Controller):
         `queued`; a worker chunks and indexes it.  415 for another `mimeType`, 413 past
         the size limit.  A `relativePath` already in the collection is replaced when the
         new version is ready."""
-        document = await services.upload(db_session, settings=settings, access=access, body=data)
-        send_after_commit(db_session, state.broker, PROCESS_DOCUMENT, str(document.id))
-        return services.document_read(document)
+        document = await services.upload(
+            db_session, settings=settings, access=access, body=data, broker=state.broker
+        )
+        return schemas.DocumentRead.from_row(document)
 
     @get(
         "/documents/{document_id:str}",
@@ -133,7 +134,7 @@ class DocumentController(Controller):
         self, db_session: DbSession, access: Access, org_id: PathId, document_id: PathId
     ) -> schemas.DocumentRead:
         """One document."""
-        return services.document_read(
+        return schemas.DocumentRead.from_row(
             await services.get_document(db_session, access=access, document_id=document_id)
         )
 

@@ -11,7 +11,6 @@ from litestar.params import JSONBody, QueryParameter
 
 from api.deps import Access, DbSession, Page, PathId
 from shared.identity.access import requires
-from shared.queue import RUN_SCENARIO, send_after_commit
 from shared.scenarios import schemas, services
 from shared.schemas import TEXT_PATTERN
 
@@ -73,8 +72,8 @@ class ScenarioController(Controller):
         """Scenario runs without their results, paged; filter by scenario, agent, batch, status."""
         runs, total = await services.list_runs(
             db_session,
-            access,
-            paging,
+            access=access,
+            paging=paging,
             scenario_id=scenario_id,
             agent_id=agent_id,
             batch_run_id=batch_run_id,
@@ -89,7 +88,7 @@ class ScenarioController(Controller):
         self, db_session: DbSession, access: Access, org_id: PathId, run_id: PathId
     ) -> schemas.ScenarioRunRead:
         """A run with its turn and criterion results."""
-        run = await services.get_run(db_session, access, run_id)
+        run = await services.get_run(db_session, access=access, run_id=run_id)
         return services.run_read(run, with_results=True)
 
     @get("/{scenario_id:str}", operation_id="getScenario", access=requires("scenarios:read"))
@@ -134,8 +133,9 @@ class ScenarioController(Controller):
         data: JSONBody[schemas.RunCreate],
     ) -> schemas.ScenarioRunRead:
         """Start a run against the agent: 201 with the pending run; poll it until terminal."""
-        run = await services.start_run(db_session, access, scenario_id, data)
-        send_after_commit(db_session, state.broker, RUN_SCENARIO, str(run.id))
+        run = await services.start_run(
+            db_session, access=access, scenario_id=scenario_id, body=data, broker=state.broker
+        )
         return services.run_read(run, with_results=True)
 
 

@@ -19,7 +19,6 @@ from litestar.status_codes import (
 
 from api.deps import Access, Config, DbSession, Page, PathId
 from shared.identity.access import PUBLIC, requires
-from shared.queue import RUN_TRIGGER, send_after_commit
 from shared.triggers import schemas, services
 from shared.triggers.schemas import ExecutionStatus, TriggerStatus, TriggerType
 
@@ -188,8 +187,8 @@ class TriggerController(Controller):
             access=access,
             trigger_id=trigger_id,
             payload=data.payload if data is not None else None,
+            broker=state.broker,
         )
-        send_after_commit(db_session, state.broker, RUN_TRIGGER, str(execution.id))
         return schemas.ExecutionRead.from_row(execution)
 
 
@@ -227,11 +226,14 @@ class HookController(Controller):
         `id.timestamp.body` under the trigger's `whsec_` secret).  A `webhook-id` already
         delivered answers with its original execution and starts nothing."""
         body = await request.body()
-        execution_id, new = await services.receive_webhook(
-            db_session, settings=settings, trigger_id=trigger_id, body=body, headers=request.headers
+        execution_id = await services.receive_webhook(
+            db_session,
+            settings=settings,
+            trigger_id=trigger_id,
+            body=body,
+            headers=request.headers,
+            broker=state.broker,
         )
-        if new:
-            send_after_commit(db_session, state.broker, RUN_TRIGGER, str(execution_id))
         return Response(
             schemas.HookAccepted(execution_id=execution_id), status_code=HTTP_202_ACCEPTED
         )

@@ -177,7 +177,10 @@ class BatchController(Controller):
         offset: Annotated[int, QueryParameter(ge=0, description="Newer batches to skip.")] = 0,
     ) -> Template:
         rows, total = await batches.list_batches(
-            db_session, access, Paging(limit=BATCH_PAGE, offset=offset), newest_first=True
+            db_session,
+            access=access,
+            paging=Paging(limit=BATCH_PAGE, offset=offset),
+            newest_first=True,
         )
         return page(
             "batches.html",
@@ -196,14 +199,16 @@ class BatchController(Controller):
         a: Annotated[UUID, QueryParameter(description="Batch A (before).")],
         b: Annotated[UUID, QueryParameter(description="Batch B (after).")],
     ) -> Template:
-        comparison = await batches.compare_batches(db_session, access, a, b)
+        comparison = await batches.compare_batches(db_session, access=access, a_id=a, b_id=b)
         return page("compare.html", org_id=access.organization_id, comparison=comparison)
 
     @get("/{batch_id:str}", access=READ)
     async def batch(
         self, db_session: DbSession, state: State, access: Access, batch_id: PathId
     ) -> Template:
-        batch = await batches.batch_detail(db_session, access, batch_id, state.broker)
+        batch = await batches.batch_detail(
+            db_session, access=access, batch_id=batch_id, broker=state.broker
+        )
         return page(
             "batch.html", org_id=access.organization_id, batch=batch, over=batches.is_over(batch)
         )
@@ -212,7 +217,9 @@ class BatchController(Controller):
     async def progress(
         self, db_session: DbSession, state: State, access: Access, batch_id: PathId
     ) -> LiveProgress:
-        batch = await batches.batch_detail(db_session, access, batch_id, state.broker)
+        batch = await batches.batch_detail(
+            db_session, access=access, batch_id=batch_id, broker=state.broker
+        )
         return LiveProgress(batch=batch, over=batches.is_over(batch))
 
 
@@ -221,7 +228,7 @@ class RunController(Controller):
 
     @get("/{run_id:str}", access=READ)
     async def run(self, db_session: DbSession, access: Access, run_id: PathId) -> Template:
-        view = await ui_services.transcript(db_session, access, run_id)
+        view = await ui_services.transcript(db_session, access=access, run_id=run_id)
         return page("run.html", org_id=access.organization_id, view=view)
 
 

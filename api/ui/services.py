@@ -20,9 +20,9 @@ class Transcript(msgspec.Struct, frozen=True):
     criteria: dict[UUID, SnapshotCriterion]  # what each criterion asked, by its id
 
 
-async def transcript(session: AsyncSession, access: OrgAccess, run_id: UUID) -> Transcript:
+async def transcript(session: AsyncSession, *, access: OrgAccess, run_id: UUID) -> Transcript:
     """The run of the organization with its turns and verdicts (404 for another's run)."""
-    run = await scenarios.get_run(session, access, run_id)
+    run = await scenarios.get_run(session, access=access, run_id=run_id)
     snapshot = msgspec.convert(run.snapshot, Snapshot)
     return Transcript(
         run=scenarios.run_read(run, with_results=True),

@@ -6,8 +6,8 @@ The window, the hand-over, the counters, the cancel and dispatch live in
 
 Creating a batch resolves its scenarios (ids and/or tags) and inserts one pending run per
 scenario, each with its snapshot, in one ``INSERT … SELECT`` that PostgreSQL builds the
-snapshots in (:func:`shared.scenarios.services.snapshot_source`).  The caller commits,
-then asks for the first window (the ``batches`` actor): a message is only a pointer to a
+snapshots in (:func:`shared.scenarios.services.snapshot_source`), and asks for the first
+window (the ``batches`` actor) once the caller commits: a message is only a pointer to a
 committed row.
 """
 
@@ -37,17 +37,15 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from shared.batches import schemas, window
 from shared.batches.schemas import BatchStatus
 from shared.batches.window import ACTIVE
-from shared.batches.window import dispatch_committed as dispatch_committed  # its old home
 from shared.calibration import trust
 from shared.db.base import NOW, utcnow
-from shared.db.engine import Database
 from shared.db.models import BatchRun, Scenario, ScenarioRun, TurnResult
 from shared.db.queries import one_in_org
 from shared.errors import Conflict, InvalidInput, NotFound
 from shared.identity.access import OrgAccess
 from shared.outbound.services import agent_in_org
 from shared.paging import Paging, paginate
-from shared.queue import JUDGE_TRUST, send_after_commit
+from shared.queue import DISPATCH_BATCH, send_after_commit
 from shared.scenarios.schemas import TERMINAL_STATUSES
 from shared.scenarios.services import snapshot_source, tag_filter
 
@@ -55,13 +53,18 @@ _runs = ScenarioRun.__table__
 
 
 async def create_batch(
-    session: AsyncSession, access: OrgAccess, body: schemas.BatchRunCreate
+    session: AsyncSession,
+    *,
+    access: OrgAccess,
+    body: schemas.BatchRunCreate,
+    broker: dramatiq.Broker,
 ) -> BatchRun:
     return await start_batch(
         session,
         organization_id=access.organization_id,
         user_id=access.principal.user_id,
         body=body,
+        broker=broker,
     )
 
 
@@ -71,9 +74,11 @@ async def start_batch(
     organization_id: UUID,
     user_id: UUID | None,
     body: schemas.BatchRunCreate,
+    broker: dramatiq.Broker,
 ) -> BatchRun:
     """The batch and its pending runs, for a caller (``create_batch``) or for a trigger
-    firing unattended (``user_id`` is then the trigger's creator, if still a user)."""
+    firing unattended (``user_id`` is then the trigger's creator, if still a user); its
+    first window is asked for once the caller commits."""
     if not body.scenario_ids and not body.tags:
         raise InvalidInput(("body",), "give scenario_ids and/or tags", type="missing")
     agent = await agent_in_org(session, organization_id, body.agent_id)
@@ -103,8 +108,7 @@ async def start_batch(
         max_concurrency=body.max_concurrency,
         total_scenarios=len(scenario_ids),
         created_by_user_id=user_id,
-        created_at=now,
-        updated_at=now,
+        created_at=now,  # the instant its runs are created at (the fan-out's ``now``)
     )
     session.add(batch)
     await session.flush()
@@ -119,6 +123,7 @@ async def start_batch(
             "now": now,
         },
     )
+    send_after_commit(session, broker, DISPATCH_BATCH, str(batch.id))
     return batch
 
 
@@ -169,7 +174,7 @@ def _fan_out() -> Insert:
 _FAN_OUT = _fan_out()
 
 
-async def get_batch(session: AsyncSession, access: OrgAccess, batch_id: UUID) -> BatchRun:
+async def get_batch(session: AsyncSession, *, access: OrgAccess, batch_id: UUID) -> BatchRun:
     return await one_in_org(
         session, BatchRun, access.organization_id, batch_id, "batch run", populate_existing=True
     )
@@ -177,10 +182,10 @@ async def get_batch(session: AsyncSession, access: OrgAccess, batch_id: UUID) ->
 
 async def list_batches(
     session: AsyncSession,
+    *,
     access: OrgAccess,
     paging: Paging,
     status: str | None = None,
-    *,
     newest_first: bool = False,
 ) -> tuple[list[BatchRun], int]:
     """The organization's batches, oldest first (the API's stable order) or newest first."""
@@ -194,21 +199,20 @@ async def list_batches(
 
 
 async def batch_detail(
-    session: AsyncSession, access: OrgAccess, batch_id: UUID, broker: dramatiq.Broker
+    session: AsyncSession, *, access: OrgAccess, batch_id: UUID, broker: dramatiq.Broker
 ) -> schemas.BatchRunRead:
     """The batch with its counters, a summary of every run and, once it is over, its judge
     trust: asked of the ``calibration`` queue (after commit) the first time it is read."""
-    batch = await get_batch(session, access, batch_id)
-    runs = await run_summaries(session, batch.id)
-    if await trust.request(session, batch):
-        send_after_commit(session, broker, JUDGE_TRUST, str(batch.id))
+    batch = await get_batch(session, access=access, batch_id=batch_id)
+    runs = await run_summaries(session, batch_id=batch.id)
+    await trust.request(session, batch=batch, broker=broker)
     return batch_read(batch, runs, detail=True)
 
 
 async def run_summaries(
     session: AsyncSession,
-    batch_id: UUID,
     *,
+    batch_id: UUID,
     ended: bool = False,
     ended_since: datetime | None = None,
 ) -> list[schemas.BatchRunItemSummary]:
@@ -227,7 +231,7 @@ async def run_summaries(
         ScenarioRun.snapshot,
         ScenarioRun.started_at,
         ScenarioRun.completed_at,
-        passed_turns,
+        passed_turns.label("passed_turns"),
     ).where(ScenarioRun.batch_run_id == batch_id)
     if ended:
         query = query.where(ScenarioRun.status.in_(TERMINAL_STATUSES)).order_by(
@@ -238,32 +242,26 @@ async def run_summaries(
     else:
         query = query.order_by(ScenarioRun.created_at, ScenarioRun.id)
     return [
-        schemas.BatchRunItemSummary(
-            id=run_id,
-            scenario_id=scenario_id,
-            scenario_name=str((snap or {}).get("name") or ""),
-            status=status,
-            passed_turns=passed,
-            total_turns=len((snap or {}).get("turns") or []),
-            started_at=started_at,
-            completed_at=completed_at,
+        schemas.BatchRunItemSummary.from_row(
+            row,
+            scenario_name=str((row.snapshot or {}).get("name") or ""),
+            total_turns=len((row.snapshot or {}).get("turns") or []),
         )
-        for run_id, scenario_id, status, snap, started_at, completed_at, passed in (
-            await session.execute(query)
-        )
+        for row in await session.execute(query)
     ]
 
 
-async def cancel_batch(session: AsyncSession, access: OrgAccess, batch_id: UUID) -> BatchRun:
+async def cancel_batch(session: AsyncSession, *, access: OrgAccess, batch_id: UUID) -> BatchRun:
     """Stop dispatching (:func:`shared.batches.window.cancel`): runs not yet handed out end
     as ``error`` (cancelled); runs in flight finish and are counted; the batch ends as
     ``error``."""
-    batch = await get_batch(session, access, batch_id)
+    batch = await get_batch(session, access=access, batch_id=batch_id)
     if batch.status not in ACTIVE:
         raise Conflict(f"batch run is already {batch.status}")
-    if not await window.cancel(session, batch.id):  # it ended meanwhile: the request rolls back
+    if not await window.cancel(session, batch_id=batch.id):
+        # It ended meanwhile: the request rolls back.
         raise Conflict("batch run has already ended")
-    return await get_batch(session, access, batch_id)
+    return await get_batch(session, access=access, batch_id=batch_id)
 
 
 def is_over(batch: BatchRun | schemas.BatchRunRead) -> bool:
@@ -284,20 +282,19 @@ class Progress(msgspec.Struct, frozen=True):
 
 
 async def progress(
-    database: Database,
+    session: AsyncSession,
+    *,
     access: OrgAccess,
     batch_id: UUID,
-    *,
     ended_since: datetime | None,
 ) -> Progress:
     """The batch and its runs that ended at ``ended_since`` or later (all of them without
     it, and always all of them once the batch is over, so no run is ever missed)."""
-    async with database.transaction() as session:
-        batch = await get_batch(session, access, batch_id)
-        over = is_over(batch)
-        ended = await run_summaries(
-            session, batch_id, ended=True, ended_since=None if over else ended_since
-        )
+    batch = await get_batch(session, access=access, batch_id=batch_id)
+    over = is_over(batch)
+    ended = await run_summaries(
+        session, batch_id=batch_id, ended=True, ended_since=None if over else ended_since
+    )
     return Progress(batch=batch, ended=ended, over=over)
 
 
@@ -307,23 +304,9 @@ def batch_read(
     *,
     detail: bool = False,
 ) -> schemas.BatchRunRead:
-    return schemas.BatchRunRead(
-        id=batch.id,
-        organization_id=batch.organization_id,
-        agent_id=batch.agent_id,
-        agent_name=batch.agent_name,
-        status=batch.status,
-        total_scenarios=batch.total_scenarios,
-        completed_scenarios=batch.completed_scenarios,
-        passed_scenarios=batch.passed_scenarios,
-        failed_scenarios=batch.failed_scenarios,
-        error_scenarios=batch.error_scenarios,
-        max_concurrency=batch.max_concurrency,
-        started_at=batch.started_at,
-        completed_at=batch.completed_at,
-        created_at=batch.created_at,
-        updated_at=batch.updated_at,
-        error_message=batch.error_message,
+    """The batch's body; the detail's also holds its ``runs`` and its judge trust."""
+    return schemas.BatchRunRead.from_row(
+        batch,
         runs=runs if runs is not None else msgspec.UNSET,
         judge_trust=trust.read(batch) if detail else msgspec.UNSET,
     )
@@ -357,15 +340,15 @@ def _change(
 
 
 async def compare_batches(
-    session: AsyncSession, access: OrgAccess, a_id: UUID, b_id: UUID
+    session: AsyncSession, *, access: OrgAccess, a_id: UUID, b_id: UUID
 ) -> schemas.BatchComparison:
     """Two batches of the organization side by side, scenario by scenario (matched by
     ``scenario_id``): regressions (passed in A, failed in B) first, then fixes (failed, then
     passed), other changes, scenarios run in one batch only, and the unchanged."""
-    batch_a = await get_batch(session, access, a_id)
-    batch_b = await get_batch(session, access, b_id)
-    runs_a = {run.scenario_id: run for run in await run_summaries(session, batch_a.id)}
-    runs_b = {run.scenario_id: run for run in await run_summaries(session, batch_b.id)}
+    batch_a = await get_batch(session, access=access, batch_id=a_id)
+    batch_b = await get_batch(session, access=access, batch_id=b_id)
+    runs_a = {run.scenario_id: run for run in await run_summaries(session, batch_id=batch_a.id)}
+    runs_b = {run.scenario_id: run for run in await run_summaries(session, batch_id=batch_b.id)}
     rows = []
     for scenario_id in runs_a.keys() | runs_b.keys():
         a, b = runs_a.get(scenario_id), runs_b.get(scenario_id)

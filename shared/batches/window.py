@@ -94,7 +94,10 @@ CANCELLED = "cancelled"
 def _hand_over(batch_id: ColumnElement[Any]) -> CTE:
     """Give one ended run's place in the window to the batch's next run (``RETURNING`` its
     id; none when nothing is left or the batch is over).  A run locked by another hand-out
-    is skipped, never waited for."""
+    is skipped, never waited for.
+
+    Its ``updated_at`` is set here, as :func:`settle`'s are: the run engine executes these
+    straight on psycopg, where the model's ``onupdate`` does not apply."""
     runs = _runs.alias("next_run")
     following = (
         select(runs.c.id)
@@ -193,14 +196,14 @@ _CANCELLED_RUNS = (
         # A run handed out is in flight: it finishes and is counted when it ends.
         _runs.c.dispatched_at.is_(None),
     )
-    .values(status=RunStatus.ERROR, error_message=CANCELLED, completed_at=NOW, updated_at=NOW)
+    .values(status=RunStatus.ERROR, error_message=CANCELLED, completed_at=NOW)
     .returning(_runs.c.batch_run_id, _runs.c.status)
     .cte("cancelled")
 )
 _CANCEL = select(*settle(_CANCELLED_RUNS, batch_id=bindparam("p_batch"), cancel=True))
 
 
-async def cancel(session: AsyncSession, batch_id: UUID) -> bool:
+async def cancel(session: AsyncSession, *, batch_id: UUID) -> bool:
     """Stop handing out the batch's runs: those not yet handed out end as ``error``
     (cancelled), the batch as ``error``; runs in flight finish and are counted.  False when
     the batch had already ended (the caller rolls back)."""
@@ -238,7 +241,7 @@ _following = (
 _HAND_OUT = (
     update(_runs)
     .where(_runs.c.id.in_(_following))
-    .values(dispatched_at=NOW, updated_at=NOW)
+    .values(dispatched_at=NOW)
     .returning(_runs.c.id, _runs.c.created_at)
 )
 _COUNT_HANDED = (
@@ -248,12 +251,11 @@ _COUNT_HANDED = (
         dispatched_scenarios=_batches.c.dispatched_scenarios + bindparam("p_handed"),
         status=BatchStatus.RUNNING,
         started_at=func.coalesce(_batches.c.started_at, NOW),
-        updated_at=NOW,
     )
 )
 
 
-async def dispatch(session: AsyncSession, batch_id: UUID) -> list[UUID]:
+async def dispatch(session: AsyncSession, *, batch_id: UUID) -> list[UUID]:
     """Hand out the next runs, as many as the window has room for (``max_concurrency``
     minus the runs handed out and not yet ended), in the batch's order.  The caller
     commits, then sends them."""
@@ -275,7 +277,7 @@ async def dispatch(session: AsyncSession, batch_id: UUID) -> list[UUID]:
 async def dispatch_committed(database: Database, batch_id: UUID) -> list[UUID]:
     """:func:`dispatch` in its own transaction: the returned runs are committed, send them."""
     async with database.transaction() as session:
-        return await dispatch(session, batch_id)
+        return await dispatch(session, batch_id=batch_id)
 
 
 async def reoffer(database: Database) -> list[UUID]:

@@ -1,52 +1,39 @@
-"""Judge calibration (DESIGN §5.6): labelled examples judged by the agent's judge through
-the runs' own judge module (:mod:`shared.llm.judge`), and the agreement measured.
+"""Judge calibration (DESIGN §5.6): recording labelled examples for the agent's judge,
+reading calibrations back, and the agreement measured.
 
-The endpoint records the calibration, sends it to the ``calibration`` actor and waits up
-to ``SPAR_CALIBRATION_WAIT_S`` for it.  Recording commits on its own (``start``), ahead of
-the request's transaction: the actor must see the row while the request still waits.
+The judging itself, and the endpoint's wait for it, are jobs: :mod:`shared.calibration.judging`.
 """
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
-import time
 import uuid
 from collections.abc import Sequence
 from typing import Any
 from uuid import UUID
 
-import aiohttp
 import msgspec
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from shared import work
 from shared.calibration import schemas
 from shared.calibration.schemas import CalibrationStatus
 from shared.calibration.stats import Confusion, wilson
-from shared.db.engine import Database
-from shared.db.models import Agent, Calibration, Criterion, Organization, Scenario, ScenarioTurn
+from shared.db.models import Agent, Calibration, Criterion, Scenario, ScenarioTurn
 from shared.db.queries import one_in_org
 from shared.errors import Conflict, InvalidInput, NotFound
 from shared.identity.access import OrgAccess
-from shared.llm.judge import JudgeError, judge
-from shared.outbound.configuration import judge_provider_of, load_outbound
-from shared.outbound.egress import EgressClient, EgressError
+from shared.outbound.configuration import judge_provider_of
 from shared.outbound.services import agent_in_org
 from shared.paging import Paging, paginate
 from shared.queue import CALIBRATE, send_after_commit
 from shared.settings import Settings
-from shared.work import CALIBRATIONS
-
-WAIT_POLL_S = 0.1
-
 
 # --- starting and reading ---------------------------------------------------------------------
 
 
 async def start(
-    database: Database,
+    session: AsyncSession,
     *,
     settings: Settings,
     access: OrgAccess,
@@ -54,7 +41,7 @@ async def start(
     body: schemas.CalibrateBody,
     broker: Any,
 ) -> UUID:
-    """Record the calibration ``queued`` and send it to the actor, committed."""
+    """Record the calibration ``queued``, sent to the actor once the caller commits."""
     if len(body.examples) > settings.calibration_max_examples:
         raise InvalidInput(
             ("body", "examples"),
@@ -77,45 +64,44 @@ async def start(
                 "give criterion_question or criteria_id, not both",
                 type="missing" if example.criterion_question is None else "value_error",
             )
-    async with database.transaction() as session:
-        agent = await agent_in_org(session, access.organization_id, agent_id)
-        judge_id = await judge_provider_of(session, access.organization_id, agent.judge_provider_id)
-        if judge_id is None:
-            raise Conflict(
-                "the agent has no judge: set its judge_provider_id or an LLM provider with "
-                "is_default_judge"
+    agent = await agent_in_org(session, access.organization_id, agent_id)
+    judge_id = await judge_provider_of(session, access.organization_id, agent.judge_provider_id)
+    if judge_id is None:
+        raise Conflict(
+            "the agent has no judge: set its judge_provider_id or an LLM provider with "
+            "is_default_judge"
+        )
+    criteria = await _criteria(
+        session,
+        access.organization_id,
+        {e.criteria_id for e in body.examples if e.criteria_id is not None},
+    )
+    missing = {e.criteria_id for e in body.examples if e.criteria_id} - criteria.keys()
+    if missing:
+        raise NotFound(f"criterion not found: {', '.join(sorted(map(str, missing)))}")
+    examples = [_stored(example, criteria) for example in body.examples]
+    calibration = Calibration(
+        id=uuid.uuid4(),
+        organization_id=access.organization_id,
+        agent_id=agent.id,
+        status=CalibrationStatus.QUEUED,
+        examples=msgspec.to_builtins(examples),
+        example_count=len(examples),
+        criterion_versions={
+            str(c.id): criterion_version(
+                c.question, c.few_shot_examples, judge_id, agent.judge_model
             )
-        criteria = await _criteria(
-            session,
-            access.organization_id,
-            {e.criteria_id for e in body.examples if e.criteria_id is not None},
-        )
-        missing = {e.criteria_id for e in body.examples if e.criteria_id} - criteria.keys()
-        if missing:
-            raise NotFound(f"criterion not found: {', '.join(sorted(map(str, missing)))}")
-        examples = [_stored(example, criteria) for example in body.examples]
-        calibration = Calibration(
-            id=uuid.uuid4(),
-            organization_id=access.organization_id,
-            agent_id=agent.id,
-            status=CalibrationStatus.QUEUED,
-            examples=msgspec.to_builtins(examples),
-            example_count=len(examples),
-            criterion_versions={
-                str(c.id): criterion_version(
-                    c.question, c.few_shot_examples, judge_id, agent.judge_model
-                )
-                for c, _ in criteria.values()
-            },
-            criterion_places={str(c.id): place for c, place in criteria.values()},
-            judge_provider_id=judge_id,
-            judge_model=agent.judge_model,
-            attempts=0,
-            created_by_user_id=access.principal.user_id,
-        )
-        session.add(calibration)
-        await session.flush()
-        send_after_commit(session, broker, CALIBRATE, str(calibration.id))
+            for c, _ in criteria.values()
+        },
+        criterion_places={str(c.id): place for c, place in criteria.values()},
+        judge_provider_id=judge_id,
+        judge_model=agent.judge_model,
+        attempts=0,
+        created_by_user_id=access.principal.user_id,
+    )
+    session.add(calibration)
+    await session.flush()
+    send_after_commit(session, broker, CALIBRATE, str(calibration.id))
     return calibration.id
 
 
@@ -168,23 +154,6 @@ def _stored(
     )
 
 
-async def wait(database: Database, calibration_id: UUID, *, seconds: float) -> Calibration | None:
-    """The calibration once it is over (``completed`` or ``failed``), or ``None`` if it
-    is still judging after ``seconds``."""
-    deadline = time.monotonic() + seconds
-    while True:
-        async with database.transaction() as session:
-            calibration = await session.get(Calibration, calibration_id)
-        if calibration is not None and calibration.status in (
-            CalibrationStatus.COMPLETED,
-            CalibrationStatus.FAILED,
-        ):
-            return calibration
-        if time.monotonic() >= deadline:
-            return None
-        await asyncio.sleep(WAIT_POLL_S)
-
-
 async def get_calibration(
     session: AsyncSession, *, access: OrgAccess, calibration_id: UUID
 ) -> Calibration:
@@ -201,7 +170,7 @@ async def list_calibrations(
 
 
 async def criterion_status(
-    session: AsyncSession, calibration: Calibration
+    session: AsyncSession, *, calibration: Calibration
 ) -> list[schemas.CriterionCalibration]:
     """Each criterion the calibration measured, stale if it or the agent's judge changed."""
     if not calibration.criterion_versions:
@@ -238,28 +207,22 @@ async def criterion_status(
 
 
 async def calibration_read(
-    session: AsyncSession, calibration: Calibration, *, with_results: bool = True
+    session: AsyncSession, *, calibration: Calibration, with_results: bool = True
 ) -> schemas.CalibrationRead:
-    fields: dict[str, Any] = {
-        "id": calibration.id,
-        "status": calibration.status,
-        "agent_id": calibration.agent_id,
-        "example_count": calibration.example_count,
-        "created_at": calibration.created_at,
-        "completed_at": calibration.completed_at,
-        "error": calibration.error,
-        "criteria": await criterion_status(session, calibration),
-    }
-    if calibration.metrics is not None:
-        metrics = dict(calibration.metrics)
-        if not with_results:
-            metrics.pop("results", None)
-            metrics.pop("by_tag", None)
-        fields |= metrics
-    return msgspec.convert(fields, schemas.CalibrationRead)
+    """The calibration's body: its metrics (once completed) at the top level, the
+    per-example results and per-tag agreement only ``with_results``."""
+    metrics = dict(calibration.metrics or {})
+    if not with_results:
+        metrics.pop("results", None)
+        metrics.pop("by_tag", None)
+    return schemas.CalibrationRead.from_row(
+        calibration,
+        criteria=await criterion_status(session, calibration=calibration),
+        **metrics,
+    )
 
 
-# --- judging (the calibration actor) ----------------------------------------------------------
+# --- measuring: the judge's verdicts against the humans' ---------------------------------------
 
 
 def _agreement(decided: Sequence[tuple[str, str]], undecided: int) -> schemas.Agreement:
@@ -269,17 +232,9 @@ def _agreement(decided: Sequence[tuple[str, str]], undecided: int) -> schemas.Ag
         low, high = wilson(successes, trials)
         return schemas.Interval(low=round(low, 6), high=round(high, 6))
 
-    return schemas.Agreement(
+    return schemas.Agreement.from_row(
+        confusion,
         total=confusion.total + undecided,
-        agreements=confusion.agreements,
-        agreement_rate=confusion.agreement_rate,
-        true_positives=confusion.true_positives,
-        true_negatives=confusion.true_negatives,
-        false_positives=confusion.false_positives,
-        false_negatives=confusion.false_negatives,
-        tpr=confusion.tpr,
-        tnr=confusion.tnr,
-        kappa=confusion.kappa,
         undecided=undecided,
         agreement_rate_interval=interval(confusion.agreements, confusion.total),
         tpr_interval=interval(confusion.true_positives, confusion.positives),
@@ -316,131 +271,4 @@ def measure(
     overall = of(results)
     return schemas.CalibrationMetrics(
         **msgspec.structs.asdict(overall), results=results, by_tag=by_tag
-    )
-
-
-_CLAIM = CALIBRATIONS.claim().returning(Calibration)
-
-
-async def _claim(
-    database: Database, settings: Settings, calibration_id: UUID
-) -> tuple[Calibration, str, int] | None:
-    async with database.transaction() as session:
-        claimed = (
-            await work.execute_claim(
-                session,
-                select(Calibration).from_statement(_CLAIM),
-                settings=settings,
-                unit_id=calibration_id,
-            )
-        ).scalar()
-        if claimed is None:
-            return None
-        row = (
-            await session.execute(
-                select(Organization.business_information, Organization.outbound_version).where(
-                    Organization.id == claimed.organization_id
-                )
-            )
-        ).one()
-        return claimed, row.business_information or "", row.outbound_version
-
-
-async def _end(database: Database, calibration_id: UUID, status: str, **fields: Any) -> None:
-    """End a ``running`` calibration (:func:`shared.work.finish`: its verdicts cost the
-    judge's calls)."""
-    await work.finish(CALIBRATIONS, database, calibration_id, status, **fields)
-
-
-async def judge_examples(
-    database: Database,
-    settings: Settings,
-    calibration_id: UUID,
-    *,
-    http: aiohttp.ClientSession | None = None,
-) -> None:
-    """Judge every example (at most ``SPAR_CALIBRATION_CONCURRENCY`` at once) with the
-    agent's judge and store the metrics.  Idempotent: an ended calibration is left alone,
-    and a redelivered one is judged again from the start."""
-    claimed = await _claim(database, settings, calibration_id)
-    if claimed is None:
-        return
-    calibration, business_information, version = claimed
-
-    async def give_up(reason: str) -> None:
-        await _end(database, calibration_id, status=CalibrationStatus.FAILED, error=reason)
-
-    await work.perform(
-        CALIBRATIONS,
-        database,
-        settings,
-        calibration_id,
-        calibration.attempts,
-        play=lambda: _judge(
-            database, settings, calibration, business_information, version, http=http
-        ),
-        give_up=give_up,
-    )
-
-
-async def _judge(
-    database: Database,
-    settings: Settings,
-    calibration: Calibration,
-    business_information: str,
-    version: int,
-    *,
-    http: aiohttp.ClientSession | None,
-) -> None:
-    calibration_id = calibration.id
-    if calibration.agent_id is None:
-        await _end(
-            database, calibration_id, status=CalibrationStatus.FAILED, error="the agent was deleted"
-        )
-        return
-    try:
-        outbound = await load_outbound(
-            database, settings, calibration.organization_id, calibration.agent_id, version
-        )
-    except NotFound as exc:
-        await _end(database, calibration_id, status=CalibrationStatus.FAILED, error=exc.detail)
-        return
-    if outbound.judge is None:
-        await _end(
-            database,
-            calibration_id,
-            status=CalibrationStatus.FAILED,
-            error="the agent has no judge",
-        )
-        return
-    examples = msgspec.convert(calibration.examples, list[schemas.StoredExample])
-    egress = EgressClient(outbound.policy, http=http, timeout_s=settings.egress_timeout_s)
-    gate = asyncio.Semaphore(settings.calibration_concurrency)
-
-    async def one(example: schemas.StoredExample) -> tuple[str | None, str]:
-        async with gate:
-            try:
-                result = await judge(
-                    egress,
-                    outbound.judge,  # type: ignore[arg-type]
-                    question=example.criterion_question,
-                    conversation=[
-                        {"role": "user", "content": example.user_message},
-                        {"role": "assistant", "content": example.agent_response},
-                    ],
-                    few_shot_examples=list(example.few_shot_examples),
-                    business_information=business_information,
-                    model=outbound.agent.judge_model,
-                )
-            except (JudgeError, EgressError) as exc:
-                return None, f"undecided: {exc}"[:2000]
-            return result.verdict, result.critique
-
-    verdicts = await asyncio.gather(*(one(example) for example in examples))
-    metrics = measure(examples, verdicts)
-    await _end(
-        database,
-        calibration_id,
-        status=CalibrationStatus.COMPLETED,
-        metrics=msgspec.to_builtins(metrics),
     )

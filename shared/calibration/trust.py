@@ -32,6 +32,7 @@ from datetime import timedelta
 from typing import Any
 from uuid import UUID
 
+import dramatiq
 import msgspec
 from sqlalchemy import and_, func, or_, select, update
 from sqlalchemy.dialects.postgresql import distinct_on
@@ -46,6 +47,7 @@ from shared.db.base import utcnow
 from shared.db.engine import Database
 from shared.db.models import Agent, BatchRun, Calibration, CriterionResult, ScenarioRun, TurnResult
 from shared.outbound.configuration import judge_provider_of
+from shared.queue import JUDGE_TRUST, send_after_commit
 from shared.scenarios.records import Snapshot
 
 REQUEST_STALL = timedelta(minutes=5)
@@ -67,9 +69,9 @@ def read(batch: BatchRun) -> schemas.JudgeTrust | None:
     return msgspec.convert(batch.judge_trust, schemas.JudgeTrust)
 
 
-async def request(session: AsyncSession, batch: BatchRun) -> bool:
-    """Mark the judge trust of a batch that is over ``computing``, once: True when this
-    call did, and the caller sends it to the actor after commit."""
+async def request(session: AsyncSession, *, batch: BatchRun, broker: dramatiq.Broker) -> bool:
+    """Mark the judge trust of a batch that is over ``computing``, once, and send it to the
+    actor once the caller commits: True when this call did."""
     if batch.status not in OVER:
         return False
     now = utcnow()
@@ -95,7 +97,10 @@ async def request(session: AsyncSession, batch: BatchRun) -> bool:
         .values(judge_trust={"status": "computing", "requested_at": now.isoformat()})
         .returning(BatchRun.id)
     )
-    return asked is not None
+    if asked is None:
+        return False
+    send_after_commit(session, broker, JUDGE_TRUST, str(batch.id))
+    return True
 
 
 def text_key(question: str, few_shot_examples: Any) -> str:

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any, TypeVar
 from uuid import UUID
 
 from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.orm.interfaces import ORMOption
 
 from shared.errors import Conflict, NotFound
 from shared.paging import Paging, paginate
@@ -17,11 +18,21 @@ T = TypeVar("T")
 
 
 async def one_in_org(
-    session: AsyncSession, model: type[T], org_id: UUID, row_id: UUID, what: str, **options: Any
+    session: AsyncSession,
+    model: type[T],
+    org_id: UUID,
+    row_id: UUID,
+    what: str,
+    *,
+    load: Sequence[ORMOption] = (),
+    **options: Any,
 ) -> T:
     """The row ``row_id`` of ``model`` if it belongs to ``org_id``; otherwise 404 — another
-    organization's id reads exactly like a missing one."""
+    organization's id reads exactly like a missing one.  ``load``: loader options (its
+    relationships to load with it); ``options``: execution options."""
     query = select(model).where(model.id == row_id, model.organization_id == org_id)  # type: ignore[attr-defined]
+    if load:
+        query = query.options(*load)
     if options:
         query = query.execution_options(**options)
     row = await session.scalar(query)

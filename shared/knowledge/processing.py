@@ -30,7 +30,6 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from shared import work
-from shared.db.base import utcnow
 from shared.db.engine import Database
 from shared.db.models import KnowledgeChunk, KnowledgeDocument
 from shared.knowledge.chunking import MAX_LISTED_HEADINGS, Parsed, TooManyChunks, parse
@@ -143,7 +142,7 @@ async def _set_progress(session: AsyncSession, document_id: UUID, value: int) ->
     moved = await session.scalar(
         update(_docs)
         .where(_docs.id == document_id, _docs.processing_status == ProcessingStatus.PROCESSING)
-        .values(processing_progress=value, updated_at=utcnow())
+        .values(processing_progress=value)
         .returning(_docs.id)
     )
     if moved is None:
@@ -221,7 +220,6 @@ async def _make_ready(database: Database, claimed: _Claimed, parsed: Parsed) -> 
                 processing_progress=100,
                 title=claimed.title or parsed.first_heading or claimed.filename,
                 doc_metadata=_metadata(claimed, parsed),
-                updated_at=utcnow(),
             )
             .returning(_docs.id)
         )

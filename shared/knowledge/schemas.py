@@ -125,6 +125,12 @@ class BookmarkPut(Input, rename="camel"):
     usage_description: Annotated[str, text(0, 10_000)] | None = None
     agent_ids: Annotated[list[UUID], msgspec.Meta(max_length=100)] = []
 
+    def changes(self) -> dict[str, Any]:
+        """What the PUT sets on the document: ``agent_ids`` are rows of their own."""
+        sent = super().changes()
+        del sent["agent_ids"]
+        return sent
+
 
 class BookmarkRead(Output, rename="camel"):
     bookmark_mode: str

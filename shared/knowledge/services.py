@@ -1,9 +1,9 @@
 """Knowledge rules (DESIGN §5.4): collections, document uploads, bookmarks and search.
 
-Uploading stores the document ``queued``; the ``documents`` actor
-(:mod:`shared.knowledge.processing`) makes its chunks.  Search reads only chunks of
-``ready`` documents of the caller's organization, ranked by PostgreSQL full-text search.
-Every function runs in its caller's transaction.
+Uploading stores the document ``queued`` and sends it, once the caller commits, to the
+``documents`` actor (:mod:`shared.knowledge.processing`), which makes its chunks.  Search
+reads only chunks of ``ready`` documents of the caller's organization, ranked by
+PostgreSQL full-text search.  Every function runs in its caller's transaction.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 from uuid import UUID
 
+import dramatiq
 from sqlalchemy import (
     Float,
     Select,
@@ -28,7 +29,6 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import TSQUERY
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from shared.db.base import utcnow
 from shared.db.models import (
     Agent,
     KnowledgeBookmarkAgent,
@@ -42,6 +42,7 @@ from shared.identity.access import OrgAccess
 from shared.knowledge import schemas
 from shared.knowledge.schemas import DEFAULT_SEARCH_CONFIG, LANGUAGES, ProcessingStatus
 from shared.paging import Paging, paginate
+from shared.queue import PROCESS_DOCUMENT, send_after_commit
 from shared.settings import Settings
 
 
@@ -59,18 +60,6 @@ def _document_count() -> Any:
         .where(KnowledgeDocument.collection_id == KnowledgeCollection.id)
         .scalar_subquery()
         .label("document_count")
-    )
-
-
-def collection_read(collection: KnowledgeCollection, document_count: int) -> schemas.CollectionRead:
-    return schemas.CollectionRead(
-        id=collection.id,
-        organization_id=collection.organization_id,
-        name=collection.name,
-        description=collection.description,
-        document_count=document_count,
-        created_at=collection.created_at,
-        updated_at=collection.updated_at,
     )
 
 
@@ -132,19 +121,16 @@ async def delete_collection(
 # --- documents ------------------------------------------------------------------------------------
 
 
-def document_read(document: KnowledgeDocument) -> schemas.DocumentRead:
-    return schemas.DocumentRead.from_row(document)
-
-
 async def upload(
     session: AsyncSession,
     *,
     settings: Settings,
     access: OrgAccess,
     body: schemas.DocumentUpload,
+    broker: dramatiq.Broker,
 ) -> KnowledgeDocument:
-    """Store the document ``queued`` (spec 17); the caller sends it to the ``documents``
-    actor once committed.  415 for a type other than markdown or plain text, 413 past
+    """Store the document ``queued`` (spec 17), sent to the ``documents`` actor once the
+    caller commits.  415 for a type other than markdown or plain text, 413 past
     ``SPAR_KNOWLEDGE_MAX_BYTES``, 422 for empty content or an unknown language."""
     await one_in_org(
         session, KnowledgeCollection, access.organization_id, body.collection_id, "collection"
@@ -167,7 +153,6 @@ async def upload(
             f"unsupported language; use one of {', '.join(sorted(LANGUAGES))}",
             input=body.language,
         )
-    now = utcnow()
     document = KnowledgeDocument(
         id=uuid.uuid4(),
         organization_id=access.organization_id,
@@ -185,11 +170,10 @@ async def upload(
         doc_metadata={},
         bookmark_mode="none",
         created_by_user_id=access.principal.user_id,
-        created_at=now,
-        updated_at=now,
     )
     session.add(document)
     await session.flush()
+    send_after_commit(session, broker, PROCESS_DOCUMENT, str(document.id))
     return document
 
 
@@ -233,7 +217,8 @@ async def document_status(
     metadata = document.doc_metadata or {}
     if not access.holds("knowledge:read"):
         metadata = {key: metadata[key] for key in COUNTS_ONLY if key in metadata}
-    return schemas.DocumentStatus(
+    return schemas.DocumentStatus.from_row(
+        document,
         document_id=str(document.id),
         status=document.processing_status,
         progress=document.processing_progress,
@@ -254,11 +239,7 @@ async def get_bookmark(
         .where(KnowledgeBookmarkAgent.document_id == document.id)
         .order_by(KnowledgeBookmarkAgent.agent_id)
     )
-    return schemas.BookmarkRead(
-        bookmark_mode=document.bookmark_mode,
-        usage_description=document.usage_description,
-        agent_ids=list(agents),
-    )
+    return schemas.BookmarkRead.from_row(document, agent_ids=list(agents))
 
 
 async def put_bookmark(
@@ -269,8 +250,7 @@ async def put_bookmark(
     document = await get_document(session, access=access, document_id=document_id)
     wanted = list(dict.fromkeys(body.agent_ids))
     await all_in_org(session, Agent, access.organization_id, wanted, "agent")
-    document.bookmark_mode = body.bookmark_mode
-    document.usage_description = body.usage_description
+    body.apply_to(document)
     await session.execute(
         delete(KnowledgeBookmarkAgent).where(KnowledgeBookmarkAgent.document_id == document.id)
     )
@@ -341,7 +321,7 @@ def _or_query(config: str, text_param: Any) -> Any:
     return cast(func.replace(cast(anded, Text), " & ", " | "), TSQUERY)
 
 
-async def search_configs(session: AsyncSession, org_id: UUID) -> list[str]:
+async def search_configs(session: AsyncSession, *, org_id: UUID) -> list[str]:
     """The text search configurations of the organization's ready documents."""
     languages = await session.scalars(
         select(KnowledgeDocument.language)
@@ -354,17 +334,6 @@ async def search_configs(session: AsyncSession, org_id: UUID) -> list[str]:
     return sorted({search_config(language) for language in languages}) or [DEFAULT_SEARCH_CONFIG]
 
 
-def hit(row: Any) -> schemas.SearchHit:
-    return schemas.SearchHit(
-        document_id=row.document_id,
-        chunk_id=row.id,
-        title=row.title,
-        heading_path=list(row.heading_path or []),
-        content=row.content,
-        score=round(float(row.score), 6),
-    )
-
-
 async def search(
     session: AsyncSession, *, access: OrgAccess, body: schemas.SearchBody
 ) -> schemas.SearchResults:
@@ -375,7 +344,7 @@ async def search(
         body.collection_ids or (),
         "collection",
     )
-    configs = await search_configs(session, access.organization_id)
+    configs = await search_configs(session, org_id=access.organization_id)
     rows = await session.execute(
         ranked_chunks(
             access.organization_id,
@@ -385,4 +354,14 @@ async def search(
             collection_ids=body.collection_ids,
         )
     )
-    return schemas.SearchResults(results=[hit(row) for row in rows])
+    return schemas.SearchResults(
+        results=[
+            schemas.SearchHit.from_row(
+                row,
+                chunk_id=row.id,
+                heading_path=row.heading_path or [],
+                score=round(float(row.score), 6),
+            )
+            for row in rows
+        ]
+    )

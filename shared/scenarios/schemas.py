@@ -79,6 +79,18 @@ class ScenarioUpdate(Input):
         | None
     ) = UNSET
 
+    def changes(self) -> dict[str, Any]:
+        """What the PUT sets on the scenario row: a null ``name`` or ``tags`` leaves it as it
+        is, tags are kept once each; ``turns`` are rebuilt by the service, not set."""
+        sent = super().changes()
+        sent.pop("turns", None)
+        for name in ("name", "tags"):
+            if name in sent and sent[name] is None:
+                del sent[name]
+        if "tags" in sent:
+            sent["tags"] = list(dict.fromkeys(sent["tags"]))
+        return sent
+
 
 class FewShotExampleRead(Output):
     response: str

@@ -6,6 +6,7 @@ import uuid
 from typing import Any
 from uuid import UUID
 
+import dramatiq
 from sqlalchemy import (
     CTE,
     ColumnElement,
@@ -22,21 +23,22 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import aggregate_order_by
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import selectinload
+from sqlalchemy.orm.attributes import flag_modified
 
 from shared.db import shapes
-from shared.db.base import utcnow
 from shared.db.models import (
     Criterion,
-    CriterionResult,
     Scenario,
     ScenarioRun,
     ScenarioTurn,
     TurnResult,
 )
+from shared.db.queries import one_in_org
 from shared.errors import InvalidInput, NotFound
 from shared.identity.access import OrgAccess
 from shared.outbound.services import agent_in_org
 from shared.paging import Paging, paginate
+from shared.queue import RUN_SCENARIO, send_after_commit
 from shared.scenarios import schemas, templates
 from shared.scenarios.records import Snapshot, SnapshotCriterion, SnapshotTurn
 from shared.scenarios.rules import check_turns
@@ -118,30 +120,30 @@ async def update_scenario(
     # Locked: two PUTs replacing the turns at once would each delete the same old turns
     # and insert their own at the same order_index.  One after the other, the last wins.
     scenario = await get_scenario(session, access=access, scenario_id=scenario_id, lock=True)
-    if body.name not in (schemas.UNSET, None):
-        scenario.name = body.name
-    if body.description is not schemas.UNSET:
-        scenario.description = body.description
-    if body.tags not in (schemas.UNSET, None):
-        scenario.tags = list(dict.fromkeys(body.tags))
-    if body.customer_context is not schemas.UNSET:
-        scenario.customer_context = body.customer_context
+    context = (
+        scenario.customer_context
+        if body.customer_context is schemas.UNSET
+        else body.customer_context
+    )
     if body.turns not in (schemas.UNSET, None):
-        check_turns(body.turns, scenario.customer_context)
+        check_turns(body.turns, context)
         scenario.turns.clear()
         await session.flush()  # old turns (and their criteria) go before new order_index rows
         scenario.turns.extend(_build_turns(scenario.id, body.turns))
     elif body.customer_context is not schemas.UNSET:
         # The turns kept must still render with the new context.
         for turn in scenario.turns:
-            problem = templates.problem(turn.user_message, body.customer_context)
+            problem = templates.problem(turn.user_message, context)
             if problem is not None:
                 raise InvalidInput(
                     ("body", "customer_context"),
                     f"turn {turn.order_index}: {problem}",
                     input=body.customer_context,
                 )
-    scenario.updated_at = utcnow()
+    body.apply_to(scenario)
+    # A PUT changes the scenario even when it only replaces the turns: its row is written,
+    # so that the model moves updated_at.
+    flag_modified(scenario, "name")
     await session.flush()
     return await get_scenario(session, access=access, scenario_id=scenario_id)
 
@@ -170,22 +172,10 @@ async def list_scenarios(
     if tag:
         query = query.where(tag_filter([tag]))
     rows, total = await paginate(session, query, paging, Scenario.created_at, Scenario.id)
-    return [
-        schemas.ScenarioSummary(
-            id=s.id,
-            organization_id=s.organization_id,
-            name=s.name,
-            description=s.description,
-            tags=list(s.tags),
-            turn_count=count,
-            created_at=s.created_at,
-            updated_at=s.updated_at,
-        )
-        for s, count in rows
-    ], total
+    return [schemas.ScenarioSummary.from_row(s, turn_count=count) for s, count in rows], total
 
 
-async def snapshot_of(session: AsyncSession, org_id: UUID, scenario_id: UUID) -> Any | None:
+async def snapshot_of(session: AsyncSession, *, org_id: UUID, scenario_id: UUID) -> Any | None:
     """The organization's scenario as a run executes it (``None`` if there is none): its
     snapshot, built by :func:`snapshot_source` like a batch's."""
     picked = (
@@ -271,10 +261,16 @@ def _snapshot_turns(wanted: ColumnElement[Any], criteria: CTE) -> CTE:
 
 
 async def start_run(
-    session: AsyncSession, access: OrgAccess, scenario_id: UUID, body: schemas.RunCreate
+    session: AsyncSession,
+    *,
+    access: OrgAccess,
+    scenario_id: UUID,
+    body: schemas.RunCreate,
+    broker: dramatiq.Broker,
 ) -> ScenarioRun:
-    """A pending run of the scenario against the agent; the caller commits, then enqueues."""
-    snapshot = await snapshot_of(session, access.organization_id, scenario_id)
+    """A pending run of the scenario against the agent, sent to the ``runs`` queue once the
+    caller commits."""
+    snapshot = await snapshot_of(session, org_id=access.organization_id, scenario_id=scenario_id)
     if snapshot is None:
         raise NotFound("scenario not found")
     await agent_in_org(session, access.organization_id, body.agent_id)
@@ -291,26 +287,28 @@ async def start_run(
     run.session_id = f"spar-{run.id}"
     session.add(run)
     await session.flush()
+    send_after_commit(session, broker, RUN_SCENARIO, str(run.id))
     return run
 
 
-async def get_run(session: AsyncSession, access: OrgAccess, run_id: UUID) -> ScenarioRun:
-    run = await session.scalar(
-        select(ScenarioRun)
-        .where(ScenarioRun.id == run_id, ScenarioRun.organization_id == access.organization_id)
-        .options(selectinload(ScenarioRun.turn_results).selectinload(TurnResult.criteria_results))
-        .execution_options(populate_existing=True)
+async def get_run(session: AsyncSession, *, access: OrgAccess, run_id: UUID) -> ScenarioRun:
+    """The run with its turns' and criteria's results."""
+    return await one_in_org(
+        session,
+        ScenarioRun,
+        access.organization_id,
+        run_id,
+        "scenario run",
+        load=[selectinload(ScenarioRun.turn_results).selectinload(TurnResult.criteria_results)],
+        populate_existing=True,
     )
-    if run is None:
-        raise NotFound("scenario run not found")
-    return run
 
 
 async def list_runs(
     session: AsyncSession,
+    *,
     access: OrgAccess,
     paging: Paging,
-    *,
     scenario_id: UUID | None = None,
     agent_id: UUID | None = None,
     batch_run_id: UUID | None = None,
@@ -334,47 +332,15 @@ async def list_runs(
 
 
 def run_read(run: ScenarioRun, *, with_results: bool) -> schemas.ScenarioRunRead:
+    """The run's body; with ``with_results``, its turns' results (loaded with the run)."""
     results: list[schemas.ScenarioTurnResultRead] | schemas.UnsetType = schemas.UNSET
     if with_results:
         results = [
-            schemas.ScenarioTurnResultRead(
-                id=turn.id,
-                turn_index=turn.turn_index,
-                stopped_early=turn.stopped_early,
-                passed=turn.passed,
-                response_content=turn.response_content,
-                criteria_results=[_criterion_result_read(c) for c in turn.criteria_results],
-                user_message=turn.user_message,
+            schemas.ScenarioTurnResultRead.from_row(
+                turn,
                 status="skipped" if turn.skipped else "passed" if turn.passed else "failed",
-                knowledge=turn.knowledge,
-                redacted_keys=list(turn.redacted_keys or []),
+                redacted_keys=turn.redacted_keys or [],
             )
             for turn in run.turn_results
         ]
-    return schemas.ScenarioRunRead(
-        id=run.id,
-        scenario_id=run.scenario_id,
-        agent_id=run.agent_id,
-        status=run.status,
-        started_at=run.started_at,
-        completed_at=run.completed_at,
-        created_at=run.created_at,
-        updated_at=run.updated_at,
-        session_id=run.session_id,
-        cost_summary=dict(run.cost_summary),
-        error_message=run.error_message,
-        batch_run_id=run.batch_run_id,
-        turn_results=results,
-    )
-
-
-def _criterion_result_read(result: CriterionResult) -> schemas.CriterionResultRead:
-    return schemas.CriterionResultRead(
-        id=result.id,
-        criteria_id=result.criteria_id,
-        verdict=result.verdict,
-        critique=result.critique,
-        evidence=result.evidence,
-        input_tokens=result.input_tokens,
-        output_tokens=result.output_tokens,
-    )
+    return schemas.ScenarioRunRead.from_row(run, turn_results=results)

@@ -36,7 +36,6 @@ from shared.errors import InvalidInput, NotFound
 from shared.outbound.agents import call_agent
 from shared.outbound.configuration import load_outbound
 from shared.outbound.egress import EgressClient, EgressError
-from shared.queue import DISPATCH_BATCH, send_after_commit
 from shared.scenarios import sandbox
 from shared.settings import Settings
 from shared.triggers.schemas import ExecutionStatus
@@ -189,7 +188,6 @@ async def _start_suite(database: Database, claimed: _Claimed, *, broker: Any) ->
             or execution.batch_run_id is not None
         ):
             return  # another delivery started the suite, or ended the execution
-        now = utcnow()
         body = BatchRunCreate(
             agent_id=trigger.agent_id,
             scenario_ids=[UUID(i) for i in trigger.scenario_ids],
@@ -203,6 +201,7 @@ async def _start_suite(database: Database, claimed: _Claimed, *, broker: Any) ->
                     organization_id=trigger.organization_id,
                     user_id=trigger.created_by_user_id,
                     body=body,
+                    broker=broker,
                 )
         except (NotFound, InvalidInput) as exc:
             execution.status = ExecutionStatus.FAILED
@@ -211,6 +210,4 @@ async def _start_suite(database: Database, claimed: _Claimed, *, broker: Any) ->
             execution.status = ExecutionStatus.SUCCEEDED
             execution.batch_run_id = batch.id
             execution.response = f"batch run {batch.id} of {batch.total_scenarios} scenarios"
-            send_after_commit(session, broker, DISPATCH_BATCH, str(batch.id))
-        execution.completed_at = now
-        execution.updated_at = now
+        execution.completed_at = utcnow()

@@ -95,7 +95,7 @@ async def scheduled_triggers(session: AsyncSession) -> list[ScheduledTrigger]:
     return [_mirrored(row) for row in await session.execute(_scheduled())]
 
 
-async def scheduled_trigger(session: AsyncSession, trigger_id: UUID) -> ScheduledTrigger | None:
+async def scheduled_trigger(session: AsyncSession, *, trigger_id: UUID) -> ScheduledTrigger | None:
     """One of them, as of now; ``None`` once it is paused, deleted or no longer scheduled."""
     row = (await session.execute(_scheduled().where(Trigger.id == trigger_id))).one_or_none()
     return None if row is None else _mirrored(row)
@@ -109,8 +109,8 @@ class Fired:
 
 async def fire_due(
     session: AsyncSession,
-    trigger: ScheduledTrigger,
     *,
+    trigger: ScheduledTrigger,
     now: datetime,
     grace: timedelta,
     broker: Any,

@@ -79,6 +79,10 @@ class TriggerCreate(Input):
     tags: Tags = []
     max_concurrency: Concurrency = 10
 
+    def stored(self) -> dict[str, Any]:
+        """The trigger's fields as a row holds them."""
+        return stored_lists(msgspec.structs.asdict(self))
+
 
 class TriggerUpdate(Input):
     name: Name255 | UnsetType = UNSET
@@ -91,6 +95,20 @@ class TriggerUpdate(Input):
     scenario_ids: ScenarioIds | UnsetType = UNSET
     tags: Tags | UnsetType = UNSET
     max_concurrency: Concurrency | UnsetType = UNSET
+
+    def changes(self) -> dict[str, Any]:
+        """The fields sent, as a row holds them."""
+        return stored_lists(super().changes())
+
+
+def stored_lists(fields: dict[str, Any]) -> dict[str, Any]:
+    """``fields`` with the scenario ids and tags among them as a trigger row holds them:
+    each once, in the order given, ids as text."""
+    if "scenario_ids" in fields:
+        fields["scenario_ids"] = [str(i) for i in dict.fromkeys(fields["scenario_ids"])]
+    if "tags" in fields:
+        fields["tags"] = list(dict.fromkeys(fields["tags"]))
+    return fields
 
 
 class TriggerRead(Output):

@@ -3,8 +3,8 @@ executions a manual fire or a signed webhook starts, and reading them back.
 
 The scheduler's side (which slots are due, exactly once each) is
 :mod:`shared.triggers.firing`; what an execution does, :mod:`shared.triggers.executions`.
-Every function here runs in its caller's transaction; the callers send the execution's
-message after commit.
+Every function here runs in its caller's transaction; an execution it starts is sent to
+the ``triggers`` queue once the caller commits.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from typing import Any
 from uuid import UUID
 from zoneinfo import ZoneInfo
 
+import dramatiq
 import msgspec
 from sqlalchemy import select
 from sqlalchemy.dialects.postgresql import insert
@@ -33,6 +34,7 @@ from shared.identity.access import OrgAccess
 from shared.identity.accounts import check_timezone
 from shared.outbound.services import agent_in_org
 from shared.paging import Paging, paginate
+from shared.queue import RUN_TRIGGER, send_after_commit
 from shared.scenarios import templates
 from shared.schemas import UnstorableJson, check_json
 from shared.settings import Settings
@@ -84,15 +86,10 @@ def trigger_read(
     next_run_at = None
     if schedule is not None and trigger.status == TriggerStatus.ACTIVE:
         next_run_at = schedule.next_after(max(utcnow(), trigger.schedule_from))
-    fields = {
-        name: getattr(trigger, name)
-        for name in schemas.TriggerRead.__struct_fields__
-        if name not in ("webhook_url", "next_run_at")
-    }
-    fields |= {"webhook_url": webhook_url(settings, trigger.id), "next_run_at": next_run_at}
+    computed = {"webhook_url": webhook_url(settings, trigger.id), "next_run_at": next_run_at}
     if secret is not None:
-        return msgspec.convert({**fields, "webhook_secret": secret}, schemas.TriggerCreated)
-    return msgspec.convert(fields, schemas.TriggerRead)
+        return schemas.TriggerCreated.from_row(trigger, webhook_secret=secret, **computed)
+    return schemas.TriggerRead.from_row(trigger, **computed)
 
 
 # --- the rules a trigger's fields obey ------------------------------------------------------------
@@ -172,22 +169,12 @@ async def create_trigger(
     trigger = Trigger(
         id=uuid.uuid4(),
         organization_id=access.organization_id,
-        agent_id=body.agent_id,
-        name=body.name,
-        trigger_type=body.trigger_type,
+        **body.stored(),
         status=TriggerStatus.ACTIVE,
-        message=body.message,
-        cron_expression=body.cron_expression,
-        timezone=body.timezone,
-        action=body.action,
-        scenario_ids=[str(i) for i in dict.fromkeys(body.scenario_ids)],
-        tags=list(dict.fromkeys(body.tags)),
-        max_concurrency=body.max_concurrency,
         webhook_secret_encrypted=secret_box(settings.secret_key).encrypt(secret),
         schedule_from=now,
         created_by_user_id=access.principal.user_id,
         created_at=now,
-        updated_at=now,
     )
     await _check(session, trigger)
     session.add(trigger)
@@ -216,8 +203,7 @@ async def rotate_secret(
         now + timedelta(seconds=body.previous_valid_for_s) if keep else None
     )
     trigger.webhook_secret_encrypted = secret_box(settings.secret_key).encrypt(secret)
-    trigger.updated_at = now
-    await session.flush()
+    await session.flush()  # updated_at, from the model, for the response
     return trigger, secret
 
 
@@ -270,18 +256,8 @@ async def update_trigger(
     trigger = await get_trigger(session, access=access, trigger_id=trigger_id)
     was = (trigger.status, trigger.cron_expression, trigger.timezone)
     was_action = trigger.action
-    changed: set[str] = set()
-    for name in body.__struct_fields__:
-        value = getattr(body, name)
-        if value is schemas.UNSET:
-            continue
-        if name == "scenario_ids":
-            value = [str(i) for i in dict.fromkeys(value)]
-        elif name == "tags":
-            value = list(dict.fromkeys(value))
-        if getattr(trigger, name) != value:
-            changed.add(name)
-            setattr(trigger, name, value)
+    changed = {name for name, value in body.changes().items() if getattr(trigger, name) != value}
+    body.apply_to(trigger)
     paused_only = changed <= {"status"} and trigger.status == TriggerStatus.INACTIVE
     if changed and not paused_only:
         _require_scenarios_run(
@@ -352,7 +328,12 @@ def _new_execution(trigger: Trigger, source: ExecutionSource, **fields: Any) -> 
 
 
 async def fire(
-    session: AsyncSession, *, access: OrgAccess, trigger_id: UUID, payload: Any = None
+    session: AsyncSession,
+    *,
+    access: OrgAccess,
+    trigger_id: UUID,
+    payload: Any = None,
+    broker: dramatiq.Broker,
 ) -> TriggerExecution:
     """A manual test: an execution now, whatever the trigger's status or type."""
     trigger = await get_trigger(session, access=access, trigger_id=trigger_id)
@@ -360,6 +341,7 @@ async def fire(
     execution = TriggerExecution(**_new_execution(trigger, ExecutionSource.MANUAL, payload=payload))
     session.add(execution)
     await session.flush()
+    send_after_commit(session, broker, RUN_TRIGGER, str(execution.id))
     return execution
 
 
@@ -370,8 +352,9 @@ async def receive_webhook(
     trigger_id: UUID,
     body: bytes,
     headers: Mapping[str, str],
-) -> tuple[UUID, bool]:
-    """A delivery to the trigger's webhook URL: ``(execution id, whether it is new)``.
+    broker: dramatiq.Broker,
+) -> UUID:
+    """A delivery to the trigger's webhook URL: the id of the execution it starts.
 
     Checked in this order: the trigger exists (404), the Standard Webhooks signature and
     timestamp (401), the trigger is active (409), the body is JSON (422).  A ``webhook-id``
@@ -395,14 +378,15 @@ async def receive_webhook(
         .returning(TriggerExecution.id)
     )
     if inserted is not None:
-        return inserted, True
+        send_after_commit(session, broker, RUN_TRIGGER, str(inserted))
+        return inserted
     original = await session.scalar(
         select(TriggerExecution.id).where(
             TriggerExecution.trigger_id == trigger_id, TriggerExecution.webhook_id == webhook_id
         )
     )
     assert original is not None  # the conflicting row: executions are never deleted alone
-    return original, False
+    return original
 
 
 def _payload(body: bytes) -> Any:

@@ -31,7 +31,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from api.app import create_app
 from api.ui.controllers import BATCH_PAGE
 from api.ui.session import COOKIE
-from shared.batches.services import dispatch_committed
+from shared.batches.window import dispatch_committed
 from shared.calibration.schemas import (
     Interval,
     JudgeTrust,

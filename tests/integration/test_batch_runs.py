@@ -33,7 +33,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from scheduler.sweeper import sweep
 from shared.batches import services as batch_services
-from shared.batches.services import dispatch_committed
+from shared.batches.window import dispatch_committed
 from shared.db.base import utcnow
 from shared.db.engine import Database, create_engine
 from shared.db.models import BatchRun, Criterion, Scenario, ScenarioRun, ScenarioTurn
@@ -916,7 +916,9 @@ async def test_a_cancel_racing_with_runs_ending_neither_deadlocks_nor_miscounts(
     async def cancel() -> str:
         await asyncio.sleep(0.005)
         async with database.transaction() as session:
-            return (await batch_services.cancel_batch(session, access, batch_id)).status
+            return (
+                await batch_services.cancel_batch(session, access=access, batch_id=batch_id)
+            ).status
 
     *ended, status = await asyncio.gather(
         *(execute_run(database, settings, run_id) for run_id in handed), cancel()

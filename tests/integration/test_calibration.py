@@ -13,7 +13,7 @@ import pytest
 from litestar import Litestar
 from litestar.testing import AsyncTestClient
 
-from shared.calibration.services import judge_examples
+from shared.calibration.judging import judge_examples
 from shared.settings import Settings
 from tests.support.factories import Tenant, single_validation_entry, tenant
 from tests.support.fakes import FakeAgent, FakeOpenAI, verdict_from_marker

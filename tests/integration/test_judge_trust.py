@@ -22,9 +22,9 @@ from litestar.testing import AsyncTestClient
 from sqlalchemy import update
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from shared.batches.services import dispatch_committed
+from shared.batches.window import dispatch_committed
 from shared.calibration import trust
-from shared.calibration.services import judge_examples
+from shared.calibration.judging import judge_examples
 from shared.db.base import utcnow
 from shared.db.models import BatchRun
 from shared.queue import JUDGE_TRUST

@@ -29,7 +29,7 @@ from litestar import Litestar
 from litestar.testing import AsyncTestClient
 from sqlalchemy import make_url
 
-from shared.batches.services import dispatch_committed
+from shared.batches.window import dispatch_committed
 from shared.outbound.egress import DomainRule, EgressPolicy
 from shared.outbound.redact import PLACEHOLDER
 from shared.scenarios.runner import execute_run

@@ -99,9 +99,9 @@ async def test_due_slots_are_recorded_once_however_many_record_them(
 
     async def record() -> int:
         async with database.transaction() as session:
-            mirrored = await scheduled_trigger(session, UUID(trigger["id"]))
+            mirrored = await scheduled_trigger(session, trigger_id=UUID(trigger["id"]))
             assert mirrored is not None
-            fired = await fire_due(session, mirrored, now=now, grace=GRACE, broker=broker)
+            fired = await fire_due(session, trigger=mirrored, now=now, grace=GRACE, broker=broker)
         return len(fired.queued)
 
     counts = await asyncio.gather(*(record() for _ in range(5)))
@@ -122,8 +122,8 @@ async def test_slots_older_than_the_grace_time_are_recorded_missed_not_run(
     await started_at(db, trigger["id"], slots_back(now, 9))
     broker = stub_broker()
     async with app.state.database.transaction() as session:
-        mirrored = await scheduled_trigger(session, UUID(trigger["id"]))
-        fired = await fire_due(session, mirrored, now=now, grace=GRACE, broker=broker)
+        mirrored = await scheduled_trigger(session, trigger_id=UUID(trigger["id"]))
+        fired = await fire_due(session, trigger=mirrored, now=now, grace=GRACE, broker=broker)
     # Within 5 minutes of 12:00:30: 11:56 to 12:00; 11:52 to 11:55 missed.
     assert (len(fired.queued), fired.missed) == (5, 4)
     recorded = await slots(db, trigger["id"])
@@ -146,12 +146,12 @@ async def test_paused_and_resumed_trigger_does_not_catch_up_the_pause(
     one = path(t, trigger["id"])
     await client.patch(one, json={"status": "inactive"}, headers=t.owner.headers)
     async with app.state.database.transaction() as session:
-        assert await scheduled_trigger(session, UUID(trigger["id"])) is None
+        assert await scheduled_trigger(session, trigger_id=UUID(trigger["id"])) is None
     await client.patch(one, json={"status": "active"}, headers=t.owner.headers)
     async with app.state.database.transaction() as session:
-        mirrored = await scheduled_trigger(session, UUID(trigger["id"]))
+        mirrored = await scheduled_trigger(session, trigger_id=UUID(trigger["id"]))
         fired = await fire_due(
-            session, mirrored, now=datetime.now(UTC), grace=GRACE, broker=stub_broker()
+            session, trigger=mirrored, now=datetime.now(UTC), grace=GRACE, broker=stub_broker()
         )
     assert fired.queued == [] and fired.missed == 0
 
@@ -174,9 +174,9 @@ async def test_a_scheduled_batch_run_trigger_creates_one_batch_per_slot(
 
     async def scheduler_pass() -> None:  # what each of two schedulers would do
         async with database.transaction() as session:
-            mirrored = await scheduled_trigger(session, UUID(trigger["id"]))
+            mirrored = await scheduled_trigger(session, trigger_id=UUID(trigger["id"]))
             if mirrored is not None:
-                await fire_due(session, mirrored, now=now, grace=GRACE, broker=broker)
+                await fire_due(session, trigger=mirrored, now=now, grace=GRACE, broker=broker)
 
     await asyncio.gather(scheduler_pass(), scheduler_pass())
     recorded = await db.scalars(

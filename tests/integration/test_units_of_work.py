@@ -32,7 +32,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from scheduler.sweeper import BROKER_MARK, sweep
 from shared.batches.window import dispatch_committed
-from shared.calibration.services import judge_examples
+from shared.calibration.judging import judge_examples
 from shared.crypto import secret_box
 from shared.db.base import utcnow
 from shared.db.engine import Database, create_engine
