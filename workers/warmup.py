@@ -56,8 +56,8 @@ async def _rehearse_sessions(runtime: Runtime) -> None:
     await dispatch_committed(database, uuid4())
     org = uuid4()
     async with database.transaction() as session:
-        await outbound.load_egress_policy(session, settings, org)
-        await outbound.default_judge_provider_id(session, org)
+        await outbound.load_egress_policy(session, settings=settings, org_id=org)
+        await outbound.default_judge_provider_id(session, org_id=org)
         for load in (outbound.load_agent, outbound.load_provider):
             with suppress(NotFound):
                 await load(session, settings, org, uuid4())

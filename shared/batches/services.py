@@ -81,7 +81,7 @@ async def start_batch(
     first window is asked for once the caller commits."""
     if not body.scenario_ids and not body.tags:
         raise InvalidInput(("body",), "give scenario_ids and/or tags", type="missing")
-    agent = await agent_in_org(session, organization_id, body.agent_id)
+    agent = await agent_in_org(session, org_id=organization_id, agent_id=body.agent_id)
     conditions = []
     if body.scenario_ids:
         conditions.append(Scenario.id.in_(set(body.scenario_ids)))

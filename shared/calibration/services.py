@@ -64,8 +64,10 @@ async def start(
                 "give criterion_question or criteria_id, not both",
                 type="missing" if example.criterion_question is None else "value_error",
             )
-    agent = await agent_in_org(session, access.organization_id, agent_id)
-    judge_id = await judge_provider_of(session, access.organization_id, agent.judge_provider_id)
+    agent = await agent_in_org(session, org_id=access.organization_id, agent_id=agent_id)
+    judge_id = await judge_provider_of(
+        session, org_id=access.organization_id, own=agent.judge_provider_id
+    )
     if judge_id is None:
         raise Conflict(
             "the agent has no judge: set its judge_provider_id or an LLM provider with "
@@ -181,7 +183,7 @@ async def criterion_status(
     judge_id = None
     if agent is not None:
         judge_id = await judge_provider_of(
-            session, calibration.organization_id, agent.judge_provider_id
+            session, org_id=calibration.organization_id, own=agent.judge_provider_id
         )
     statuses = []
     for raw_id, version in sorted(calibration.criterion_versions.items()):

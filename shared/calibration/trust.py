@@ -274,7 +274,7 @@ async def compute(database: Database, batch_id: UUID) -> None:
         agent = await session.get(Agent, batch.agent_id)
         if agent is not None and judged:
             judge_id = await judge_provider_of(
-                session, batch.organization_id, agent.judge_provider_id
+                session, org_id=batch.organization_id, own=agent.judge_provider_id
             )
             for calibration in await session.scalars(
                 select(Calibration)

@@ -41,7 +41,7 @@ async def _decrypted_credentials(
 
 
 async def load_egress_policy(
-    session: AsyncSession, settings: Settings, org_id: UUID
+    session: AsyncSession, *, settings: Settings, org_id: UUID
 ) -> EgressPolicy:
     domains = list(
         await session.scalars(select(AllowedDomain).where(AllowedDomain.organization_id == org_id))
@@ -60,9 +60,9 @@ async def load_egress_policy(
 
 
 async def load_provider(
-    session: AsyncSession, settings: Settings, org_id: UUID, provider_id: UUID
+    session: AsyncSession, *, settings: Settings, org_id: UUID, provider_id: UUID
 ) -> ProviderConfig:
-    provider = await provider_in_org(session, org_id, provider_id)
+    provider = await provider_in_org(session, org_id=org_id, provider_id=provider_id)
     api_key = None
     if provider.credential_key:
         found = await _decrypted_credentials(session, settings, org_id, {provider.credential_key})
@@ -79,13 +79,15 @@ async def load_provider(
 
 
 async def load_agent(
-    session: AsyncSession, settings: Settings, org_id: UUID, agent_id: UUID
+    session: AsyncSession, *, settings: Settings, org_id: UUID, agent_id: UUID
 ) -> AgentConfig:
     """An agent ready to call, its provider (kind ``llm``) loaded with its key."""
-    agent = await agent_in_org(session, org_id, agent_id)
+    agent = await agent_in_org(session, org_id=org_id, agent_id=agent_id)
     provider = None
     if agent.kind == "llm" and agent.llm_provider_id is not None:
-        provider = await load_provider(session, settings, org_id, agent.llm_provider_id)
+        provider = await load_provider(
+            session, settings=settings, org_id=org_id, provider_id=agent.llm_provider_id
+        )
     return AgentConfig(
         id=agent.id,
         name=agent.name,
@@ -100,7 +102,7 @@ async def load_agent(
     )
 
 
-async def default_judge_provider_id(session: AsyncSession, org_id: UUID) -> UUID | None:
+async def default_judge_provider_id(session: AsyncSession, *, org_id: UUID) -> UUID | None:
     return await session.scalar(
         select(LLMProvider.id)
         .where(LLMProvider.organization_id == org_id, LLMProvider.is_default_judge)
@@ -109,10 +111,12 @@ async def default_judge_provider_id(session: AsyncSession, org_id: UUID) -> UUID
     )
 
 
-async def judge_provider_of(session: AsyncSession, org_id: UUID, own: UUID | None) -> UUID | None:
+async def judge_provider_of(
+    session: AsyncSession, *, org_id: UUID, own: UUID | None
+) -> UUID | None:
     """The judge an agent uses: its own ``judge_provider_id``, else the organization's
     default judge; ``None`` when there is neither."""
-    return own or await default_judge_provider_id(session, org_id)
+    return own or await default_judge_provider_id(session, org_id=org_id)
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,12 +168,14 @@ async def load_outbound(
 async def _load_outbound(
     session: AsyncSession, settings: Settings, org_id: UUID, agent_id: UUID
 ) -> OutboundConfig:
-    agent = await load_agent(session, settings, org_id, agent_id)
-    judge_id = await judge_provider_of(session, org_id, agent.judge_provider_id)
+    agent = await load_agent(session, settings=settings, org_id=org_id, agent_id=agent_id)
+    judge_id = await judge_provider_of(session, org_id=org_id, own=agent.judge_provider_id)
     return OutboundConfig(
         agent=agent,
-        policy=await load_egress_policy(session, settings, org_id),
-        judge=await load_provider(session, settings, org_id, judge_id) if judge_id else None,
+        policy=await load_egress_policy(session, settings=settings, org_id=org_id),
+        judge=await load_provider(session, settings=settings, org_id=org_id, provider_id=judge_id)
+        if judge_id
+        else None,
     )
 
 

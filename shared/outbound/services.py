@@ -385,11 +385,15 @@ async def _settle_agent(session: AsyncSession, agent: Agent) -> None:
             )
         # Every provider reference must be a provider of this organization, whatever the kind.
         if agent.llm_provider_id is not None:
-            provider = await provider_in_org(session, agent.organization_id, agent.llm_provider_id)
+            provider = await provider_in_org(
+                session, org_id=agent.organization_id, provider_id=agent.llm_provider_id
+            )
             if agent.kind == "llm":
                 agent.model = agent.model or provider.default_model
         if agent.judge_provider_id is not None:
-            await provider_in_org(session, agent.organization_id, agent.judge_provider_id)
+            await provider_in_org(
+                session, org_id=agent.organization_id, provider_id=agent.judge_provider_id
+            )
 
 
 async def _triggers_naming(session: AsyncSession, agent: Agent) -> list[str]:
@@ -404,11 +408,11 @@ _PROVIDERS = _Kind(LLMProvider, "llm provider", _settle_provider, "agents", _age
 _AGENTS = _Kind(Agent, "agent", _settle_agent, "triggers", _triggers_naming)
 
 
-async def provider_in_org(session: AsyncSession, org_id: UUID, provider_id: UUID) -> LLMProvider:
+async def provider_in_org(session: AsyncSession, *, org_id: UUID, provider_id: UUID) -> LLMProvider:
     return await _PROVIDERS.get(session, org_id, provider_id)
 
 
-async def agent_in_org(session: AsyncSession, org_id: UUID, agent_id: UUID) -> Agent:
+async def agent_in_org(session: AsyncSession, *, org_id: UUID, agent_id: UUID) -> Agent:
     return await _AGENTS.get(session, org_id, agent_id)
 
 

@@ -273,7 +273,7 @@ async def start_run(
     snapshot = await snapshot_of(session, org_id=access.organization_id, scenario_id=scenario_id)
     if snapshot is None:
         raise NotFound("scenario not found")
-    await agent_in_org(session, access.organization_id, body.agent_id)
+    await agent_in_org(session, org_id=access.organization_id, agent_id=body.agent_id)
     run = ScenarioRun(
         id=uuid.uuid4(),
         organization_id=access.organization_id,

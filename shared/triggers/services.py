@@ -119,7 +119,7 @@ async def _check(session: AsyncSession, trigger: Trigger) -> None:
             raise InvalidInput(
                 ("body", "cron_expression"), str(exc), input=trigger.cron_expression
             ) from None
-    await agent_in_org(session, trigger.organization_id, trigger.agent_id)
+    await agent_in_org(session, org_id=trigger.organization_id, agent_id=trigger.agent_id)
     if trigger.action == "batch_run":
         if not trigger.scenario_ids and not trigger.tags:
             raise InvalidInput(

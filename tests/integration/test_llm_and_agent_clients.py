@@ -600,12 +600,16 @@ async def test_configuration_from_the_api_reaches_the_fakes_with_decrypted_crede
 
     org_id = UUID(org.id)
     async with app.state.database.transaction() as session:
-        policy = await services.load_egress_policy(session, settings, org_id)
-        provider = await services.load_provider(session, settings, org_id, UUID(provider_id))
-        http_agent_config = await services.load_agent(
-            session, settings, org_id, UUID(http_agent_id)
+        policy = await services.load_egress_policy(session, settings=settings, org_id=org_id)
+        provider = await services.load_provider(
+            session, settings=settings, org_id=org_id, provider_id=UUID(provider_id)
         )
-        llm_agent_config = await services.load_agent(session, settings, org_id, UUID(llm_agent_id))
+        http_agent_config = await services.load_agent(
+            session, settings=settings, org_id=org_id, agent_id=UUID(http_agent_id)
+        )
+        llm_agent_config = await services.load_agent(
+            session, settings=settings, org_id=org_id, agent_id=UUID(llm_agent_id)
+        )
 
     assert policy.allow_private is True
     assert secret not in repr(provider)  # the key is kept out of reprs
