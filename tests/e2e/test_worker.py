@@ -16,8 +16,9 @@ from sqlalchemy import func, select
 
 from shared.db.models import CriterionResult, TurnResult
 from shared.queue import RUN_SCENARIO, get_broker, send
+from tests.support.calibration import EXAMPLES
 from tests.support.factories import tenant
-from tests.support.fakes import FakeAgent, FakeOpenAI
+from tests.support.fakes import FakeAgent, FakeOpenAI, verdict_from_marker
 from tests.support.processes import spar_process
 
 pytestmark = pytest.mark.slow
@@ -234,8 +235,6 @@ async def test_a_worker_killed_mid_run_is_resumed_by_the_next(
 async def test_calibrate_answers_200_with_the_metrics_a_worker_judged_while_it_waited(
     client, worker_env, tmp_path: Path
 ):
-    from tests.integration.test_calibration import EXAMPLES, verdict_from_marker
-
     with (
         FakeAgent() as agent,
         FakeOpenAI(reply=verdict_from_marker) as judge,

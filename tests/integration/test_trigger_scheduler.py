@@ -29,10 +29,10 @@ from shared.queue import RUN_TRIGGER
 from shared.settings import Settings
 from shared.triggers.executions import execute
 from shared.triggers.firing import fire_due, scheduled_trigger
-from tests.integration.test_triggers import create, path, scheduled
 from tests.support.factories import Tenant, stub_broker, tenant
 from tests.support.fakes import FakeAgent
 from tests.support.scenario_setup import create_scenario, outbound_setup
+from tests.support.triggers import create, path, scheduled
 
 GRACE = timedelta(minutes=5)
 
