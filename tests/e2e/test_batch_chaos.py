@@ -484,4 +484,3 @@ async def test_a_batch_survives_a_worker_killed_mid_batch(
         assert criteria.get(run_id, 0) == 2 * want, run
         assert run["total_turns"] == 2
         assert run["passed_turns"] == {"passed": 2, "failed": 1, "error": 1}[run["status"]], run
-    assert elapsed < 170, f"the chaos test took {elapsed:.0f}s"
