@@ -33,6 +33,7 @@ from tests.support.fakes import FakeAgent
 from tests.support.processes import (
     admin_sql,
     free_port,
+    owner_over_http,
     private_redis,
     spar_executable,
     spar_process,
@@ -168,20 +169,8 @@ class FailoverDrill:
 
     def _create_trigger(self, base: str, agent_url: str) -> dict[str, Any]:
         with httpx.Client(base_url=base, timeout=30) as http:
-            registered = http.post(
-                "/v1/auth/register",
-                json={
-                    "email": "drill@example.com",
-                    "password": "drill-password",
-                    "first_name": "Fail",
-                    "last_name": "Over",
-                },
-            )
-            registered.raise_for_status()
-            h = {"Authorization": f"Bearer {registered.json()['access_token']}"}
-            org = http.post("/v1/organizations", json={"name": "drill"}, headers=h)
-            org.raise_for_status()
-            v1 = f"/v1/orgs/{org.json()['id']}"
+            h, org = owner_over_http(http, "drill@example.com", "drill-password", "drill")
+            v1 = f"/v1/orgs/{org['id']}"
             http.post(
                 f"{v1}/allowed-domains/", json={"domain": "127.0.0.1"}, headers=h
             ).raise_for_status()
