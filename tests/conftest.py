@@ -7,9 +7,11 @@ starts from the schema the migrations build.
 
 Under pytest-xdist (``pytest`` runs ``-n 4`` by default) each worker is a session of its
 own: its database is the named one with the worker's id appended (``<name>_gw0``,
-created and dropped by the worker), its Redis the next database number per worker
-(``/9`` for gw0, ``/10`` for gw1, …, modulo 16), its login-throttle keys and temp dirs
-its own; ports are always asked of the kernel (``free_port``).
+created and dropped by the worker), its Redis database the named number plus the
+worker's index, modulo 16 (``SPAR_REDIS_URL=…/9``: gw0 on 9, gw1 on 10, …); its
+login-throttle keys and temp dirs are its own, and ports are asked of the kernel
+(``free_port``).  Modules whose module-scoped fixtures start processes or a browser
+stay on one worker (``xdist_group``; ``--dist loadgroup``).
 """
 
 from __future__ import annotations
@@ -36,6 +38,10 @@ DEFAULT_TEST_DATABASE_URL = f"postgresql+psycopg://postgres@127.0.0.1:5432/spar_
 DEFAULT_TEST_REDIS_URL = "redis://127.0.0.1:6379/15"
 # This process's xdist worker ("gw0", "gw1", …), or None when pytest runs without -n.
 WORKER = os.environ.get("PYTEST_XDIST_WORKER")
+# Cheap argon2 in the suite's settings and in every spar process a test starts (they
+# inherit the environment); tests/unit/test_security.py keeps the production parameters.
+PASSWORD_HASH_PROFILE = "CHEAPEST"
+os.environ.setdefault("SPAR_PASSWORD_HASH_PROFILE", PASSWORD_HASH_PROFILE)
 
 
 def worker_database_url(url: str) -> str:
@@ -79,8 +85,7 @@ def settings(database_url: str, redis_url: str) -> Settings:
         egress_allow_private=True,
         # This run's own login-throttle keys: runs sharing a Redis never count each other's.
         login_key_prefix=f"spar-test-{os.getpid()}:login:",
-        # Cheap argon2 (tests/unit/test_security.py keeps the production parameters).
-        password_hash_profile="CHEAPEST",
+        password_hash_profile=PASSWORD_HASH_PROFILE,
     )
 
 

@@ -26,7 +26,8 @@ from tests.support.processes import free_port, spar_executable, spar_process, su
 from tests.support.proxy import DroppingProxy
 from tests.support.scenario_setup import outbound_setup
 
-pytestmark = pytest.mark.slow
+# One worker takes the module: its spar serve and worker start once under xdist.
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("cli")]
 
 
 class ShopAgent(FakeAgent):

@@ -58,7 +58,8 @@ from tests.support.live_server import LiveServer
 # Debian's package (.ci/run installs it); SPAR_TEST_CHROMIUM names another Chromium or Chrome.
 CHROMIUM = Path(os.environ.get("SPAR_TEST_CHROMIUM") or "/usr/bin/chromium")
 
-pytestmark = pytest.mark.slow
+# One worker takes the module: one Chromium and one server for all of it under xdist.
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("ui")]
 
 
 @pytest.fixture(scope="module")

@@ -78,8 +78,7 @@ def spar_process(
     with log_path.open("wb") as log:
         process = subprocess.Popen(
             [spar_executable(), *args],
-            # Cheap argon2, as in the suite's own settings, unless the test says otherwise.
-            env={**os.environ, "SPAR_PASSWORD_HASH_PROFILE": "CHEAPEST", **env},
+            env={**os.environ, **env},
             cwd=cwd,
             stdout=log,
             stderr=subprocess.STDOUT,
