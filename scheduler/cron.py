@@ -38,6 +38,7 @@ class TriggerCron:
         self._database = database
         self._broker = broker
         self._grace = timedelta(seconds=settings.trigger_grace_s)
+        self._second = settings.trigger_second
         self._scheduler: AsyncIOScheduler | None = None
         self._keys: dict[str, tuple[Any, ...]] = {}
 
@@ -70,7 +71,7 @@ class TriggerCron:
         if self._scheduler is None:
             return
         async with self._database.transaction() as session:
-            triggers = await scheduled_triggers(session)
+            triggers = await scheduled_triggers(session, second=self._second)
         now = utcnow()
         wanted = {str(t.id): t for t in triggers}
         for job_id in set(self._keys) - set(wanted):
@@ -99,7 +100,9 @@ class TriggerCron:
         """The job: record the trigger's due slots, as the database sees them now."""
         try:
             async with self._database.transaction() as session:
-                trigger = await scheduled_trigger(session, trigger_id=trigger_id)
+                trigger = await scheduled_trigger(
+                    session, trigger_id=trigger_id, second=self._second
+                )
             if trigger is None:
                 return  # paused or deleted since: the next sync drops the job
             next_due = trigger.next_due()

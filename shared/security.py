@@ -4,16 +4,22 @@ from __future__ import annotations
 
 import hashlib
 import secrets
+from functools import cache
 
-from argon2 import PasswordHasher
+from argon2 import PasswordHasher, profiles
 from argon2.exceptions import InvalidHashError, VerificationError
+
+from shared.settings import Settings
 
 USER_TOKEN_PREFIX = "ust_"
 PLATFORM_TOKEN_PREFIX = "pat_"
 
-_hasher = PasswordHasher()  # argon2id with the library's current recommended parameters
-# Verified against when the email is unknown, so a miss costs as much as a hit.
-_DUMMY_HASH = _hasher.hash(secrets.token_urlsafe(16))
+# argon2id parameters by the name of one of argon2-cffi's profiles (``argon2.profiles``),
+# ``SPAR_PASSWORD_HASH_PROFILE``: RFC 9106's low-memory choice, the library's own default,
+# in production; the test suite hashes with ``CHEAPEST``.  A hash carries its parameters,
+# so a hash made under any profile verifies under any other.
+PASSWORD_HASH_PROFILES = ("RFC_9106_LOW_MEMORY", "RFC_9106_HIGH_MEMORY", "CHEAPEST")
+DEFAULT_PASSWORD_HASH_PROFILE = Settings().password_hash_profile
 
 
 def new_token(prefix: str) -> str:
@@ -31,13 +37,26 @@ def token_preview(token: str) -> str:
     return f"{prefix}_{body[:4]}…{body[-4:]}"
 
 
-def hash_password(password: str) -> str:
-    return _hasher.hash(password)
+@cache
+def _hasher(profile: str) -> tuple[PasswordHasher, str]:
+    """The profile's hasher, and a hash of its own to verify against when the email is
+    unknown, so a miss costs as much as a hit."""
+    if profile not in PASSWORD_HASH_PROFILES:
+        raise ValueError(f"unknown password hash profile {profile!r}")
+    hasher = PasswordHasher.from_parameters(getattr(profiles, profile))
+    return hasher, hasher.hash(secrets.token_urlsafe(16))
 
 
-def verify_password(password_hash: str | None, password: str) -> bool:
+def hash_password(password: str, *, profile: str = DEFAULT_PASSWORD_HASH_PROFILE) -> str:
+    return _hasher(profile)[0].hash(password)
+
+
+def verify_password(
+    password_hash: str | None, password: str, *, profile: str = DEFAULT_PASSWORD_HASH_PROFILE
+) -> bool:
     """Constant-work check; ``None`` (no password set, e.g. an invited user) never matches."""
+    hasher, dummy = _hasher(profile)
     try:
-        return _hasher.verify(password_hash or _DUMMY_HASH, password) and password_hash is not None
+        return hasher.verify(password_hash or dummy, password) and password_hash is not None
     except (VerificationError, InvalidHashError):
         return False

@@ -50,6 +50,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     trigger_grace_s: float = 300.0
     leader_retry_s: float = 2.0
     trigger_poll_s: float = 10.0
+    # The second of the minute each cron slot fires at: "0", standard cron, except in the
+    # scheduler failover drill, which runs a "* * * * *" trigger every few seconds ("*/4").
+    trigger_second: str = "0"
     # Knowledge: the largest document content taken (UTF-8 bytes), and how long a run of
     # an llm agent waits for its bookmarked documents to be ready before it errors.
     knowledge_max_bytes: int = 5 * 1024 * 1024
@@ -71,6 +74,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     login_address_window_s: float = 900.0
     login_known_address_s: float = 30 * 24 * 3600.0
     login_key_prefix: str = "spar:login:"
+    # argon2id parameters, by profile name in ``argon2.profiles`` (shared/security.py):
+    # RFC_9106_LOW_MEMORY (t=3, 64 MiB, p=4) in production; the test suite's CHEAPEST.
+    password_hash_profile: str = "RFC_9106_LOW_MEMORY"  # noqa: S105 (a profile's name)
 
     def require_database_url(self) -> str:
         """The database URL, or a configuration error naming the variable to set."""
@@ -148,6 +154,8 @@ _VARIABLES = {
     "SPAR_LOGIN_ADDRESS_WINDOW_S": ("login_address_window_s", _positive_float),
     "SPAR_LOGIN_KNOWN_ADDRESS_S": ("login_known_address_s", _positive_float),
     "SPAR_LOGIN_KEY_PREFIX": ("login_key_prefix", str),
+    "SPAR_PASSWORD_HASH_PROFILE": ("password_hash_profile", str.upper),
+    "SPAR_TRIGGER_SECOND": ("trigger_second", str),
 }
 
 

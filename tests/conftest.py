@@ -4,6 +4,14 @@
 database ``spar_test_<pid>`` of this run's own, so parallel runs never meet); the
 session drops and recreates it, then runs the real Alembic migrations, so every run
 starts from the schema the migrations build.
+
+Under pytest-xdist (``pytest`` runs ``-n 4`` by default) each worker is a session of its
+own: its database is the named one with the worker's id appended (``<name>_gw0``,
+created and dropped by the worker), its Redis database the named number plus the
+worker's index, modulo 16 (``SPAR_REDIS_URL=…/9``: gw0 on 9, gw1 on 10, …); its
+login-throttle keys and temp dirs are its own, and ports are asked of the kernel
+(``free_port``).  Modules whose module-scoped fixtures start processes or a browser
+stay on one worker (``xdist_group``; ``--dist loadgroup``).
 """
 
 from __future__ import annotations
@@ -16,7 +24,7 @@ import msgspec
 import pytest
 from litestar import Litestar
 from litestar.testing import AsyncTestClient
-from sqlalchemy import text
+from sqlalchemy import make_url, text
 
 from api.app import create_app
 from shared.db.direct import close_direct_pool
@@ -28,65 +36,56 @@ from tests.support.processes import admin_sql
 
 DEFAULT_TEST_DATABASE_URL = f"postgresql+psycopg://postgres@127.0.0.1:5432/spar_test_{os.getpid()}"
 DEFAULT_TEST_REDIS_URL = "redis://127.0.0.1:6379/15"
+# This process's xdist worker ("gw0", "gw1", …), or None when pytest runs without -n.
+WORKER = os.environ.get("PYTEST_XDIST_WORKER")
+# Cheap argon2 in the suite's settings and in every spar process a test starts (they
+# inherit the environment); tests/unit/test_security.py keeps the production parameters.
+PASSWORD_HASH_PROFILE = "CHEAPEST"
+os.environ.setdefault("SPAR_PASSWORD_HASH_PROFILE", PASSWORD_HASH_PROFILE)
 
 
-# --- the scheduler failover drill: minutes of wall clock, run beside the suite -------------------
-
-FAILOVER_TEST = "test_two_schedulers_fire_every_slot_exactly_once_through_a_kill"
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Run the failover drill's test last: it waits for the drill."""
-    drill_tests = [item for item in items if item.name == FAILOVER_TEST]
-    items[:] = [item for item in items if item.name != FAILOVER_TEST] + drill_tests
+def worker_database_url(url: str) -> str:
+    """The worker's own database: the named one's name with the worker id appended."""
+    parsed = make_url(url)
+    return parsed.set(database=f"{parsed.database}_{WORKER}").render_as_string(hide_password=False)
 
 
-def pytest_runtestloop(session: pytest.Session) -> None:
-    """Start the failover drill before the first test, if its test is to run."""
-    if session.config.option.collectonly or not any(
-        item.name == FAILOVER_TEST for item in session.items
-    ):
-        return
-    from tests.e2e.test_scheduler_failover import DRILL_KEY
-    from tests.support.failover import FailoverDrill
-
-    drill = FailoverDrill(
-        os.environ.get("SPAR_DATABASE_URL") or DEFAULT_TEST_DATABASE_URL,
-        os.environ.get("SPAR_REDIS_URL") or DEFAULT_TEST_REDIS_URL,
-    )
-    session.config.stash[DRILL_KEY] = drill
-    drill.start()
-
-
-def pytest_unconfigure(config: pytest.Config) -> None:
-    from tests.e2e.test_scheduler_failover import DRILL_KEY
-
-    drill = config.stash.get(DRILL_KEY, None)
-    if drill is not None:
-        drill.close()
+def worker_redis_url(url: str) -> str:
+    """The worker's own Redis database: the named one's number plus the worker's index."""
+    base, _, number = url.rpartition("/")
+    index = int(WORKER.removeprefix("gw")) if WORKER else 0
+    return f"{base}/{(int(number or 0) + index) % 16}"
 
 
 @pytest.fixture(scope="session")
 def database_url() -> Iterator[str]:
     given = os.environ.get("SPAR_DATABASE_URL")
     url = given or DEFAULT_TEST_DATABASE_URL
+    if WORKER:
+        url = worker_database_url(url)
     admin_sql(url, 'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)', 'CREATE DATABASE "{name}"')
     upgrade(url)
     yield url
-    if not given:
+    if url != given:
         admin_sql(url, 'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 @pytest.fixture(scope="session")
-def settings(database_url: str) -> Settings:
+def redis_url() -> str:
+    return worker_redis_url(os.environ.get("SPAR_REDIS_URL") or DEFAULT_TEST_REDIS_URL)
+
+
+@pytest.fixture(scope="session")
+def settings(database_url: str, redis_url: str) -> Settings:
     return Settings(
         database_url=database_url,
-        redis_url=os.environ.get("SPAR_REDIS_URL") or DEFAULT_TEST_REDIS_URL,
+        redis_url=redis_url,
         secret_key="test-secret-key-do-not-use-in-production",
         public_base_url="http://testserver.local",
         egress_allow_private=True,
         # This run's own login-throttle keys: runs sharing a Redis never count each other's.
         login_key_prefix=f"spar-test-{os.getpid()}:login:",
+        password_hash_profile=PASSWORD_HASH_PROFILE,
     )
 
 

@@ -56,7 +56,9 @@ async def register(
         raise PermissionDenied("registration is disabled on this server")
     check_timezone(body.timezone)
     # argon2 is deliberately slow: keep it off the event loop.
-    password_hash = await asyncio.to_thread(security.hash_password, body.password)
+    password_hash = await asyncio.to_thread(
+        security.hash_password, body.password, profile=settings.password_hash_profile
+    )
     email = normalize_email(body.email)
     user = await session.scalar(select(User).where(User.email == email).with_for_update())
     if user is not None and user.status != "invited":
@@ -92,7 +94,10 @@ async def login(
     try:
         user = await session.scalar(select(User).where(User.email == email))
         password_ok = await asyncio.to_thread(
-            security.verify_password, user.password_hash if user else None, body.password
+            security.verify_password,
+            user.password_hash if user else None,
+            body.password,
+            profile=settings.password_hash_profile,
         )
     except Exception:
         await throttle.abandoned(attempt)

@@ -80,25 +80,28 @@ def _scheduled() -> Any:
     ).where(Trigger.trigger_type == "scheduled", Trigger.status == TriggerStatus.ACTIVE)
 
 
-def _mirrored(row: Any) -> ScheduledTrigger:
+def _mirrored(row: Any, second: str) -> ScheduledTrigger:
     return ScheduledTrigger(
         id=row.id,
         organization_id=row.organization_id,
-        schedule=Schedule(row.cron_expression, row.timezone or "UTC"),
+        schedule=Schedule(row.cron_expression, row.timezone or "UTC", second=second),
         schedule_from=row.schedule_from,
         last_slot=row.last_slot,
     )
 
 
-async def scheduled_triggers(session: AsyncSession) -> list[ScheduledTrigger]:
-    """Every active scheduled trigger, with its latest recorded slot."""
-    return [_mirrored(row) for row in await session.execute(_scheduled())]
+async def scheduled_triggers(session: AsyncSession, *, second: str = "0") -> list[ScheduledTrigger]:
+    """Every active scheduled trigger, with its latest recorded slot (``second``: see
+    :func:`~shared.triggers.schedule.parse_cron`)."""
+    return [_mirrored(row, second) for row in await session.execute(_scheduled())]
 
 
-async def scheduled_trigger(session: AsyncSession, *, trigger_id: UUID) -> ScheduledTrigger | None:
+async def scheduled_trigger(
+    session: AsyncSession, *, trigger_id: UUID, second: str = "0"
+) -> ScheduledTrigger | None:
     """One of them, as of now; ``None`` once it is paused, deleted or no longer scheduled."""
     row = (await session.execute(_scheduled().where(Trigger.id == trigger_id))).one_or_none()
-    return None if row is None else _mirrored(row)
+    return None if row is None else _mirrored(row, second)
 
 
 @dataclass(frozen=True, slots=True)

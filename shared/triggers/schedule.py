@@ -96,9 +96,11 @@ def _month_field(field: str) -> str:
     return field
 
 
-def parse_cron(expression: str) -> BaseTrigger:
+def parse_cron(expression: str, *, second: str = "0") -> BaseTrigger:
     """The APScheduler trigger matching a standard 5-field cron ``expression`` on a naive
-    (UTC, DST-free) wall clock; :class:`ScheduleError` if it is not one."""
+    (UTC, DST-free) wall clock; :class:`ScheduleError` if it is not one.  Slots fire at
+    ``second`` of their minute: 0, as cron does, but for the failover drill's
+    ``SPAR_TRIGGER_SECOND`` (``*/6`` makes ``* * * * *`` fire every six seconds)."""
     parts = expression.lower().split()
     if len(parts) != 5:
         raise ScheduleError(
@@ -110,6 +112,7 @@ def parse_cron(expression: str) -> BaseTrigger:
             raise ScheduleError(f"invalid {name.replace('_', '-')} field {value!r}")
     values["day_of_week"] = _days_of_week(values["day_of_week"])
     values["month"] = _month_field(values["month"])
+    values["second"] = second
     try:
         if not parts[2].startswith("*") and not parts[4].startswith("*"):
             by_day = CronTrigger(**{**values, "day_of_week": "*"}, timezone=UTC)
@@ -145,10 +148,10 @@ def _placed(wall: datetime, zone: tzinfo) -> datetime:
 class Schedule:
     """A cron expression in a time zone: its slots as UTC instants."""
 
-    def __init__(self, expression: str, timezone: str) -> None:
+    def __init__(self, expression: str, timezone: str, *, second: str = "0") -> None:
         self.expression = expression
         self.timezone = timezone
-        self._cron = parse_cron(expression)
+        self._cron = parse_cron(expression, second=second)
         self._zone = parse_zone(timezone)
 
     def next_after(self, instant: datetime) -> datetime | None:

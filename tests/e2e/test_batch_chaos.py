@@ -37,7 +37,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from shared.db.models import CriterionResult, ScenarioRun, TurnResult
 from tests.support.factories import tenant
 from tests.support.fakes import FakeAgent, FakeOpenAI
-from tests.support.processes import free_port, spar_process
+from tests.support.processes import free_port, spar_process, suite_env
 from tests.support.sse import parse_sse
 
 pytestmark = pytest.mark.slow
@@ -125,17 +125,14 @@ def judge_reply(body: dict[str, Any]) -> str:
 
 @pytest.fixture
 def chaos_env(database_url: str, settings: Any) -> dict[str, str]:
-    redis.Redis.from_url(settings.redis_url).flushdb()
-    return {
-        "SPAR_DATABASE_URL": database_url,
-        "SPAR_REDIS_URL": settings.redis_url,
-        "SPAR_SECRET_KEY": settings.secret_key,
-        "SPAR_EGRESS_ALLOW_PRIVATE": "true",
-        "SPAR_LOG_LEVEL": "WARNING",
-        "SPAR_SWEEP_INTERVAL_S": "1",
-        "SPAR_RUN_STALL_S": "3",
-        "SPAR_RUN_HEARTBEAT_TIMEOUT_S": "3",
-    }
+    return suite_env(
+        database_url,
+        settings,
+        SPAR_LOG_LEVEL="WARNING",
+        SPAR_SWEEP_INTERVAL_S="1",
+        SPAR_RUN_STALL_S="3",
+        SPAR_RUN_HEARTBEAT_TIMEOUT_S="3",
+    )
 
 
 def logs(directory: Path) -> str:
@@ -484,4 +481,3 @@ async def test_a_batch_survives_a_worker_killed_mid_batch(
         assert criteria.get(run_id, 0) == 2 * want, run
         assert run["total_turns"] == 2
         assert run["passed_turns"] == {"passed": 2, "failed": 1, "error": 1}[run["status"]], run
-    assert elapsed < 170, f"the chaos test took {elapsed:.0f}s"

@@ -18,16 +18,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import redis
 from litestar.testing import AsyncTestClient
 
 from tests.support.factories import Tenant, tenant
 from tests.support.fakes import FakeAgent, FakeOpenAI, Reply, verdict_from_marker
-from tests.support.processes import free_port, spar_executable, spar_process
+from tests.support.processes import free_port, spar_executable, spar_process, suite_env
 from tests.support.proxy import DroppingProxy
 from tests.support.scenario_setup import outbound_setup
 
-pytestmark = pytest.mark.slow
+# One worker takes the module: its spar serve and worker start once under xdist.
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("cli")]
 
 
 class ShopAgent(FakeAgent):
@@ -57,15 +57,7 @@ def spar_api(
     database_url: str, settings: Any, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[str]:
     """``spar serve`` and ``spar worker`` on the suite's database; the API's URL."""
-    redis.Redis.from_url(settings.redis_url).flushdb()
-    env = {
-        "SPAR_DATABASE_URL": database_url,
-        "SPAR_REDIS_URL": settings.redis_url,
-        "SPAR_SECRET_KEY": settings.secret_key,
-        "SPAR_EGRESS_ALLOW_PRIVATE": "true",
-        "SPAR_LOG_LEVEL": "WARNING",
-        "SPAR_DB_POOL_SIZE": "4",
-    }
+    env = suite_env(database_url, settings, SPAR_LOG_LEVEL="WARNING", SPAR_DB_POOL_SIZE="4")
     port = free_port()
     cwd = tmp_path_factory.mktemp("spar-cli")
     url = f"http://127.0.0.1:{port}"

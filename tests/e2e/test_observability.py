@@ -14,12 +14,11 @@ from pathlib import Path
 
 import httpx
 import pytest
-import redis
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.support.factories import tenant
 from tests.support.fakes import FakeAgent, FakeOpenAI
-from tests.support.processes import free_port, spar_process
+from tests.support.processes import free_port, spar_process, suite_env
 from tests.support.scenario_setup import criterion, outbound_setup, turn, wait_for_run
 
 pytestmark = pytest.mark.slow
@@ -66,15 +65,7 @@ def wait_for_metric(url: str, name: str, labels: dict[str, str], within: float =
 async def test_a_request_id_follows_a_run_from_the_api_into_the_worker(
     client, database_url, settings, tmp_path: Path
 ) -> None:
-    redis.Redis.from_url(settings.redis_url).flushdb()
-    env = {
-        "SPAR_DATABASE_URL": database_url,
-        "SPAR_REDIS_URL": settings.redis_url,
-        "SPAR_SECRET_KEY": settings.secret_key,
-        "SPAR_EGRESS_ALLOW_PRIVATE": "true",
-        "SPAR_LOG_LEVEL": "INFO",
-        "SPAR_LOG_FORMAT": "json",
-    }
+    env = suite_env(database_url, settings, SPAR_LOG_LEVEL="INFO", SPAR_LOG_FORMAT="json")
     api_port, metrics_port = free_port(), free_port()
     api_url = f"http://127.0.0.1:{api_port}"
     rid = f"e2e-{uuid.uuid4().hex}"

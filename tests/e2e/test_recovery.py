@@ -35,7 +35,10 @@ pytestmark = pytest.mark.slow
 SCENARIOS = 60
 WINDOW = 20
 AGENT_DELAY_S = 0.25
-TARGET_S = 60.0  # every run terminal within this long of the fault
+# Every run terminal within this long of the fault: long before the stall path
+# (SPAR_RUN_STALL_S, 300 s, left at its default) could send anything again, so only the
+# heartbeat path (SPAR_RUN_HEARTBEAT_TIMEOUT_S, 30 s) can have ended them.
+TARGET_S = 60.0
 WORKER = ["worker", "--processes", "1", "--threads", "16", "--queues", "runs,batches"]
 
 
@@ -174,10 +177,10 @@ async def recovery_after(
     *,
     workers: int,
     under_way: Callable[[dict[str, Any]], bool],
-) -> tuple[dict[str, Any], dict[str, Any], float]:
+) -> tuple[dict[str, Any], dict[str, Any]]:
     """Run the suite as a batch on real processes, cause ``fault`` (given the Redis and the
-    workers) once the batch is ``under_way``, and wait for the batch's end: the batch
-    before the fault, at its end, and the seconds from the fault to the end."""
+    workers) once the batch is ``under_way``, and wait for the batch's end, at most
+    ``TARGET_S``: the batch before the fault, and at its end."""
     with RestartableRedis() as redis_server, FakeAgent(reply=slow_echo) as agent:
         t, agent_id = await suite(client, agent.url)
         variables = env(database_url, settings, redis_server.url)
@@ -185,12 +188,11 @@ async def recovery_after(
             batch = Batch(api, t, agent_id)
             before = batch.wait_until(under_way, 60, "the batch never got under way", directory)
             fault(redis_server, started)
-            faulted_at = time.monotonic()
             assert before["completed_scenarios"] < SCENARIOS, "the batch ended before the fault"
             final = batch.wait_until(
-                lambda s: s["status"] != "running", 2 * TARGET_S, "not over", directory
+                lambda s: s["status"] != "running", TARGET_S, "not over", directory
             )
-            return before, final, time.monotonic() - faulted_at
+            return before, final
 
 
 async def test_a_worker_killed_mid_batch_has_its_runs_terminal_within_a_minute(
@@ -201,7 +203,7 @@ async def test_a_worker_killed_mid_batch_has_its_runs_terminal_within_a_minute(
         workers[0].wait()
 
     # Killed once the batch is well under way and runs are in flight.
-    before, final, recovered_s = await recovery_after(
+    before, final = await recovery_after(
         kill_one_worker,
         client,
         database_url,
@@ -212,10 +214,9 @@ async def test_a_worker_killed_mid_batch_has_its_runs_terminal_within_a_minute(
     )
     print(
         f"\nkill -9 of a worker at {before['completed_scenarios']}/{SCENARIOS} done, "
-        f"{in_flight(before)} in flight: every run terminal {recovered_s:.1f} s later"
+        f"{in_flight(before)} in flight: every run terminal"
     )
     assert_exact(final)
-    assert recovered_s <= TARGET_S, f"{recovered_s:.1f} s\n{logs(tmp_path)}"
 
 
 async def test_a_redis_restart_mid_batch_has_every_run_terminal_within_a_minute(
@@ -224,7 +225,7 @@ async def test_a_redis_restart_mid_batch_has_every_run_terminal_within_a_minute(
     def restart_redis(redis_server: RestartableRedis, _: list[subprocess.Popen[bytes]]) -> None:
         redis_server.restart()  # every queued message is gone
 
-    before, final, recovered_s = await recovery_after(
+    before, final = await recovery_after(
         restart_redis,
         client,
         database_url,
@@ -234,8 +235,6 @@ async def test_a_redis_restart_mid_batch_has_every_run_terminal_within_a_minute(
         under_way=lambda s: s["completed_scenarios"] >= SCENARIOS // 4,
     )
     print(
-        f"\nRedis restarted at {before['completed_scenarios']}/{SCENARIOS} done: every run "
-        f"terminal {recovered_s:.1f} s later"
+        f"\nRedis restarted at {before['completed_scenarios']}/{SCENARIOS} done: every run terminal"
     )
     assert_exact(final)
-    assert recovered_s <= TARGET_S, f"{recovered_s:.1f} s\n{logs(tmp_path)}"

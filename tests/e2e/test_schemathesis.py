@@ -25,7 +25,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.support.processes import free_port, spar_process
+from tests.support.processes import free_port, owner_over_http, spar_process
 
 pytestmark = pytest.mark.slow
 
@@ -94,21 +94,9 @@ def test_no_operation_answers_a_server_error(database_url, db, tmp_path: Path):
         health_url=f"{base}/health/ready",
     ):
         with httpx.Client(base_url=base, timeout=10) as http:
-            registered = http.post(
-                "/v1/auth/register",
-                json={
-                    "email": "fuzz-owner@example.com",
-                    "password": "fuzzing-password",
-                    "first_name": "Fuzz",
-                    "last_name": "Owner",
-                },
+            headers, org = owner_over_http(
+                http, "fuzz-owner@example.com", "fuzzing-password", "Fuzz"
             )
-            assert registered.status_code == 201, registered.text
-            user = registered.json()
-            headers = {"Authorization": f"Bearer {user['access_token']}"}
-            created = http.post("/v1/organizations", json={"name": "Fuzz"}, headers=headers)
-            assert created.status_code == 201, created.text
-            org = created.json()
             served = http.get("/schema/openapi.json")
             assert served.status_code == 200, served.text
 
@@ -156,7 +144,7 @@ def test_no_operation_answers_a_server_error(database_url, db, tmp_path: Path):
             ],
             env={
                 **os.environ,
-                "SPAR_FUZZ_TOKEN": user["access_token"],
+                "SPAR_FUZZ_TOKEN": headers["Authorization"].removeprefix("Bearer "),
                 "SPAR_FUZZ_ORG_ID": org["id"],
             },
             cwd=tmp_path,

@@ -15,7 +15,7 @@ import pytest
 
 from shared.db.embedded import running_postmasters
 from tests.support.fakes import FakeAgent, FakeOpenAI
-from tests.support.processes import free_port, spar_executable, spar_process
+from tests.support.processes import free_port, owner_over_http, spar_executable, spar_process
 
 pytestmark = pytest.mark.slow
 
@@ -44,19 +44,7 @@ def test_spar_dev_migrates_its_embedded_postgres_and_serves_the_api(tmp_path):
         secret = tmp_path / ".spar-dev" / "secret"
         assert secret.exists() and secret.stat().st_mode & 0o077 == 0
         with httpx.Client(base_url=base, timeout=10) as http:
-            registered = http.post(
-                "/v1/auth/register",
-                json={
-                    "email": "newcomer@example.com",
-                    "password": "first-password",
-                    "first_name": "New",
-                    "last_name": "Comer",
-                },
-            )
-            assert registered.status_code == 201, registered.text
-            headers = {"Authorization": f"Bearer {registered.json()['access_token']}"}
-            org = http.post("/v1/organizations", json={"name": "Dev org"}, headers=headers)
-            assert org.status_code == 201, org.text
+            headers, _ = owner_over_http(http, "newcomer@example.com", "first-password", "Dev org")
             me = http.get("/v1/auth/me", headers=headers).json()
             assert [o["role"]["name"] for o in me["organizations"]] == ["OWNER"]
             login = http.post(
@@ -101,17 +89,8 @@ def test_spar_dev_runs_a_scenario_with_its_embedded_worker(tmp_path):
         ),
         httpx.Client(base_url=base, timeout=10) as http,
     ):
-        token = http.post(
-            "/v1/auth/register",
-            json={
-                "email": "dev@example.com",
-                "password": "dev-password",
-                "first_name": "D",
-                "last_name": "V",
-            },
-        ).json()["access_token"]
-        h = {"Authorization": f"Bearer {token}"}
-        org = http.post("/v1/organizations", json={"name": "Dev"}, headers=h).json()["id"]
+        h, made = owner_over_http(http, "dev@example.com", "dev-password", "Dev")
+        org = made["id"]
         assert (
             http.put(
                 f"/v1/orgs/{org}/credentials/judge_key", json={"value": "sk-dev"}, headers=h

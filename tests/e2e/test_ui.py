@@ -42,7 +42,7 @@ from shared.db.base import utcnow
 from shared.db.models import BatchRun
 from shared.scenarios.runner import execute_run
 from shared.settings import Settings
-from tests.integration.test_batch_runs import (
+from tests.support.batches import (
     World,
     create_batch,
     drain,
@@ -57,6 +57,9 @@ from tests.support.live_server import LiveServer
 
 # Debian's package (.ci/run installs it); SPAR_TEST_CHROMIUM names another Chromium or Chrome.
 CHROMIUM = Path(os.environ.get("SPAR_TEST_CHROMIUM") or "/usr/bin/chromium")
+
+# One worker takes the module: one Chromium and one server for all of it under xdist.
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("ui")]
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.support.processes import free_port, spar_process
+from tests.support.processes import free_port, owner_over_http, spar_process
 
 pytestmark = pytest.mark.slow
 
@@ -43,17 +43,7 @@ def test_the_documented_python_and_curl_senders_start_executions(
         ),
         httpx.Client(base_url=base, timeout=30) as http,
     ):
-        registered = http.post(
-            "/v1/auth/register",
-            json={
-                "email": "sender@example.com",
-                "password": "sender-password",
-                "first_name": "Web",
-                "last_name": "Hook",
-            },
-        )
-        h = {"Authorization": f"Bearer {registered.json()['access_token']}"}
-        org = http.post("/v1/organizations", json={"name": "hooks"}, headers=h).json()
+        h, org = owner_over_http(http, "sender@example.com", "sender-password", "hooks")
         v1 = f"/v1/orgs/{org['id']}"
         http.post(f"{v1}/allowed-domains/", json={"domain": "127.0.0.1"}, headers=h)
         agent = http.post(

@@ -11,15 +11,15 @@ import time
 from pathlib import Path
 
 import pytest
-import redis
 from sqlalchemy import func, select
 
 from shared.db.models import CriterionResult, TurnResult
 from shared.queue import RUN_SCENARIO, get_broker, send
 from shared.settings import Settings
+from tests.support.calibration import EXAMPLES
 from tests.support.factories import tenant
-from tests.support.fakes import FakeAgent, FakeOpenAI
-from tests.support.processes import spar_process
+from tests.support.fakes import FakeAgent, FakeOpenAI, verdict_from_marker
+from tests.support.processes import spar_process, suite_env
 
 pytestmark = pytest.mark.slow
 
@@ -28,14 +28,7 @@ VERDICT = json.dumps({"verdict": "PASS", "critique": "fine", "evidence": "ok"})
 
 @pytest.fixture
 def worker_env(database_url, settings):
-    redis.Redis.from_url(settings.redis_url).flushdb()
-    return {
-        "SPAR_DATABASE_URL": database_url,
-        "SPAR_REDIS_URL": settings.redis_url,
-        "SPAR_SECRET_KEY": settings.secret_key,
-        "SPAR_EGRESS_ALLOW_PRIVATE": "true",
-        "SPAR_LOG_LEVEL": "WARNING",
-    }
+    return suite_env(database_url, settings, SPAR_LOG_LEVEL="WARNING")
 
 
 async def _setup(client, agent_url: str, judge_url: str, turns: int = 2):
@@ -236,8 +229,6 @@ async def test_a_worker_killed_mid_run_is_resumed_by_the_next(
 async def test_calibrate_answers_200_with_the_metrics_a_worker_judged_while_it_waited(
     client, worker_env, tmp_path: Path
 ):
-    from tests.integration.test_calibration import EXAMPLES, verdict_from_marker
-
     with (
         FakeAgent() as agent,
         FakeOpenAI(reply=verdict_from_marker) as judge,

@@ -6,7 +6,6 @@ real worker judging while the request waits, is in ``tests/e2e/test_worker.py``.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
 from uuid import UUID
 
 import pytest
@@ -15,6 +14,7 @@ from litestar.testing import AsyncTestClient
 
 from shared.calibration.judging import judge_examples
 from shared.settings import Settings
+from tests.support.calibration import EXAMPLES
 from tests.support.factories import Tenant, single_validation_entry, tenant
 from tests.support.fakes import FakeAgent, FakeOpenAI, verdict_from_marker
 from tests.support.scenario_setup import create_scenario, criterion, outbound_setup, turn
@@ -30,28 +30,6 @@ def judge() -> Iterator[FakeOpenAI]:
 def agent() -> Iterator[FakeAgent]:
     with FakeAgent() as fake:
         yield fake
-
-
-def example(n: int, human: str, judged: str, *tags: str) -> dict[str, Any]:
-    return {
-        "id": f"ex-{n}",
-        "user_message": f"question {n}",
-        "agent_response": f"answer {n}",
-        "criterion_question": f"Is answer {n} correct? [judge:{judged}]",
-        "human_verdict": human,
-        "human_critique": "",
-        "tags": list(tags),
-    }
-
-
-EXAMPLES = [
-    example(1, "PASS", "PASS", "billing"),
-    example(2, "PASS", "PASS", "billing"),
-    example(3, "PASS", "FAIL", "refunds"),  # false negative
-    example(4, "FAIL", "FAIL", "refunds"),
-    example(5, "FAIL", "PASS", "billing"),  # false positive
-    example(6, "FAIL", "garbage"),  # undecided
-]
 
 
 def calibrate_path(t: Tenant, agent_id: str | None) -> str:

@@ -19,7 +19,6 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from scheduler.sweeper import sweep
 from shared.db.models import KnowledgeChunk, KnowledgeDocument
-from shared.knowledge.processing import process_document
 from shared.queue import PROCESS_DOCUMENT
 from shared.settings import Settings
 from tests.support.factories import (
@@ -29,6 +28,7 @@ from tests.support.factories import (
     stub_broker,
     tenant,
 )
+from tests.support.knowledge import collection, kb, process, upload
 from tests.support.knowledge_corpus import DOCUMENTS, QUERIES
 from tests.support.scenario_setup import create_http_agent
 
@@ -50,34 +50,9 @@ DOCUMENT_FIELDS = {
 }
 
 
-def kb(t: Tenant, *rest: str) -> str:
-    return "/".join([f"/v1/orgs/{t.id}/knowledge", *rest])
-
-
 def processed(status: str) -> float:
     """``spar_documents_processed_total{status}`` of this process (the worker's, here)."""
     return REGISTRY.get_sample_value("spar_documents_processed_total", {"status": status}) or 0.0
-
-
-async def collection(client: AsyncTestClient, t: Tenant, name: str = "policies") -> str:
-    response = await client.post(kb(t, "collections"), json={"name": name}, headers=t.owner.headers)
-    assert response.status_code == 201, response.text
-    return response.json()["id"]
-
-
-async def upload(
-    client: AsyncTestClient, t: Tenant, collection_id: str, content: str, **fields: Any
-) -> dict[str, Any]:
-    body = {"collectionId": collection_id, "filename": "doc.md", "content": content, **fields}
-    response = await client.post(
-        kb(t, "documents", "structured"), json=body, headers=t.owner.headers
-    )
-    assert response.status_code == 201, response.text
-    return response.json()
-
-
-async def process(app: Litestar, document_id: str) -> None:
-    await process_document(app.state.database, app.state.settings, UUID(document_id))
 
 
 async def status(client: AsyncTestClient, t: Tenant, document_id: str) -> dict[str, Any]:

@@ -17,9 +17,9 @@ from litestar.testing import AsyncTestClient
 
 from shared.scenarios.runner import execute_run
 from shared.settings import Settings
-from tests.integration.test_knowledge import collection, kb, process, upload
 from tests.support.factories import Tenant, tenant
 from tests.support.fakes import FakeOpenAI
+from tests.support.knowledge import collection, kb, process, upload
 from tests.support.scenario_setup import (
     allow_domain,
     create_judge_provider,

@@ -33,6 +33,7 @@ from tests.support.factories import (
 )
 from tests.support.fakes import FakeAgent, Reply
 from tests.support.scenario_setup import create_scenario, outbound_setup
+from tests.support.triggers import create, path, scheduled, webhook
 
 READ_FIELDS = {
     "id",
@@ -76,38 +77,6 @@ EXECUTION_FIELDS = {
 def agent() -> Iterator[FakeAgent]:
     with FakeAgent(reply=lambda body: f"got: {body['message']}") as fake:
         yield fake
-
-
-def path(t: Tenant, *rest: str) -> str:
-    return "/".join([f"/v1/orgs/{t.id}/triggers", *rest]) + ("/" if not rest else "")
-
-
-def scheduled(agent_id: str, **fields: Any) -> dict[str, Any]:
-    return {
-        "name": "nightly",
-        "trigger_type": "scheduled",
-        "agent_id": agent_id,
-        "message": "Good evening, it is {{ now }}",
-        "cron_expression": "0 2 * * *",
-        "timezone": "Europe/Amsterdam",
-        **fields,
-    }
-
-
-def webhook(agent_id: str, **fields: Any) -> dict[str, Any]:
-    return {
-        "name": "on deploy",
-        "trigger_type": "webhook",
-        "agent_id": agent_id,
-        "message": "Deployed {{ payload.version }} ({{ trigger.name }})",
-        **fields,
-    }
-
-
-async def create(client: AsyncTestClient, t: Tenant, body: dict[str, Any]) -> dict[str, Any]:
-    response = await client.post(path(t), json=body, headers=t.owner.headers)
-    assert response.status_code == 201, response.text
-    return response.json()
 
 
 async def run_execution(app: Litestar, settings: Settings, execution_id: str, **kw: Any) -> None:

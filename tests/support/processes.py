@@ -12,6 +12,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import httpx
 import psycopg
@@ -25,6 +26,35 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+def suite_env(database_url: str, settings: Any, **variables: str) -> dict[str, str]:
+    """The environment of ``spar`` processes on the suite's database and (emptied first)
+    Redis, with its secret key, allowed to call loopback fakes; ``variables`` add to it."""
+    redis.Redis.from_url(settings.redis_url).flushdb()
+    return {
+        "SPAR_DATABASE_URL": database_url,
+        "SPAR_REDIS_URL": settings.redis_url,
+        "SPAR_SECRET_KEY": settings.secret_key,
+        "SPAR_EGRESS_ALLOW_PRIVATE": "true",
+        **variables,
+    }
+
+
+def owner_over_http(
+    http: httpx.Client, email: str, password: str, org_name: str
+) -> tuple[dict[str, str], dict[str, Any]]:
+    """Register an account through a real API process and let it make an organization:
+    the account's bearer headers and the organization."""
+    registered = http.post(
+        "/v1/auth/register",
+        json={"email": email, "password": password, "first_name": "E2e", "last_name": "Owner"},
+    )
+    assert registered.status_code == 201, registered.text
+    headers = {"Authorization": f"Bearer {registered.json()['access_token']}"}
+    org = http.post("/v1/organizations", json={"name": org_name}, headers=headers)
+    assert org.status_code == 201, org.text
+    return headers, org.json()
 
 
 def spar_executable() -> str:

@@ -30,3 +30,28 @@ def test_passwords_hash_with_argon2id_and_verify():
 def test_missing_or_corrupt_hash_never_matches():
     assert not security.verify_password(None, "anything")
     assert not security.verify_password("not-a-hash", "anything")
+
+
+def test_production_hashes_with_the_real_parameters_and_either_profile_verifies_both():
+    from argon2 import extract_parameters, profiles
+
+    from shared.settings import settings_from_env
+
+    production = settings_from_env({}).password_hash_profile
+    assert production == security.DEFAULT_PASSWORD_HASH_PROFILE == "RFC_9106_LOW_MEMORY"
+    real = security.hash_password("s3cret-password", profile=production)
+    assert extract_parameters(real) == profiles.RFC_9106_LOW_MEMORY
+    assert (extract_parameters(real).time_cost, extract_parameters(real).memory_cost) == (3, 65536)
+    assert extract_parameters(security.hash_password("s3cret-password")) == (
+        profiles.RFC_9106_LOW_MEMORY
+    )
+    cheap = security.hash_password("s3cret-password", profile="CHEAPEST")
+    assert extract_parameters(cheap) == profiles.CHEAPEST
+    for hashed in (real, cheap):
+        for profile in (production, "CHEAPEST"):
+            assert security.verify_password(hashed, "s3cret-password", profile=profile)
+            assert not security.verify_password(hashed, "wrong-password", profile=profile)
+    assert (
+        settings_from_env({"SPAR_PASSWORD_HASH_PROFILE": "cheapest"}).password_hash_profile
+        == "CHEAPEST"
+    )
