@@ -51,7 +51,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     leader_retry_s: float = 2.0
     trigger_poll_s: float = 10.0
     # The second of the minute each cron slot fires at: "0", standard cron, except in the
-    # scheduler failover drill, which runs a "* * * * *" trigger every few seconds ("*/4").
+    # scheduler failover drill, which runs a "* * * * *" trigger every six seconds ("*/6").
     trigger_second: str = "0"
     # Knowledge: the largest document content taken (UTF-8 bytes), and how long a run of
     # an llm agent waits for its bookmarked documents to be ready before it errors.

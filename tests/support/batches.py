@@ -12,7 +12,7 @@ from uuid import UUID
 from litestar import Litestar
 from litestar.testing import AsyncTestClient
 
-from shared.batches.services import dispatch_committed
+from shared.batches.window import dispatch_committed
 from shared.scenarios.runner import execute_run
 from shared.settings import Settings
 from tests.support.factories import Tenant, tenant
