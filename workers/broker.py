@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import signal
 import time
+from collections.abc import Callable
 from typing import Any
 
 import dramatiq
@@ -18,6 +19,7 @@ from shared.logs import configure_logging
 from shared.queue import get_broker
 from shared.runtime import get_runtime
 from shared.settings import get_settings
+from shared.work import Work
 from workers.observability import observe_messages
 from workers.warmup import warm_up
 
@@ -78,3 +80,20 @@ if not any(isinstance(m, WarmUp) for m in broker.middleware):
     broker.add_middleware(WarmUp())
     broker.add_middleware(OneStopSignal())
 dramatiq.set_broker(broker)
+
+
+def unit_actor(
+    work: Work, **options: Any
+) -> Callable[[Callable[..., Any]], dramatiq.Actor[Any, Any]]:
+    """The actor that plays ``work``'s units: its queue and name are the ones the kind's
+    units are sent to (``work.message``, which the sweeper sends to as well), and
+    Dramatiq's retries are the kind's delivery bound, so the unit's own count of
+    deliveries (:mod:`shared.work`) ends it before they run out.  Every unit is idempotent
+    and resumable, so a retry is safe.  ``options``: backoff and time limit."""
+    queue_name, actor_name = work.message
+    return dramatiq.actor(
+        actor_name=actor_name,
+        queue_name=queue_name,
+        max_retries=work.max_deliveries,
+        **options,
+    )

@@ -12,17 +12,14 @@ import dramatiq
 
 from shared.calibration import trust
 from shared.calibration.judging import judge_examples
-from shared.queue import CALIBRATE, JUDGE_TRUST
+from shared.queue import JUDGE_TRUST
 from shared.runtime import get_runtime
 from shared.work import CALIBRATIONS
-from workers.broker import broker  # noqa: F401 - the broker the actor is declared on
+from workers.broker import unit_actor
 
 
-@dramatiq.actor(
-    actor_name=CALIBRATE[1],
-    queue_name=CALIBRATE[0],
-    # The calibration's own count of deliveries (shared.work) ends it before these run out.
-    max_retries=CALIBRATIONS.max_deliveries,
+@unit_actor(
+    CALIBRATIONS,
     min_backoff=1_000,
     max_backoff=30_000,
     time_limit=30 * 60 * 1000,

@@ -14,15 +14,11 @@ from shared.queue import DISPATCH_BATCH, RUN_SCENARIO, send
 from shared.runtime import get_runtime
 from shared.scenarios.runner import execute_run
 from shared.work import RUNS
-from workers.broker import broker
+from workers.broker import broker, unit_actor
 
 
-@dramatiq.actor(
-    actor_name=RUN_SCENARIO[1],
-    queue_name=RUN_SCENARIO[0],
-    # A run is resumable and idempotent, so a retry after a crash is safe.  The run's own
-    # count of deliveries (shared.work) ends it before these run out.
-    max_retries=RUNS.max_deliveries,
+@unit_actor(
+    RUNS,
     min_backoff=1_000,
     max_backoff=30_000,
     # Long conversations with slow agents: 30 minutes, then the sweeper takes over.

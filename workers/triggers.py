@@ -7,21 +7,14 @@ from __future__ import annotations
 
 from uuid import UUID
 
-import dramatiq
-
-from shared.queue import RUN_TRIGGER
 from shared.runtime import get_runtime
 from shared.triggers.executions import execute
 from shared.work import TRIGGER_EXECUTIONS
-from workers.broker import broker
+from workers.broker import broker, unit_actor
 
 
-@dramatiq.actor(
-    actor_name=RUN_TRIGGER[1],
-    queue_name=RUN_TRIGGER[0],
-    # Idempotent and resumable (see shared.triggers.executions): a retry is safe.  The
-    # execution's own count of deliveries (shared.work) ends it before these run out.
-    max_retries=TRIGGER_EXECUTIONS.max_deliveries,
+@unit_actor(
+    TRIGGER_EXECUTIONS,
     min_backoff=1_000,
     max_backoff=60_000,
     time_limit=10 * 60 * 1000,
