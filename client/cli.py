@@ -30,6 +30,7 @@ from client.calibrate import calibrate
 from client.demo import demo
 from client.extras import require
 from client.scenarios import scenarios
+from shared.logs import configure_logging
 from shared.settings import SettingsError, get_settings
 
 
@@ -116,10 +117,8 @@ def cli(ctx: click.Context) -> None:
     Try it:     spar demo
     """
     if ctx.invoked_subcommand in SERVER_COMMANDS:
-        # The server's processes log in Spar's own format; shared.logs imports Dramatiq,
-        # so only once one of them runs (the client's commands log nothing of their own).
-        from shared.logs import configure_logging
-
+        # The server's processes log in Spar's own format (the client's commands log
+        # nothing of their own).
         settings = get_settings()
         configure_logging(settings.log_level, settings.log_format)
 

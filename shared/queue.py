@@ -5,7 +5,7 @@ embedded ``spar dev``).  Messages are sent by actor name, so senders (the API, t
 scheduler) never import the actors.  Send only after the transaction that created the
 row has committed: the message is just a pointer to it.  Code holding a session does not
 commit to send: it calls :func:`send_after_commit`, and whoever owns the transaction
-commits (the request's ``db_session`` dependency, or ``provide_session`` elsewhere).
+commits (the request's ``db_session`` dependency, or a job's ``database.transaction()``).
 
 Every message carries the request id of the context that sent it (a new one outside
 any request), and the worker restores it around the actor (:mod:`shared.logs`; the

@@ -1,17 +1,15 @@
-"""Per-process resources for code outside a request (workers, scheduler, CLI).
+"""Per-process resources for code outside a request (workers, the scheduler).
 
 Created lazily on first use, inside the process and event loop that uses them (never at
-import time in a parent that forks): settings, the database engine and session factory,
+import time in a parent that forks): settings, the database (:class:`shared.db.engine.Database`),
 and one pooled HTTP session for egress.
 """
 
 from __future__ import annotations
 
-from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 
 import aiohttp
-from sqlalchemy.ext.asyncio import AsyncSession
 
 from shared.db.direct import direct_pool
 from shared.db.engine import Database, create_engine
@@ -56,9 +54,3 @@ def get_runtime() -> Runtime:
             settings=settings, database=Database(create_engine(settings, pre_ping=False))
         )
     return _runtime
-
-
-def provide_session(database: Database | None = None) -> AbstractAsyncContextManager[AsyncSession]:
-    """A transaction outside a request (actors, the scheduler): :meth:`Database.transaction`
-    of ``database``, by default the process's."""
-    return (database or get_runtime().database).transaction()
