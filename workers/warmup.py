@@ -58,6 +58,9 @@ async def _rehearse_sessions(runtime: Runtime) -> None:
     async with database.transaction() as session:
         await outbound.load_egress_policy(session, settings=settings, org_id=org)
         await outbound.default_judge_provider_id(session, org_id=org)
-        for load in (outbound.load_agent, outbound.load_provider):
-            with suppress(NotFound):
-                await load(session, settings, org, uuid4())
+        with suppress(NotFound):
+            await outbound.load_agent(session, settings=settings, org_id=org, agent_id=uuid4())
+        with suppress(NotFound):
+            await outbound.load_provider(
+                session, settings=settings, org_id=org, provider_id=uuid4()
+            )

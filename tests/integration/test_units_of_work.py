@@ -47,6 +47,7 @@ from shared.scenarios.runner import execute_run
 from shared.settings import Settings
 from shared.triggers.executions import execute as execute_trigger
 from shared.work import CALIBRATIONS, DOCUMENTS, RUNS, TRIGGER_EXECUTIONS, Work
+from workers.warmup import warm_up
 from tests.support.factories import Tenant, stub_broker, tenant
 from tests.support.fakes import FakeAgent, FakeOpenAI, Reply
 from tests.support.proxy import DatabaseProxy
@@ -597,6 +598,18 @@ async def test_an_execution_whose_database_goes_away_as_the_agent_answers_calls_
     assert execution["status"] == "succeeded", execution
     assert execution["response"] == "pong"
     assert len(agent.requests) == 1
+
+
+async def test_a_workers_boot_warm_up_rehearses_every_path_without_an_error(
+    settings: Settings,
+) -> None:
+    """What ``before_worker_boot`` runs (it logs and goes on when this raises): each
+    rehearsed call must still match the signature of what it rehearses."""
+    runtime = Runtime(settings=settings, database=Database(create_engine(settings, pre_ping=False)))
+    try:
+        await warm_up(runtime)
+    finally:
+        await runtime.close()
 
 
 async def test_a_worker_whose_database_was_slow_at_boot_recovers(
