@@ -47,7 +47,6 @@ from shared.scenarios.runner import execute_run
 from shared.settings import Settings
 from shared.triggers.executions import execute as execute_trigger
 from shared.work import CALIBRATIONS, DOCUMENTS, RUNS, TRIGGER_EXECUTIONS, Work
-from workers.warmup import warm_up
 from tests.support.factories import Tenant, stub_broker, tenant
 from tests.support.fakes import FakeAgent, FakeOpenAI, Reply
 from tests.support.proxy import DatabaseProxy
@@ -62,6 +61,7 @@ from tests.support.scenario_setup import (
     start_run,
     turn,
 )
+from workers.warmup import warm_up
 
 NUL_REPLY = "nul \u0000 inside"
 CLEANED = "nul \ufffd inside"
