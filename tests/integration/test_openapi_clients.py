@@ -151,12 +151,57 @@ def sign(secret: str, body: bytes) -> dict[str, str]:
 # --- openapi-spec-validator ------------------------------------------------------------------
 
 
+# Answer fields whose values are an enum's (a status, a verdict, a kind): the document
+# says which values, so generated clients get the enum and not any string.
+ENUM_FIELDS = {
+    "AccessToken": ["token_type"],
+    "Registered": ["token_type"],
+    "UserRead": ["status"],
+    "AgentRead": ["kind", "protocol"],
+    "LLMProviderRead": ["provider"],
+    "ProviderReference": ["provider"],
+    "CriterionRead": ["criteria_type"],
+    "FewShotExampleRead": ["verdict"],
+    "CriterionResultRead": ["verdict"],
+    "ScenarioRunRead": ["status"],
+    "BatchRunItemSummary": ["status"],
+    "BatchRunRead": ["status"],
+    "CalibrationRead": ["status"],
+    "CalibrationPending": ["status"],
+    "CalibrationResultItem": ["human_verdict", "judge_verdict"],
+    "DocumentRead": ["mimeType", "processingStatus", "bookmarkMode"],
+    "DocumentStatus": ["status"],
+    "BookmarkRead": ["bookmarkMode"],
+    "TriggerRead": ["trigger_type", "status", "action"],
+    "TriggerCreated": ["trigger_type", "status", "action"],
+    "ExecutionRead": ["source", "status"],
+    "HealthStatus": ["status"],
+}
+
+
+def enumerated(document: dict[str, Any], schema: dict[str, Any]) -> bool:
+    """Whether ``schema`` allows only listed values (null aside)."""
+    if "$ref" in schema:
+        return enumerated(document, document["components"]["schemas"][schema["$ref"][21:]])
+    if "enum" in schema or "const" in schema:
+        return True
+    members = [m for m in schema.get("oneOf", ()) if m.get("type") != "null"]
+    return bool(members) and all(enumerated(document, m) for m in members)
+
+
 def test_the_served_document_is_valid_openapi_and_says_things_one_way(
     document: dict[str, Any],
 ) -> None:
     validate_spec(document)
     assert document["openapi"].startswith("3.1")
-    found = {"examples": [], "type lists": [], "untyped JSON errors": []}
+    found: dict[str, list[str]] = {
+        "examples": [],
+        "type lists": [],
+        "error answers without a JSON body": [],
+        "answers without X-Request-ID": [],
+        "answers without Retry-After": [],
+        "answer fields without their enum": [],
+    }
     for at, node in walk(document):
         # Litestar's generated examples are random strings that describe nothing.
         is_properties = at.endswith("/properties")  # there, "examples" may be a field's name
@@ -168,9 +213,27 @@ def test_the_served_document_is_valid_openapi_and_says_things_one_way(
     for path, item in document["paths"].items():
         for method in METHODS:
             for status, answer in item.get(method, {}).get("responses", {}).items():
+                where = f"{method} {path} {status}"
+                headers = answer.get("headers", {})
                 if int(status) >= 400 and "application/json" not in answer.get("content", {}):
-                    found["untyped JSON errors"].append(f"{method} {path} {status}")
-    assert found == {"examples": [], "type lists": [], "untyped JSON errors": []}
+                    found["error answers without a JSON body"].append(where)
+                if "X-Request-ID" not in headers:
+                    found["answers without X-Request-ID"].append(where)
+                retried = status == "429" or (status == "503" and path.startswith("/v1/"))
+                if retried and "Retry-After" not in headers:
+                    found["answers without Retry-After"].append(where)
+    schemas = document["components"]["schemas"]
+    for name, fields in ENUM_FIELDS.items():
+        for field in fields:
+            if not enumerated(document, schemas[name]["properties"][field]):
+                found["answer fields without their enum"].append(f"{name}.{field}")
+    assert found == {key: [] for key in found}
+    # The batch's event stream says which events come, and what each one's data is.
+    stream = document["paths"]["/v1/orgs/{org_id}/scenarios/batch-runs/{batch_run_id}/events"]
+    said = stream["get"]["responses"]["200"]["description"]
+    for event, data in (("progress", "BatchRunRead"), ("run", "BatchRunItemSummary")):
+        assert f"`{event}`" in said and f"`{data}`" in said, said
+    assert "`end`" in said
 
 
 # --- datamodel-code-generator ----------------------------------------------------------------
