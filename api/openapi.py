@@ -10,16 +10,17 @@
    is taken, and ``{"detail": "…"}`` for 401/403/404/409/503 under /v1.
 2. Every operation has a summary (from its ``operationId`` unless the handler sets one)
    and a description (the handler's docstring); public operations require no token.
-3. A body Struct declared with ``forbid_unknown_fields=True`` is documented with
+3. A Struct declared with ``forbid_unknown_fields=True`` is documented with
    ``additionalProperties: false``: the Struct's own config decides, for every Struct a
-   handler takes as ``data`` and every Struct nested in one.
+   handler takes as ``data`` or answers with, and every Struct nested in one.
 4. A body's ``dict[str, str]`` with bounded keys or values (``HeaderMap``) documents the
    bounds (``propertyNames``, ``additionalProperties``), which Litestar leaves out; so does
    a body's list of bounded strings (a scenario's ``tags``) for its items.
 5. Every error answer is JSON: a status declared without a body (a handler's
    ``ResponseSpec(None, …)``) gets the ``Error`` body.  Every answer carries
    ``X-Request-ID``; 429 and the database's 503 carry ``Retry-After``.
-6. A body a handler takes as optional (``data: X | None = None``) is not required.
+6. A body a handler takes as optional (``data: X | None = None``) is not required, and is
+   an ``X`` when sent.
 7. One way to say null: Litestar writes ``Literal[...] | None`` as ``type: [null, string]``
    with ``None`` in the enum, where it writes every other optional as ``oneOf [...,
    {type: null}]``; the lists become ``oneOf`` too (openapi-core crashed on them,
@@ -195,15 +196,15 @@ def document_errors(app: Litestar) -> None:
         if path.startswith("/v1/"):
             for code, description in _ERRORS.items():
                 responses.setdefault(code, OpenAPIResponse(description=description, content=error))
-                if code == "503":
-                    responses[code].headers = {RETRY_AFTER: _header(RETRY_AFTER)}
         for code, response in list(responses.items()):
             if not isinstance(response, OpenAPIResponse):
                 continue
             if int(code) >= 400 and not response.content:  # every error answer is JSON
-                response = responses[code] = dataclasses.replace(response, content=error)
+                response = dataclasses.replace(response, content=error)
             headers = {**(response.headers or {}), REQUEST_ID: _header(REQUEST_ID)}
-            if code == "429":
+            # The login throttle's 429 and the database's 503 (/health/ready's 503 is the
+            # probe's own answer, without one).
+            if code == "429" or (code == "503" and path.startswith("/v1/")):
                 headers[RETRY_AFTER] = _header(RETRY_AFTER)
             responses[code] = dataclasses.replace(response, headers=headers)
         operation.responses = responses
