@@ -13,7 +13,8 @@ run on it:
 One API for the module, served by uvicorn on a loopback port against the suite's
 database; the agent and the judge are loopback fakes.  Each generator runs once, in a
 temporary directory.  Runs, batches and calibrations are played in the test's process as
-the workers play them.
+the workers play them, on the database of the suite's app (which the ``client`` fixture
+starts).
 """
 
 from __future__ import annotations
@@ -416,7 +417,7 @@ async def test_a_generated_python_client_runs_the_main_flow(
         client=anonymous,
         body=payload,
         webhook_id=headers["webhook-id"],
-        webhook_timestamp=headers["webhook-timestamp"],
+        webhook_timestamp=int(headers["webhook-timestamp"]),
         webhook_signature=headers["webhook-signature"],
     )
     assert isinstance(accepted, models.HookAccepted), accepted

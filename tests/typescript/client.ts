@@ -1,7 +1,7 @@
 // A small program on a client generated from Spar's OpenAPI document: the types come from
-// openapi-typescript (spar-api.d.ts, written beside this file by the test), the calls
-// from openapi-fetch.  It is only compiled (tsc --noEmit): what must compile is what a
-// TypeScript user of Spar writes.
+// openapi-typescript (spar-api.d.ts, which tests/integration/test_openapi_clients.py
+// generates beside a copy of this file), the calls from openapi-fetch.  It is only
+// compiled (tsc --noEmit): what must compile is what a TypeScript user of Spar writes.
 import createClient from "openapi-fetch";
 import type { components, paths } from "./spar-api";
 
