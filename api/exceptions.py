@@ -67,10 +67,6 @@ class ValidationErrorBody(msgspec.Struct):
     detail: list[ValidationErrorItem]
 
 
-class ErrorBody(msgspec.Struct):
-    detail: str
-
-
 _STATUS = {
     NotFound: HTTP_404_NOT_FOUND,
     Conflict: HTTP_409_CONFLICT,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Literal
 
 import msgspec
 from litestar import Controller, Response, get
@@ -15,7 +16,7 @@ from api.http import reject_unknown_query
 
 
 class HealthStatus(msgspec.Struct):
-    status: str
+    status: Literal["ok", "unavailable"]
     checks: dict[str, str] = {}
 
 

@@ -36,7 +36,9 @@ request_id: contextvars.ContextVar[str | None] = contextvars.ContextVar(
 #: The message option that carries the request id from the sender to the worker.
 MESSAGE_OPTION = "request_id"
 
-_VALID_REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
+# A caller's X-Request-ID that Spar keeps (the API documents it as the header's pattern).
+REQUEST_ID_PATTERN = r"[A-Za-z0-9._:-]{1,128}"
+_VALID_REQUEST_ID = re.compile(REQUEST_ID_PATTERN)
 
 # Attributes every LogRecord has; anything else on a record came in through ``extra=``.
 _RECORD_ATTRIBUTES = frozenset(

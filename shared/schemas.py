@@ -21,13 +21,28 @@ from zoneinfo import available_timezones
 import msgspec
 
 # Characters PostgreSQL and UTF-8 can hold: no NUL, no lone surrogates.
-_STORABLE = "\\x00\\ud800-\\udfff"
+_SURROGATES = "\\ud800-\\udfff"
+_STORABLE = f"\\x00{_SURROGATES}"
 TEXT_PATTERN = f"^[^{_STORABLE}]*$"
 # Text sent in an HTTP header or query value as it is: one line (a CR or LF would end the
 # header and start another one of the caller's making), storable.
 HEADER_TEXT_PATTERN = f"^[^{_STORABLE}\\r\\n]*$"
 _UNSTORABLE = re.compile(f"[{_STORABLE}]")
 MAX_JSON_DEPTH = 32
+
+
+def documented_pattern(pattern: str) -> str:
+    """``pattern`` as the OpenAPI document states it: without the lone surrogates.
+
+    Spar refuses them (PostgreSQL cannot store them), but none can reach it: a JSON body is
+    UTF-8, which cannot encode a surrogate, msgspec refuses a ``\\ud800`` escape, a
+    percent-encoded path or query is decoded as UTF-8 too (bytes that are not become
+    U+FFFD) and headers as Latin-1.  Naming them, the pattern is
+    valid ECMA-262 that the regex engines of generated clients refuse ("hexadecimal
+    literal is not a Unicode scalar value" in pydantic's, in Rust's ``regex``); without
+    them it says the rule a request can break, no NUL, in a form every engine takes.  The
+    server goes on checking the whole pattern."""
+    return pattern.replace(_SURROGATES, "")
 
 
 def text(min_length: int = 0, max_length: int | None = None, **extra: str) -> msgspec.Meta:

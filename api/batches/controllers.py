@@ -22,6 +22,14 @@ from shared.identity.access import OrgAccess, requires
 
 EVENT_POLL_S = 0.5
 RECENT = timedelta(seconds=30)
+EVENTS = (
+    "Server-Sent Events: for each, an `event: <name>` line, a `data: <JSON object>` line "
+    "and a blank line.  `progress`: the batch (a `BatchRunRead` without `runs` and "
+    "`judge_trust`), at once and then on every change of a counter or of the status.  "
+    "`run`: a run that ended (a `BatchRunItemSummary`: scenario, status, passed and total "
+    "turns), once per run.  `end`: the batch once it is over and every run is counted (the "
+    "last `progress` again); the stream then closes."
+)
 
 
 class BatchRunController(Controller):
@@ -109,7 +117,8 @@ class BatchRunController(Controller):
             HTTP_200_OK: ResponseSpec(
                 str,
                 media_type="text/event-stream",
-                description="Server-Sent Events: `progress`, `run`, then `end`.",
+                description=EVENTS,
+                generate_examples=False,
             )
         },
     )

@@ -25,11 +25,16 @@ class CalibrationController(Controller):
         operation_id="calibrateJudge",
         access=requires("scenarios:run"),
         status_code=HTTP_200_OK,
+        # One schema per status: a finished calibration is 200, one still judging 202.
         responses={
+            HTTP_200_OK: ResponseSpec(
+                schemas.CalibrationRead,
+                description="Judged: `completed` with the metrics, or `failed` with `error`.",
+            ),
             HTTP_202_ACCEPTED: ResponseSpec(
                 schemas.CalibrationPending,
                 description="Still judging after SPAR_CALIBRATION_WAIT_S: poll the id.",
-            )
+            ),
         },
     )
     async def calibrate(

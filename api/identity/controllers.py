@@ -10,7 +10,6 @@ from litestar.params import JSONBody
 from litestar.status_codes import HTTP_200_OK, HTTP_204_NO_CONTENT
 
 from api.deps import Access, Caller, Config, DbSession, Page, PathId, listing
-from api.exceptions import ErrorBody
 from shared.identity import accounts, members, organizations, platform_tokens, roles, schemas
 from shared.identity.access import AUTHENTICATED, PUBLIC, USER_ONLY, requires, requires_role
 from shared.identity.permissions import ADMIN, OWNER
@@ -37,7 +36,7 @@ class AuthController(Controller):
         status_code=HTTP_200_OK,
         responses={
             429: ResponseSpec(
-                ErrorBody,
+                None,
                 description="Too many failed logins for this account or from this address; "
                 "the `Retry-After` header says how many seconds to wait.",
             )

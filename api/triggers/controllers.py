@@ -8,6 +8,7 @@ from typing import Annotated, Any
 from litestar import Controller, Request, Response, delete, get, patch, post
 from litestar.datastructures import State
 from litestar.openapi import ResponseSpec
+from litestar.openapi.spec import OpenAPIMediaType, OpenAPIType, Parameter, RequestBody, Schema
 from litestar.params import Body, JSONBody, QueryParameter
 from litestar.status_codes import (
     HTTP_200_OK,
@@ -18,6 +19,7 @@ from litestar.status_codes import (
 )
 
 from api.deps import Access, Config, DbSession, Page, PathId
+from api.openapi import operation_reading
 from shared.identity.access import PUBLIC, requires
 from shared.triggers import schemas, services
 from shared.triggers.schemas import ExecutionStatus, TriggerStatus, TriggerType
@@ -192,6 +194,44 @@ class TriggerController(Controller):
         return schemas.ExecutionRead.from_row(execution)
 
 
+def _signature_header(name: str, schema: Schema, description: str) -> Parameter:
+    return Parameter(
+        name=name, param_in="header", required=True, schema=schema, description=description
+    )
+
+
+# The delivery is read as bytes (the signature covers them), so Litestar sees neither the
+# body nor the three headers of the Standard Webhooks scheme: the document states them.
+WEBHOOK_DELIVERY = operation_reading(
+    RequestBody(
+        content={
+            "application/json": OpenAPIMediaType(
+                schema=Schema(description="Any JSON value: the execution's `payload`.")
+            )
+        },
+        required=False,
+        description="What the message template sees as `payload`: any JSON, nested at most "
+        "32 levels deep, at most 256 KiB; none (or blank) for a null payload.  Signed as sent.",
+    ),
+    _signature_header(
+        "webhook-id",
+        Schema(type=OpenAPIType.STRING, max_length=255),
+        "The delivery's unique id: a repeated one answers with its first execution.",
+    ),
+    _signature_header(
+        "webhook-timestamp",
+        Schema(type=OpenAPIType.INTEGER),
+        "When the delivery was signed, in Unix seconds: within 5 minutes of Spar's clock.",
+    ),
+    _signature_header(
+        "webhook-signature",
+        Schema(type=OpenAPIType.STRING),
+        "`v1,` and the base64 HMAC-SHA256 of `id.timestamp.body` under the trigger's "
+        "`whsec_` secret; the scheme's space-separated list of several is accepted.",
+    ),
+)
+
+
 class HookController(Controller):
     path = "/hooks/triggers"
     tags = ["webhooks"]
@@ -202,6 +242,7 @@ class HookController(Controller):
         access=PUBLIC,
         status_code=HTTP_202_ACCEPTED,
         request_max_body_size=services.MAX_WEBHOOK_BODY,
+        operation_class=WEBHOOK_DELIVERY,
         responses={
             HTTP_401_UNAUTHORIZED: ResponseSpec(
                 None, description="Missing or invalid signature, or a timestamp off by 5 min."

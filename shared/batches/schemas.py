@@ -10,7 +10,7 @@ from uuid import UUID
 import msgspec
 
 from shared.calibration.schemas import JudgeTrust
-from shared.scenarios.schemas import Tag
+from shared.scenarios.schemas import RunStatus, Tag
 from shared.schemas import Input, Output
 
 
@@ -38,7 +38,7 @@ class BatchRunItemSummary(Output):
     id: UUID
     scenario_id: UUID
     scenario_name: str
-    status: str
+    status: RunStatus
     passed_turns: int
     total_turns: int
     completed_at: datetime | None = None
@@ -50,7 +50,7 @@ class BatchRunRead(Output):
     organization_id: UUID
     agent_id: UUID
     agent_name: str
-    status: str
+    status: BatchStatus
     total_scenarios: int
     completed_scenarios: int
     passed_scenarios: int

@@ -58,9 +58,9 @@ class CalibrateBody(Input):
 class CalibrationResultItem(Output):
     example_id: str
     criterion: str
-    human_verdict: str
+    human_verdict: Verdict
     # None when the judge could not decide (counted apart as ``undecided``).
-    judge_verdict: str | None
+    judge_verdict: Verdict | None
     agrees: bool
     judge_critique: str
 
@@ -109,7 +109,7 @@ class CalibrationRead(Output):
     """A calibration: its metrics (spec 16's fields at the top level) once ``completed``."""
 
     id: UUID
-    status: str
+    status: CalibrationStatus
     agent_id: UUID | None
     example_count: int
     created_at: datetime
@@ -134,11 +134,13 @@ class CalibrationRead(Output):
     by_tag: dict[str, Agreement] | msgspec.UnsetType = msgspec.UNSET
 
 
-class CalibrationPending(Output):
-    """The 202 answer: still judging; poll ``GET …/scenarios/calibrations/{id}``."""
+class CalibrationPending(Output, forbid_unknown_fields=True):
+    """The 202 answer: still judging; poll ``GET …/scenarios/calibrations/{id}``.  Nothing
+    else is in it (documented ``additionalProperties: false``), so no finished calibration
+    reads as one."""
 
     id: UUID
-    status: str
+    status: Literal["queued", "running"]
 
 
 class CalibrationList(Output):

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Annotated, Any, Self
+from typing import Annotated, Any, Literal, Self
 from uuid import UUID
 
 import msgspec
@@ -16,6 +16,9 @@ PersonName = Annotated[str, text(1, 100)]
 RoleName = Annotated[str, text(1, 100)]
 BusinessInformation = Annotated[str, text(0, 20_000)]
 UNSET = msgspec.UNSET
+# "active" once the user has a password; "invited" while only an invitation exists.
+UserStatus = Literal["active", "invited"]
+TokenType = Literal["bearer"]
 
 
 # --- users and sessions -------------------------------------------------------------------
@@ -30,7 +33,7 @@ class UserRead(Output):
     timezone: str
     created_at: datetime
     updated_at: datetime
-    status: str
+    status: UserStatus
     invited_at: datetime | None
 
 
@@ -50,14 +53,14 @@ class LoginBody(Input):
 class AccessToken(Output):
     access_token: str
     expires_at: datetime
-    token_type: str = "bearer"
+    token_type: TokenType = "bearer"
 
 
 class Registered(Output):
     user: UserRead
     access_token: str
     expires_at: datetime
-    token_type: str = "bearer"
+    token_type: TokenType = "bearer"
 
 
 # --- organizations ---------------------------------------------------------------------------

@@ -8,14 +8,15 @@ from __future__ import annotations
 
 import enum
 from datetime import datetime
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 from uuid import UUID
 
 import msgspec
 
 from shared.schemas import Input, Name255, Output, text
 
-MIME_TYPES = ("text/markdown", "text/plain")
+MimeType = Literal["text/markdown", "text/plain"]
+MIME_TYPES: tuple[str, ...] = get_args(MimeType)
 BookmarkMode = Literal["none", "always", "on_demand"]
 
 # ISO 639-1 codes (and the configuration names themselves) -> PostgreSQL's built-in text
@@ -94,9 +95,9 @@ class DocumentRead(Output, rename="camel"):
     id: UUID
     collection_id: UUID
     filename: str
-    mime_type: str
+    mime_type: MimeType
     bytes_ingested: int
-    processing_status: str
+    processing_status: ProcessingStatus
     processing_progress: int
     created_at: datetime
     relative_path: str | None
@@ -104,7 +105,7 @@ class DocumentRead(Output, rename="camel"):
     title: str | None
     processing_error: str | None
     language: str | None
-    bookmark_mode: str = "none"
+    bookmark_mode: BookmarkMode = "none"
 
 
 class DocumentList(Output):
@@ -114,7 +115,7 @@ class DocumentList(Output):
 
 class DocumentStatus(Output, rename="camel"):
     document_id: str
-    status: str
+    status: ProcessingStatus
     progress: int
     error: str | None
     metadata: dict[str, Any]
@@ -133,7 +134,7 @@ class BookmarkPut(Input, rename="camel"):
 
 
 class BookmarkRead(Output, rename="camel"):
-    bookmark_mode: str
+    bookmark_mode: BookmarkMode
     usage_description: str | None
     agent_ids: list[UUID]
 

@@ -98,7 +98,7 @@ class CredentialList(Output):
 
 class ProviderReference(Output):
     id: UUID
-    provider: str
+    provider: ProviderKind
     name: str
 
 
@@ -141,7 +141,7 @@ class LLMProviderRead(Output):
     id: UUID
     organization_id: UUID
     name: str
-    provider: str
+    provider: ProviderKind
     base_url: str
     default_model: str
     credential_key: str | None
@@ -191,9 +191,9 @@ class AgentRead(Output):
     organization_id: UUID
     name: str
     description: str
-    kind: str
+    kind: AgentKind
     endpoint_url: str | None
-    protocol: str | None
+    protocol: AgentProtocol | None
     llm_provider_id: UUID | None
     model: str | None
     system_prompt: str | None

@@ -94,7 +94,7 @@ class ScenarioUpdate(Input):
 
 class FewShotExampleRead(Output):
     response: str
-    verdict: str
+    verdict: Verdict
     critique: str
 
 
@@ -102,7 +102,7 @@ class CriterionRead(Output):
     id: UUID
     turn_id: UUID
     question: str
-    criteria_type: str
+    criteria_type: CriteriaType
     few_shot_examples: list[FewShotExampleRead]
     order_index: int
 
@@ -155,7 +155,7 @@ class RunCreate(Input):
 class CriterionResultRead(Output):
     id: UUID
     criteria_id: UUID
-    verdict: str
+    verdict: Verdict
     critique: str
     evidence: str
     input_tokens: int
@@ -185,7 +185,7 @@ class ScenarioRunRead(Output):
     id: UUID
     scenario_id: UUID
     agent_id: UUID
-    status: str
+    status: RunStatus
     started_at: datetime | None
     completed_at: datetime | None
     created_at: datetime

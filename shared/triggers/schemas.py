@@ -115,13 +115,13 @@ class TriggerRead(Output):
     id: UUID
     organization_id: UUID
     name: str
-    trigger_type: str
-    status: str
+    trigger_type: TriggerType
+    status: TriggerStatus
     agent_id: UUID
     message: str
     cron_expression: str | None
     timezone: str | None
-    action: str
+    action: TriggerAction
     scenario_ids: list[UUID]
     tags: list[str]
     max_concurrency: int
@@ -161,11 +161,11 @@ class FireBody(Input):
 class ExecutionRead(Output):
     id: UUID
     trigger_id: UUID
-    source: str
-    status: str
+    source: ExecutionSource
+    status: ExecutionStatus
     scheduled_for: datetime | None
     webhook_id: str | None
-    payload: Any | None
+    payload: Any  # any JSON, null included (``Any | None`` would say null twice)
     message: str | None
     response: str | None
     batch_run_id: UUID | None

@@ -381,3 +381,29 @@ async def test_a_body_is_checked_strictly_against_its_schema(
     entry = single_validation_entry(response)
     assert (entry["loc"], entry["type"]) == (loc, kind), entry
     assert (await listing(client, t, scenarios_path(t)))["total"] == 0
+
+
+@pytest.mark.parametrize(("limit", "status"), [(3.0, 200), (1e1, 200), (3.5, 422), ("3", 422)])
+async def test_an_integer_field_takes_a_number_without_a_fraction_and_nothing_else(
+    client: AsyncTestClient, limit: Any, status: int
+) -> None:
+    """JSON Schema's ``integer``, what the OpenAPI document says, is any number without a
+    fraction: ``3.0`` is one, ``3.5`` and ``"3"`` are not."""
+    t = await tenant(client)
+    body = {"query": "refunds", "limit": limit}
+    response = await client.post(
+        f"/v1/orgs/{t.id}/knowledge/search", json=body, headers=t.owner.headers
+    )
+    assert response.status_code == status, response.text
+    if status == 422:
+        assert single_validation_entry(response)["loc"] == ["body", "limit"]
+
+
+async def test_an_integer_field_deep_in_a_body_takes_a_number_without_a_fraction(
+    client: AsyncTestClient,
+) -> None:
+    t = await tenant(client)
+    criterion = {"question": "hello", "criteria_type": "contains", "order_index": 2.0}
+    body = {"name": "Whole", "turns": [{"user_message": "hi", "criteria": [criterion]}]}
+    response = await client.post(scenarios_path(t), json=body, headers=t.owner.headers)
+    assert response.status_code == 201, response.text

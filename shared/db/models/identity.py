@@ -4,16 +4,13 @@ from __future__ import annotations
 
 import uuid
 from datetime import datetime
-from typing import Literal
 
 from sqlalchemy import BigInteger, Boolean, ForeignKey, Index, String, Text, UniqueConstraint, text
 from sqlalchemy.orm import Mapped, mapped_column, relationship
 
 from shared.db.base import Base, IdMixin, JSONType, TimestampMixin, utcnow
 from shared.db.checks import not_negative, one_of
-
-# A user's status: no schema names it (the API shows it as a string), so it is said here.
-UserStatus = Literal["active", "invited"]
+from shared.identity.schemas import UserStatus
 
 
 class User(IdMixin, TimestampMixin, Base):
