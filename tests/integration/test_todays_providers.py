@@ -387,6 +387,9 @@ async def test_anthropic_request_options_keep_spars_output_format(claude: FakeAn
 # --- the API: request_options and anthropic_version on providers ---------------------------------
 
 
+OPTIONS = ["body", "request_options"]
+
+
 def providers(t: Tenant, provider_id: str | None = None) -> str:
     base = f"/v1/orgs/{t.id}/llm-providers"
     return base if provider_id is None else f"{base}/{provider_id}"
@@ -437,24 +440,34 @@ async def test_provider_settings_are_created_read_and_patched(client: AsyncTestC
 
 
 @pytest.mark.parametrize(
-    ("fields", "loc"),
+    ("fields", "loc", "kind"),
     [
-        ({"request_options": ["max_tokens", 5]}, ["body", "request_options"]),
-        ({"request_options": "max_tokens=5"}, ["body", "request_options"]),
-        ({"request_options": {"model": "gpt-4o"}}, ["body", "request_options", "model"]),
-        ({"request_options": {"messages": []}}, ["body", "request_options", "messages"]),
-        ({"request_options": {"stream": True}}, ["body", "request_options", "stream"]),
+        ({"request_options": ["max_tokens", 5]}, ["body", "request_options"], "object_type"),
+        ({"request_options": "max_tokens=5"}, ["body", "request_options"], "object_type"),
+        ({"request_options": {"model": "gpt-4o"}}, [*OPTIONS, "model"], "value_error"),
+        ({"request_options": {"messages": []}}, [*OPTIONS, "messages"], "value_error"),
+        ({"request_options": {"stream": True}}, [*OPTIONS, "stream"], "value_error"),
         (
             {"request_options": {"response_format": {}}},
-            ["body", "request_options", "response_format"],
+            [*OPTIONS, "response_format"],
+            "value_error",
         ),
-        ({"request_options": {"pad": "x" * 20_000}}, ["body", "request_options"]),
-        ({"request_options": {"bad\u0000key": 1}}, ["body", "request_options", "bad\u0000key"]),
-        ({"anthropic_version": "2023-06-01"}, ["body", "anthropic_version"]),  # not anthropic
-        ({"provider": "anthropic", "anthropic_version": "june"}, ["body", "anthropic_version"]),
+        ({"request_options": {"pad": "x" * 20_000}}, ["body", "request_options"], "too_long"),
+        (
+            {"request_options": {"bad\u0000key": 1}},
+            [*OPTIONS, "bad\u0000key"],
+            "string_pattern_mismatch",
+        ),
+        ({"anthropic_version": "2023-06-01"}, ["body", "anthropic_version"], "value_error"),
+        (
+            {"provider": "anthropic", "anthropic_version": "june"},
+            ["body", "anthropic_version"],
+            "string_pattern_mismatch",
+        ),
         (
             {"provider": "anthropic", "request_options": {"output_config": {"format": {}}}},
-            ["body", "request_options", "output_config", "format"],
+            [*OPTIONS, "output_config", "format"],
+            "value_error",
         ),
     ],
     ids=[
@@ -472,7 +485,7 @@ async def test_provider_settings_are_created_read_and_patched(client: AsyncTestC
     ],
 )
 async def test_invalid_provider_settings_are_422_and_nothing_is_stored(
-    client: AsyncTestClient, fields: dict[str, Any], loc: list[str]
+    client: AsyncTestClient, fields: dict[str, Any], loc: list[str], kind: str
 ) -> None:
     t = await tenant(client)
     body = {"name": "p", "provider": "openai", "default_model": "o3", **fields}
@@ -481,7 +494,7 @@ async def test_invalid_provider_settings_are_422_and_nothing_is_stored(
 
     assert response.status_code == 422, response.text
     [entry] = response.json()["detail"]
-    assert entry["loc"] == loc
+    assert (entry["loc"], entry["type"]) == (loc, kind)
     assert set(entry) == {"loc", "msg", "type", "input", "ctx"}
     listed = await client.get(providers(t), headers=t.owner.headers)
     assert listed.json()["total"] == 0
