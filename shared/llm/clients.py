@@ -98,7 +98,9 @@ def _result(
     )
 
 
-def _limits(known: ModelTraits, max_tokens: int, temperature: float, tokens_field: str) -> dict:
+def _limits(
+    known: ModelTraits, max_tokens: int, temperature: float, tokens_field: str
+) -> dict[str, Any]:
     """Spar's defaults of length and sampling for a model with ``known`` traits."""
     if known.reasoning:
         return {tokens_field: max(max_tokens, REASONING_MAX_TOKENS)}

@@ -62,6 +62,7 @@ CREDENTIAL_REF = re.compile(r"\{\{\s*credentials\.([A-Za-z0-9_.-]{1,128})\s*\}\}
 RETRY_STATUSES = frozenset({408, 409, 429})  # and every 5xx (:func:`_should_retry`)
 REDIRECT_STATUSES = frozenset({301, 302, 303, 307, 308})
 MAX_RESPONSE_BYTES = 16 * 1024 * 1024
+_GRACE_S = 0.05  # past the call's timeout, for what no attempt's own timeout bounds
 _CGNAT = ipaddress.ip_network("100.64.0.0/10")
 _NAT64 = ipaddress.ip_network("64:ff9b::/96")
 
@@ -408,10 +409,11 @@ class EgressClient:
         deadline = time.monotonic() + self._timeout_s
         try:
             try:
-                async with asyncio.timeout(self._timeout_s):
+                # Each attempt ends itself at the deadline (and says after how many); this
+                # ends what no attempt bounds, such as a name slow to resolve.
+                async with asyncio.timeout(self._timeout_s + _GRACE_S):
                     return await self._request(method, url, json, headers, redactor, deadline)
             except TimeoutError:
-                # What no attempt's own timeout caught (a name that takes long to resolve).
                 raise EgressTransportError(
                     f"timed out calling {_display(url)}: no answer within {self._timeout_s:g} s"
                 ) from None
@@ -565,9 +567,12 @@ class EgressClient:
         headers = dict(prepared.headers)
         if content is not None:
             headers.setdefault("Content-Type", "application/json")
-        # This attempt may take what is left of the call.
+        # This attempt may take what is left of the call, to the millisecond (aiohttp would
+        # round a timeout over 5 s up to a whole second).
         left = max(deadline - time.monotonic(), 0.001)
-        limits = aiohttp.ClientTimeout(total=left, sock_connect=min(self._connect_timeout_s, left))
+        limits = aiohttp.ClientTimeout(
+            total=left, sock_connect=min(self._connect_timeout_s, left), ceil_threshold=math.inf
+        )
         if self._http is not None:
             return await self._exchange(self._http, method, prepared, headers, content, limits)
         async with new_http_session() as http:
