@@ -43,6 +43,10 @@ SPAR_FIELDS = frozenset(
 )
 # Fields inside an object a request_options object may otherwise set.
 SPAR_NESTED_FIELDS: Mapping[str, frozenset[str]] = {"output_config": frozenset({"format"})}
+SPAR_FIELD_PATHS = (
+    *sorted(SPAR_FIELDS),
+    *(f"{outer}.{inner}" for outer, inners in SPAR_NESTED_FIELDS.items() for inner in inners),
+)
 MAX_OPTIONS_BYTES = 16_384  # a request_options object, encoded as JSON
 
 DEFAULT_MAX_TOKENS = 1024

@@ -8,6 +8,7 @@ from uuid import UUID
 
 import msgspec
 
+from shared.llm.models import MAX_OPTIONS_BYTES, SPAR_FIELD_PATHS
 from shared.schemas import HEADER_TEXT_PATTERN, SECRET, STORABLE, Input, Name255, Output, text
 
 UNSET = msgspec.UNSET
@@ -35,9 +36,8 @@ RequestOptions = Annotated[
     dict[str, Any],
     msgspec.Meta(
         description="Fields merged into each request body sent to the provider (a null "
-        "removes a field Spar would send). At most 16 KiB as JSON; the fields Spar sets "
-        "itself (model, messages, system, stream, response_format, tools, tool_choice, "
-        "functions, function_call, output_config.format) are refused."
+        f"removes a field Spar would send). At most {MAX_OPTIONS_BYTES} bytes as JSON; the "
+        f"fields Spar sets itself ({', '.join(SPAR_FIELD_PATHS)}) are refused."
     ),
     STORABLE,
 ]
