@@ -1,5 +1,13 @@
 """LLM chat over the egress client: OpenAI chat completions (and compatibles), Anthropic
-messages.  Each call returns the content and the token usage."""
+messages.  Each call returns the content and the token usage.
+
+The body starts from Spar's defaults for the model (:mod:`shared.llm.models`: a reasoning
+model gets ``max_completion_tokens`` and no temperature, a Claude model after Opus 4.6 no
+temperature), then the provider's ``request_options`` are merged in, then Spar's own
+fields (model, conversation, structured output) are set.  A refusal (OpenAI's ``refusal``
+with no content, Anthropic's ``stop_reason: refusal``) is a reply: its text is the
+content, and ``refusal`` says so.
+"""
 
 from __future__ import annotations
 
@@ -8,9 +16,17 @@ from typing import Any
 
 import msgspec
 
+from shared.llm.models import (
+    DEFAULT_MAX_TOKENS,
+    REASONING_MAX_TOKENS,
+    ModelTraits,
+    traits,
+    with_options,
+)
 from shared.outbound.egress import EgressClient, EgressError, EgressResponse, ProviderConfig
 
 ANTHROPIC_VERSION = "2023-06-01"
+SCHEMA_NAME = "response"  # the JSON schema's (OpenAI) and the forced tool's (Anthropic) name
 
 
 class LLMError(EgressError):
@@ -26,6 +42,8 @@ class ChatResult:
     model: str
     # The completion as the provider sent it: for deterministic checks only, never kept.
     received: str = field(default="", repr=False)
+    # The model refused: ``content`` is its refusal.
+    refusal: bool = False
 
 
 async def chat(
@@ -36,18 +54,20 @@ async def chat(
     model: str | None = None,
     system: str | None = None,
     json_schema: dict[str, Any] | None = None,
-    max_tokens: int = 1024,
+    max_tokens: int = DEFAULT_MAX_TOKENS,
     temperature: float = 0.0,
 ) -> ChatResult:
     """One completion.  ``messages`` are ``{"role": "user"|"assistant", "content"}``;
-    ``json_schema`` asks for structured output where the provider supports it."""
+    ``json_schema`` asks for structured output where the provider supports it.
+    ``max_tokens`` and ``temperature`` are for the models that take them."""
     model = model or provider.default_model
+    known = traits(provider.provider, model)
     if provider.provider == "anthropic":
         return await _anthropic(
-            egress, provider, messages, model, system, json_schema, max_tokens, temperature
+            egress, provider, messages, model, known, system, json_schema, max_tokens, temperature
         )
     return await _openai(
-        egress, provider, messages, model, system, json_schema, max_tokens, temperature
+        egress, provider, messages, model, known, system, json_schema, max_tokens, temperature
     )
 
 
@@ -64,7 +84,9 @@ def _ok_json(response: EgressResponse, who: str) -> Any:
         raise LLMError(f"{who} answered with a body that is not JSON") from None
 
 
-def _result(response: EgressResponse, received: str, usage: Any, model: str) -> ChatResult:
+def _result(
+    response: EgressResponse, received: str, usage: Any, model: str, *, refusal: bool = False
+) -> ChatResult:
     return ChatResult(
         content=response.redactor.text(received),
         input_tokens=int(usage[0] or 0),
@@ -72,7 +94,33 @@ def _result(response: EgressResponse, received: str, usage: Any, model: str) -> 
         latency_ms=response.latency_ms,
         model=response.redactor.text(model),
         received=received,
+        refusal=refusal,
     )
+
+
+def _limits(
+    known: ModelTraits, max_tokens: int, temperature: float, tokens_field: str
+) -> dict[str, Any]:
+    """Spar's defaults of length and sampling for a model with ``known`` traits."""
+    if known.reasoning:
+        return {tokens_field: max(max_tokens, REASONING_MAX_TOKENS)}
+    limits: dict[str, Any] = {"max_tokens": max_tokens}
+    if known.sampling:
+        limits["temperature"] = temperature
+    return limits
+
+
+def openai_reply(message: Any) -> tuple[str, bool]:
+    """``(text, refused)`` of a chat completion's ``choices[0].message``: its content, or
+    its ``refusal`` when the model refused (``content`` null).  Raises ``TypeError`` when
+    it has neither."""
+    content = message.get("content")
+    refusal = message.get("refusal")
+    if content is None and isinstance(refusal, str):
+        return refusal, True
+    if not isinstance(content, str):
+        raise TypeError(content)
+    return content, False
 
 
 async def _openai(
@@ -80,34 +128,32 @@ async def _openai(
     provider: ProviderConfig,
     messages: list[dict[str, str]],
     model: str,
+    known: ModelTraits,
     system: str | None,
     json_schema: dict[str, Any] | None,
     max_tokens: int,
     temperature: float,
 ) -> ChatResult:
-    body: dict[str, Any] = {
-        "model": model,
-        "messages": ([{"role": "system", "content": system}] if system else []) + messages,
-        "temperature": temperature,
-        "max_tokens": max_tokens,
-    }
+    body = with_options(
+        _limits(known, max_tokens, temperature, "max_completion_tokens"), provider.request_options
+    )
+    body["model"] = model
+    body["messages"] = ([{"role": "system", "content": system}] if system else []) + messages
     if json_schema is not None:
         body["response_format"] = {
             "type": "json_schema",
-            "json_schema": {"name": "response", "schema": json_schema, "strict": True},
+            "json_schema": {"name": SCHEMA_NAME, "schema": json_schema, "strict": True},
         }
     headers = {"Authorization": f"Bearer {provider.api_key}"} if provider.api_key else {}
     url = provider.base_url.rstrip("/") + "/chat/completions"
     response = await egress.request("POST", url, json=body, headers=headers)
     data = _ok_json(response, f"LLM provider {provider.provider}")
     try:
-        content = data["choices"][0]["message"]["content"] or ""
-        if not isinstance(content, str):
-            raise TypeError(content)
+        content, refused = openai_reply(data["choices"][0]["message"])
         usage = data.get("usage") or {}
         tokens = (usage.get("prompt_tokens"), usage.get("completion_tokens"))
-        return _result(response, content, tokens, str(data.get("model") or model))
-    except (KeyError, IndexError, TypeError, ValueError):
+        return _result(response, content, tokens, str(data.get("model") or model), refusal=refused)
+    except (KeyError, IndexError, TypeError, ValueError, AttributeError):
         raise LLMError("chat completion without choices[0].message.content") from None
 
 
@@ -116,26 +162,33 @@ async def _anthropic(
     provider: ProviderConfig,
     messages: list[dict[str, str]],
     model: str,
+    known: ModelTraits,
     system: str | None,
     json_schema: dict[str, Any] | None,
     max_tokens: int,
     temperature: float,
 ) -> ChatResult:
-    if json_schema is not None:
-        instruction = (
-            "Answer with a single JSON object, and nothing else, that matches this JSON schema: "
-            + msgspec.json.encode(json_schema).decode()
-        )
-        system = f"{system}\n\n{instruction}" if system else instruction
-    body: dict[str, Any] = {
-        "model": model,
-        "max_tokens": max_tokens,
-        "temperature": temperature,
-        "messages": messages,
-    }
+    body = with_options(
+        _limits(known, max_tokens, temperature, "max_tokens"), provider.request_options
+    )
+    body["model"] = model
+    body["messages"] = messages
     if system:
         body["system"] = system
-    headers = {"anthropic-version": ANTHROPIC_VERSION}
+    tool = None
+    if json_schema is not None and known.structured == "tool":
+        # Before structured outputs, a tool forced on the model is how it answers a schema.
+        tool = SCHEMA_NAME
+        body["tools"] = [
+            {"name": tool, "description": "Give the answer.", "input_schema": json_schema}
+        ]
+        body["tool_choice"] = {"type": "tool", "name": tool}
+    elif json_schema is not None:
+        body["output_config"] = {
+            **(body.get("output_config") or {}),
+            "format": {"type": "json_schema", "schema": json_schema},
+        }
+    headers = {"anthropic-version": provider.anthropic_version or ANTHROPIC_VERSION}
     if provider.api_key:
         headers["x-api-key"] = provider.api_key
     url = provider.base_url.rstrip("/") + "/v1/messages"
@@ -144,8 +197,13 @@ async def _anthropic(
     try:
         blocks = data["content"]
         content = "".join(b.get("text", "") for b in blocks if b.get("type") == "text")
+        if tool is not None:
+            for block in blocks:
+                if block.get("type") == "tool_use" and block.get("name") == tool:
+                    content = msgspec.json.encode(block.get("input")).decode()
         usage = data.get("usage") or {}
         tokens = (usage.get("input_tokens"), usage.get("output_tokens"))
-        return _result(response, content, tokens, str(data.get("model") or model))
+        refused = data.get("stop_reason") == "refusal"
+        return _result(response, content, tokens, str(data.get("model") or model), refusal=refused)
     except (KeyError, TypeError, AttributeError, ValueError):
         raise LLMError("anthropic message without text content") from None

@@ -2,8 +2,9 @@
 
 Prompt: the criterion question, its few-shot examples, the conversation so far and the
 organization's business information.  Structured output (JSON schema) where the
-provider supports it, tolerant parsing otherwise.  A malformed answer is retried, then
-raised as :class:`JudgeError` — never read as a PASS.
+provider supports it (OpenAI's ``response_format``; Anthropic's ``output_config.format``,
+or a forced tool for models before it), tolerant parsing otherwise.  A malformed answer
+or a refusal is retried, then raised as :class:`JudgeError` — never read as a PASS.
 """
 
 from __future__ import annotations
@@ -114,6 +115,7 @@ async def judge(
     prompt = build_prompt(question, conversation, few_shot_examples, business_information)
     input_tokens = output_tokens = 0
     latency_ms = 0.0
+    refusal = None
     for attempt in range(1, MAX_ATTEMPTS + 1):
         result = await chat(
             egress,
@@ -127,6 +129,9 @@ async def judge(
         input_tokens += result.input_tokens
         output_tokens += result.output_tokens
         latency_ms += result.latency_ms
+        if result.refusal:
+            refusal = result.content
+            continue
         parsed = parse_verdict(result.content)
         if parsed is not None:
             verdict, critique, evidence = parsed
@@ -137,4 +142,6 @@ async def judge(
             return Judgement(
                 verdict, critique, evidence, input_tokens, output_tokens, latency_ms, attempt
             )
+    if refusal is not None:
+        raise JudgeError(f"the judge refused to judge: {refusal[:300]}")
     raise JudgeError(f"the judge gave no usable verdict after {MAX_ATTEMPTS} attempts")

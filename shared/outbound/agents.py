@@ -9,7 +9,7 @@ from uuid import UUID
 
 import msgspec
 
-from shared.llm.clients import chat
+from shared.llm.clients import chat, openai_reply
 from shared.metrics import agent_labels, observed_call
 from shared.outbound.egress import EgressClient, EgressError, ProviderConfig
 
@@ -43,6 +43,9 @@ class AgentReply:
     received: str = field(default="", repr=False)
     # The credential keys whose values ``content`` had redacted out of ``received``.
     redacted_keys: tuple[str, ...] = ()
+    # The model refused (an llm agent's provider, or an openai_chat agent): ``content`` is
+    # its refusal.
+    refusal: bool = False
 
 
 def _reply(
@@ -52,12 +55,19 @@ def _reply(
     input_tokens: int,
     output_tokens: int,
     latency_ms: float,
+    refusal: bool = False,
 ) -> AgentReply:
     """A reply, ``content`` being ``received`` redacted; which credentials it held is
     looked up only when redaction changed something."""
     keys = egress.policy.keys_in(received) if content != received else ()
     return AgentReply(
-        content, input_tokens, output_tokens, latency_ms, received, redacted_keys=tuple(keys)
+        content,
+        input_tokens,
+        output_tokens,
+        latency_ms,
+        received,
+        redacted_keys=tuple(keys),
+        refusal=refusal,
     )
 
 
@@ -91,6 +101,7 @@ async def call_agent(
             result.input_tokens,
             result.output_tokens,
             result.latency_ms,
+            result.refusal,
         )
     if not agent.endpoint_url:
         raise AgentError(f"agent {agent.name!r} has no endpoint_url")
@@ -108,10 +119,11 @@ async def call_agent(
     if response.status_code >= 400:
         body = response.text[:300]  # redacted by egress before the cut
         raise AgentError(f"agent answered HTTP {response.status_code}: {body}")
+    refused = False
     try:
         data = response.json_as_received()
         if agent.protocol == "openai_chat":
-            content = data["choices"][0]["message"]["content"]
+            content, refused = openai_reply(data["choices"][0]["message"])
             usage = data.get("usage") or {}
             tokens_in, tokens_out = usage.get("prompt_tokens"), usage.get("completion_tokens")
         else:
@@ -127,6 +139,7 @@ async def call_agent(
             int(tokens_in or 0),
             int(tokens_out or 0),
             response.latency_ms,
+            refused,
         )
     except (msgspec.DecodeError, KeyError, IndexError, TypeError, ValueError, AttributeError):
         expected = (

@@ -75,6 +75,8 @@ async def load_provider(
         api_key=api_key,
         input_cost_per_mtok=provider.input_cost_per_mtok,
         output_cost_per_mtok=provider.output_cost_per_mtok,
+        request_options=dict(provider.request_options),
+        anthropic_version=provider.anthropic_version,
     )
 
 

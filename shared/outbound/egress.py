@@ -11,8 +11,13 @@ For each request (and each redirect hop):
 3. the connection goes to the address that was checked (the URL is pinned to it, with the
    original ``Host`` header and TLS server name), so DNS cannot change between check
    and connect;
-4. 429 and 5xx answers and connection failures are retried a bounded number of times
-   with exponential backoff, honouring ``Retry-After``; redirects are re-checked from 1.
+4. 408, 409, 429 and 5xx answers (Anthropic's 529 too) and connection failures are
+   retried a bounded number of times, as the official OpenAI and Anthropic SDKs do (and,
+   like them, as an ``x-should-retry`` header says), with exponential backoff or the wait
+   ``retry-after-ms`` / ``Retry-After`` (seconds or an HTTP date) asks; redirects are
+   re-checked from 1.  The timeout bounds the whole call: every attempt, wait and
+   redirect; a wait that would end past it is not started, and the answer that asked for
+   it is the call's.
 
 The HTTP engine is one pooled ``aiohttp`` session per process (:func:`new_http_session`):
 its connection pool hands out a kept-alive connection in constant time, where httpx's
@@ -54,9 +59,10 @@ from multidict import CIMultiDict
 from shared.outbound.redact import Redactor, redactor_for, secret_of_header
 
 CREDENTIAL_REF = re.compile(r"\{\{\s*credentials\.([A-Za-z0-9_.-]{1,128})\s*\}\}")
-RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
+RETRY_STATUSES = frozenset({408, 409, 429})  # and every 5xx (:func:`_should_retry`)
 REDIRECT_STATUSES = frozenset({301, 302, 303, 307, 308})
 MAX_RESPONSE_BYTES = 16 * 1024 * 1024
+_GRACE_S = 0.05  # past the call's timeout, for what no attempt's own timeout bounds
 _CGNAT = ipaddress.ip_network("100.64.0.0/10")
 _NAT64 = ipaddress.ip_network("64:ff9b::/96")
 
@@ -160,6 +166,9 @@ class ProviderConfig:
     api_key: str | None = field(repr=False, default=None)
     input_cost_per_mtok: float | None = None
     output_cost_per_mtok: float | None = None
+    # Merged into each request body (shared.llm.models); never holds Spar's own fields.
+    request_options: Mapping[str, Any] = field(default_factory=dict)
+    anthropic_version: str | None = None  # anthropic: the anthropic-version header
 
 
 # --- addresses -------------------------------------------------------------------------------
@@ -298,21 +307,36 @@ def _origin(url: str) -> tuple[str, str | None, int | None]:
     return parts.scheme, parts.hostname, parts.port
 
 
-def _retry_after_s(headers: Mapping[str, str], cap: float) -> float | None:
+def _retry_after_s(headers: Mapping[str, str]) -> float | None:
+    """The wait an answer asks for, in seconds, as the official SDKs read it:
+    ``retry-after-ms``, else ``Retry-After`` in seconds (a fraction allowed) or as an HTTP
+    date; ``None`` when it asks for none (or for something that is not a finite wait)."""
+    for name, scale in (("retry-after-ms", 1000.0), ("retry-after", 1.0)):
+        raw = headers.get(name)
+        if not raw:
+            continue
+        try:
+            seconds = float(raw) / scale
+        except ValueError:
+            continue
+        return max(seconds, 0.0) if math.isfinite(seconds) else None
     raw = headers.get("retry-after")
     if not raw:
         return None
     try:
-        seconds = float(raw)
-    except ValueError:
-        pass
-    else:
-        return min(max(seconds, 0.0), cap) if math.isfinite(seconds) else None
-    try:
         when = parsedate_to_datetime(raw)
     except (TypeError, ValueError):
         return None
-    return min(max(when.timestamp() - time.time(), 0.0), cap)
+    return max(when.timestamp() - time.time(), 0.0)
+
+
+def _should_retry(response: _Received) -> bool:
+    """Whether an answer is worth another attempt, as the official SDKs decide: what
+    ``x-should-retry`` says, else 408, 409, 429 and every 5xx."""
+    told = response.headers.get("x-should-retry")
+    if told in {"true", "false"}:
+        return told == "true"
+    return response.status in RETRY_STATUSES or response.status >= 500
 
 
 def new_http_session(connector: aiohttp.BaseConnector | None = None) -> aiohttp.ClientSession:
@@ -358,17 +382,16 @@ class EgressClient:
         connect_timeout_s: float = 10.0,
         max_attempts: int = 3,
         backoff_s: float = 0.5,
-        max_retry_after_s: float = 30.0,
         max_redirects: int = 3,
         max_response_bytes: int = MAX_RESPONSE_BYTES,
     ) -> None:
         self.policy = policy
         self._http = http
         self._resolver = resolver
-        self._timeout = aiohttp.ClientTimeout(total=timeout_s, sock_connect=connect_timeout_s)
+        self._timeout_s = timeout_s  # the whole call's: attempts, waits and redirects
+        self._connect_timeout_s = connect_timeout_s
         self._max_attempts = max_attempts
         self._backoff_s = backoff_s
-        self._max_retry_after_s = max_retry_after_s
         self._max_redirects = max_redirects
         self._max_response_bytes = max_response_bytes
         # A client serves one run: its few URLs are checked and pinned once, not per call.
@@ -383,8 +406,17 @@ class EgressClient:
         headers: Mapping[str, str] | None = None,
     ) -> EgressResponse:
         redactor = self.policy.redactor(*_sent_secrets(headers or {}))
+        deadline = time.monotonic() + self._timeout_s
         try:
-            return await self._request(method, url, json, headers, redactor)
+            try:
+                # Each attempt ends itself at the deadline (and says after how many); this
+                # ends what no attempt bounds, such as a name slow to resolve.
+                async with asyncio.timeout(self._timeout_s + _GRACE_S):
+                    return await self._request(method, url, json, headers, redactor, deadline)
+            except TimeoutError:
+                raise EgressTransportError(
+                    f"timed out calling {_display(url)}: no answer within {self._timeout_s:g} s"
+                ) from None
         except EgressError as exc:
             exc.args = tuple(
                 redactor.text(storable(a)) if isinstance(a, str) else a for a in exc.args
@@ -398,11 +430,14 @@ class EgressClient:
         json: Any,
         headers: Mapping[str, str] | None,
         redactor: Redactor,
+        deadline: float,
     ) -> EgressResponse:
         started = time.perf_counter()
         attempts = 0
         for _hop in range(self._max_redirects + 1):
-            response, used = await self._send_with_retries(method, url, json, headers or {})
+            response, used = await self._send_with_retries(
+                method, url, json, headers or {}, deadline
+            )
             attempts += used
             if response.status not in REDIRECT_STATUSES or "location" not in response.headers:
                 return EgressResponse(
@@ -427,34 +462,43 @@ class EgressClient:
         raise EgressError(f"too many redirects (more than {self._max_redirects})")
 
     async def _send_with_retries(
-        self, method: str, url: str, json: Any, headers: Mapping[str, str]
+        self, method: str, url: str, json: Any, headers: Mapping[str, str], deadline: float
     ) -> tuple[_Received, int]:
         key = (url, tuple(headers.items()))
         prepared = self._prepared.get(key)
         if prepared is None:
             prepared = self._prepared[key] = await self._prepare(url, headers)
         for attempt in range(1, self._max_attempts + 1):
+            last = attempt == self._max_attempts
+            answer: _Received | None = None
             try:
-                response = await self._send(method, prepared, json)
+                answer = await self._send(method, prepared, json, deadline)
             except TimeoutError as exc:  # aiohttp's timeouts are TimeoutErrors
-                if attempt == self._max_attempts:
+                if last or time.monotonic() >= deadline:
                     raise EgressTransportError(
-                        f"timed out calling {prepared.display} after {attempt} attempts"
+                        f"timed out calling {prepared.display} after {_attempts(attempt)} "
+                        f"(the whole call may take {self._timeout_s:g} s)"
                     ) from exc
-                delay = None
             except aiohttp.ClientError as exc:
-                if attempt == self._max_attempts:
+                if last:
                     raise EgressTransportError(
-                        f"could not reach {prepared.display} after {attempt} attempts: "
+                        f"could not reach {prepared.display} after {_attempts(attempt)}: "
                         f"{type(exc).__name__}"
                     ) from exc
-                delay = None
             else:
-                if response.status not in RETRY_STATUSES or attempt == self._max_attempts:
-                    return response, attempt
-                delay = _retry_after_s(response.headers, self._max_retry_after_s)
+                if last or not _should_retry(answer):
+                    return answer, attempt
+            delay = _retry_after_s(answer.headers) if answer is not None else None
             if delay is None:
                 delay = self._backoff_s * 2 ** (attempt - 1) * (0.5 + random.random())  # noqa: S311
+            if time.monotonic() + delay >= deadline:
+                # The wait would outlast the call: what this attempt got is the call's answer.
+                if answer is not None:
+                    return answer, attempt
+                raise EgressTransportError(
+                    f"could not reach {prepared.display} after {_attempts(attempt)} within "
+                    f"the call's {self._timeout_s:g} s"
+                )
             await asyncio.sleep(delay)
         raise AssertionError("unreachable")  # pragma: no cover
 
@@ -516,15 +560,23 @@ class EgressClient:
             raise EgressTransportError(f"{host!r} has no addresses")
         return addresses
 
-    async def _send(self, method: str, prepared: _Prepared, json: Any) -> _Received:
+    async def _send(
+        self, method: str, prepared: _Prepared, json: Any, deadline: float
+    ) -> _Received:
         content = msgspec.json.encode(json) if json is not None else None
         headers = dict(prepared.headers)
         if content is not None:
             headers.setdefault("Content-Type", "application/json")
+        # This attempt may take what is left of the call, to the millisecond (aiohttp would
+        # round a timeout over 5 s up to a whole second).
+        left = max(deadline - time.monotonic(), 0.001)
+        limits = aiohttp.ClientTimeout(
+            total=left, sock_connect=min(self._connect_timeout_s, left), ceil_threshold=math.inf
+        )
         if self._http is not None:
-            return await self._exchange(self._http, method, prepared, headers, content)
+            return await self._exchange(self._http, method, prepared, headers, content, limits)
         async with new_http_session() as http:
-            return await self._exchange(http, method, prepared, headers, content)
+            return await self._exchange(http, method, prepared, headers, content, limits)
 
     async def _exchange(
         self,
@@ -533,6 +585,7 @@ class EgressClient:
         prepared: _Prepared,
         headers: dict[str, str],
         content: bytes | None,
+        limits: aiohttp.ClientTimeout,
     ) -> _Received:
         async with http.request(
             method,
@@ -540,7 +593,7 @@ class EgressClient:
             data=content,
             headers=headers,
             allow_redirects=False,
-            timeout=self._timeout,
+            timeout=limits,
             # The URL names the checked address; TLS still verifies the host name.
             server_hostname=prepared.sni_hostname,
         ) as response:
@@ -562,6 +615,16 @@ class EgressClient:
         return EgressError(
             f"{prepared.display} answered with more than {self._max_response_bytes} bytes"
         )
+
+
+def _display(url: str) -> str:
+    """A URL as errors name it: scheme, host, port and path (no query: it may hold keys)."""
+    parts = urlsplit(url)
+    return f"{parts.scheme}://{parts.netloc.rpartition('@')[2]}{parts.path}"
+
+
+def _attempts(count: int) -> str:
+    return f"{count} attempt{'s' if count > 1 else ''}"
 
 
 @dataclass(frozen=True, slots=True)

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 from uuid import UUID
 
 import msgspec
 
+from shared.llm.models import MAX_OPTIONS_BYTES, SPAR_FIELD_PATHS
 from shared.schemas import HEADER_TEXT_PATTERN, SECRET, STORABLE, Input, Name255, Output, text
 
 UNSET = msgspec.UNSET
@@ -29,6 +30,24 @@ ProviderKind = Literal["openai", "anthropic", "openai_compatible"]
 AgentKind = Literal["http", "llm"]
 AgentProtocol = Literal["spar", "openai_chat"]
 Cost = Annotated[float, msgspec.Meta(ge=0)]
+# Free-form like JsonObject (NUL, lone surrogates and deep nesting refused at the key);
+# its size and the fields it may not set are the service's rules.
+RequestOptions = Annotated[
+    dict[str, Any],
+    msgspec.Meta(
+        description="Fields merged into each request body sent to the provider (a null "
+        f"removes a field Spar would send). At most {MAX_OPTIONS_BYTES} bytes as JSON; the "
+        f"fields Spar sets itself ({', '.join(SPAR_FIELD_PATHS)}) are refused."
+    ),
+    STORABLE,
+]
+AnthropicVersion = Annotated[
+    str,
+    msgspec.Meta(
+        pattern="^[0-9]{4}-[0-9]{2}-[0-9]{2}$",
+        description="anthropic only: the anthropic-version header (default 2023-06-01).",
+    ),
+]
 
 
 # --- allowed domains ---------------------------------------------------------------------------
@@ -124,6 +143,8 @@ class LLMProviderCreate(Input):
     input_cost_per_mtok: Cost | None = None
     output_cost_per_mtok: Cost | None = None
     is_default_judge: bool = False
+    request_options: RequestOptions = {}
+    anthropic_version: AnthropicVersion | None = None
 
 
 class LLMProviderUpdate(Input):
@@ -135,6 +156,8 @@ class LLMProviderUpdate(Input):
     input_cost_per_mtok: Cost | UnsetType | None = UNSET
     output_cost_per_mtok: Cost | UnsetType | None = UNSET
     is_default_judge: bool | UnsetType = UNSET
+    request_options: RequestOptions | UnsetType = UNSET
+    anthropic_version: AnthropicVersion | UnsetType | None = UNSET
 
 
 class LLMProviderRead(Output):
@@ -148,6 +171,8 @@ class LLMProviderRead(Output):
     input_cost_per_mtok: float | None
     output_cost_per_mtok: float | None
     is_default_judge: bool
+    request_options: dict[str, Any]
+    anthropic_version: str | None
     created_at: datetime
     updated_at: datetime
 

@@ -12,9 +12,10 @@ import ipaddress
 import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 from uuid import UUID, uuid4
 
+import msgspec
 from sqlalchemy import select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -23,6 +24,8 @@ from shared.db.models import Agent, AllowedDomain, Credential, LLMProvider, Orga
 from shared.db.queries import flush_unique, one_in_org, page_in_org
 from shared.errors import Conflict, InvalidInput, NotFound
 from shared.identity.access import OrgAccess
+from shared.llm.clients import ANTHROPIC_VERSION
+from shared.llm.models import MAX_OPTIONS_BYTES, spar_field_in
 from shared.outbound import schemas
 from shared.outbound.egress import CREDENTIAL_REF
 from shared.paging import Paging
@@ -350,9 +353,38 @@ async def _settle_provider(session: AsyncSession, provider: LLMProvider) -> None
             )
         provider.base_url = DEFAULT_BASE_URLS[provider.provider]
     _check_url(provider.base_url, ("body", "base_url"))
+    _check_request_options(provider.request_options)
+    if provider.provider == "anthropic":
+        provider.anthropic_version = provider.anthropic_version or ANTHROPIC_VERSION
+    elif provider.anthropic_version is not None:
+        raise InvalidInput(
+            ("body", "anthropic_version"),
+            f"anthropic_version is for anthropic providers only; {provider.provider} takes "
+            "none (set it to null when changing the provider's kind)",
+            input=provider.anthropic_version,
+        )
     if provider.credential_key:
         await _require_credentials(
             session, provider.organization_id, {provider.credential_key}, ("body", "credential_key")
+        )
+
+
+def _check_request_options(options: dict[str, Any]) -> None:
+    """Bounded in size, and none of the fields Spar sets itself (shared.llm.models)."""
+    size = len(msgspec.json.encode(options))
+    if size > MAX_OPTIONS_BYTES:
+        raise InvalidInput(
+            ("body", "request_options"),
+            f"request_options is {size} bytes as JSON; at most {MAX_OPTIONS_BYTES} are taken",
+            type="too_long",
+            ctx={"max_length": MAX_OPTIONS_BYTES},
+        )
+    owned = spar_field_in(options)
+    if owned is not None:
+        raise InvalidInput(
+            ("body", "request_options", *owned),
+            f"{'.'.join(owned)} is set by Spar itself; request_options cannot set it",
+            input=options[owned[0]] if len(owned) == 1 else options[owned[0]][owned[1]],
         )
 
 

@@ -92,6 +92,8 @@ class TurnRecord(msgspec.Struct, frozen=True):
     redacted_keys: list[str] = []
     # Not played: an earlier required turn failed (no message sent, no criterion results).
     skipped: bool = False
+    # The agent's model refused: ``response_content`` is its refusal.
+    refusal: bool = False
 
     @classmethod
     def unplayed(cls, turn_index: int) -> TurnRecord:

@@ -333,6 +333,7 @@ async def _play(context: _Context, turn: SnapshotTurn, history: list[dict[str, s
         stopped_early=turn.required and not passed,
         knowledge=given,
         redacted_keys=list(reply.redacted_keys),
+        refusal=reply.refusal,
     )
     results = [
         CriterionRecord(

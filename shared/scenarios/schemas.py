@@ -179,6 +179,8 @@ class ScenarioTurnResultRead(Output):
     # The credential keys whose values the agent's reply held, redacted out of
     # ``response_content`` (a leak shows without the value being kept).
     redacted_keys: list[str] = []
+    # The agent's model refused to answer: ``response_content`` is its refusal.
+    refusal: bool = False
 
 
 class ScenarioRunRead(Output):

@@ -14,6 +14,7 @@ import gzip
 import ipaddress
 import math
 import socket
+import time
 from collections.abc import AsyncIterator, Iterator
 from types import SimpleNamespace
 from typing import Any
@@ -602,20 +603,36 @@ async def test_5xx_answers_are_retried_until_success(fake: FakeServer) -> None:
     assert [r.json for r in fake.requests] == [{"x": 1}] * 3
 
 
-@pytest.mark.parametrize("status", [429, 500, 502, 503, 504])
-async def test_retryable_statuses(fake: FakeServer, status: int) -> None:
-    fake.enqueue(Reply(status=status))
+@pytest.mark.parametrize("status", [408, 409, 429, 500, 501, 502, 503, 504, 529])
+async def test_the_statuses_the_official_sdks_retry_are_retried(
+    fake: FakeServer, status: int, slept: list[float]
+) -> None:
+    """As the OpenAI and Anthropic SDKs do: 408, 409, 429 and every 5xx (Anthropic's 529
+    ``overloaded_error`` among them)."""
+    fake.enqueue(Reply(status=status, json={"error": "try again"}))
     response = await make_client(loopback_policy()).request("GET", fake.url)
     assert (response.status_code, response.attempts) == (200, 2)
 
 
-@pytest.mark.parametrize("status", [400, 401, 404, 422, 501])
+@pytest.mark.parametrize("status", [400, 401, 403, 404, 422])
 async def test_other_errors_are_not_retried(fake: FakeServer, status: int) -> None:
     fake.enqueue(Reply(status=status, json={"error": "no"}))
     response = await make_client(loopback_policy()).request("GET", fake.url)
     assert (response.status_code, response.attempts) == (status, 1)
     assert response.json() == {"error": "no"}
     assert len(fake.requests) == 1
+
+
+@pytest.mark.parametrize(
+    ("headers", "status", "attempts"),
+    [({"x-should-retry": "false"}, 503, 1), ({"x-should-retry": "true"}, 400, 2)],
+)
+async def test_x_should_retry_is_obeyed_as_the_sdks_do(
+    fake: FakeServer, headers: dict[str, str], status: int, attempts: int, slept: list[float]
+) -> None:
+    fake.enqueue(Reply(status=status, headers=headers))
+    response = await make_client(loopback_policy()).request("GET", fake.url)
+    assert response.attempts == attempts
 
 
 @pytest.mark.parametrize("retry_after", ["0", "Wed, 21 Oct 2015 07:28:00 GMT"])
@@ -631,26 +648,56 @@ async def test_retry_after_now_is_honoured_instead_of_backoff(
     assert (response.status_code, response.attempts) == (200, 2)
 
 
-async def test_retry_after_is_waited_for_up_to_the_cap(
-    fake: FakeServer, slept: list[float]
+@pytest.mark.parametrize(
+    ("headers", "asked"),
+    [
+        ({"retry-after-ms": "1500"}, 1.5),
+        ({"retry-after-ms": "250", "retry-after": "9"}, 0.25),  # milliseconds win
+        ({"Retry-After": "2"}, 2.0),
+        ({"Retry-After": "0.75"}, 0.75),  # a fraction, as the SDKs allow
+    ],
+)
+async def test_the_wait_asked_for_is_the_wait(
+    fake: FakeServer, headers: dict[str, str], asked: float, slept: list[float]
 ) -> None:
-    fake.enqueue(Reply(status=503, headers={"Retry-After": "120"}))
-    client = make_client(loopback_policy(), backoff_s=0.001, max_retry_after_s=0.3)
-
-    response = await client.request("GET", fake.url)
+    fake.enqueue(Reply(status=429, headers=headers))
+    response = await make_client(loopback_policy(), timeout_s=5.0).request("GET", fake.url)
 
     assert response.status_code == 200
-    assert len(fake.requests) == 2
-    assert slept == [0.3]  # the cap, not the 120 s asked for, nor the backoff
+    assert slept == [pytest.approx(asked)]
+
+
+async def test_a_retry_after_http_date_is_honoured(fake: FakeServer, slept: list[float]) -> None:
+    date = time.strftime("%a, %d %b %Y %H:%M:%S GMT", time.gmtime(time.time() + 3))
+    fake.enqueue(Reply(status=503, headers={"Retry-After": date}))
+
+    await make_client(loopback_policy(), timeout_s=10.0).request("GET", fake.url)
+
+    [waited] = slept
+    assert 1.5 <= waited <= 3.5  # the date has a one-second resolution
+
+
+async def test_a_wait_past_the_calls_timeout_is_not_started(
+    fake: FakeServer, slept: list[float]
+) -> None:
+    """Waiting longer than the call may last is pointless: the answer that asked for the
+    wait is the call's answer, at once."""
+    fake.enqueue(Reply(status=503, headers={"Retry-After": "120"}, json={"error": "later"}))
+
+    response = await make_client(loopback_policy(), timeout_s=2.0).request("GET", fake.url)
+
+    assert (response.status_code, response.attempts) == (503, 1)
+    assert response.json() == {"error": "later"}
+    assert slept == []
 
 
 async def test_a_nan_retry_after_does_not_stall_the_call(
     fake: FakeServer, slept: list[float]
 ) -> None:
     """float("nan") parses; sleeping NaN seconds never ends.  A server must not be able to
-    hang a worker with one header: fall back to the backoff (or the cap)."""
+    hang a worker with one header: fall back to the backoff."""
     fake.enqueue(Reply(status=503, headers={"Retry-After": "nan"}))
-    client = make_client(loopback_policy(), max_retry_after_s=0.2)
+    client = make_client(loopback_policy())
 
     response = await asyncio.wait_for(client.request("GET", fake.url), timeout=1.0)
 
@@ -679,25 +726,57 @@ async def test_a_server_that_is_down_is_a_transport_error_after_max_attempts() -
     assert url.removeprefix("http://") in str(failed.value)
 
 
-async def test_a_read_timeout_is_retried_then_reported(fake: FakeServer) -> None:
-    fake.default = Reply(json={}, delay=0.6)
-    client = make_client(loopback_policy(), timeout_s=0.2, max_attempts=2)
+# --- the timeout bounds the whole call -----------------------------------------------------------
 
+
+async def test_a_hung_server_ends_the_call_within_its_timeout(fake: FakeServer) -> None:
+    """Attempts, waits and redirects share one timeout: a hung answer takes all of it, and
+    no attempt is started after it (per attempt, this was 3 x 0.4 s and the backoff)."""
+    fake.default = Reply(json={}, delay=10)
+    client = make_client(loopback_policy(), timeout_s=0.4, max_attempts=3)
+
+    started = time.monotonic()
     with pytest.raises(EgressTransportError, match="timed out") as failed:
         await client.request("GET", f"{fake.url}/slow")
+    elapsed = time.monotonic() - started
 
-    assert "after 2 attempts" in str(failed.value)
+    assert elapsed < 0.4 + 0.3, elapsed
+    assert "after 1 attempt " in str(failed.value)
+    assert len(fake.requests) == 1
+
+
+async def test_a_slow_first_answer_leaves_the_retry_only_what_remains(fake: FakeServer) -> None:
+    """A 503 after most of the timeout: the retry (here hung) gets only the rest."""
+    fake.enqueue(Reply(status=503, delay=0.3))
+    fake.default = Reply(json={}, delay=10)
+    client = make_client(loopback_policy(), timeout_s=0.6, backoff_s=0.01)
+
+    started = time.monotonic()
+    with pytest.raises(EgressTransportError, match="timed out"):
+        await client.request("GET", fake.url)
+
+    assert time.monotonic() - started < 0.6 + 0.3
     assert len(fake.requests) == 2
 
 
-async def test_a_timed_out_attempt_is_retried(fake: FakeServer) -> None:
-    fake.enqueue(Reply(json={"slow": True}, delay=0.6))
-    client = make_client(loopback_policy(), timeout_s=0.2, max_attempts=2)
+async def test_backoff_never_outlasts_the_timeout(fake: FakeServer) -> None:
+    """A 503 whose backoff would end past the call's timeout is the call's answer."""
+    fake.enqueue(Reply(status=503, json={"error": "busy"}))
+    client = make_client(loopback_policy(), timeout_s=0.5, backoff_s=5.0)
 
+    started = time.monotonic()
     response = await client.request("GET", fake.url)
 
-    assert response.json() == {"ok": True}
-    assert response.attempts == 2
+    assert time.monotonic() - started < 0.5
+    assert (response.status_code, response.attempts) == (503, 1)
+
+
+async def test_a_failed_connection_is_retried_within_the_timeout(fake: FakeServer) -> None:
+    url = unused_loopback_url()
+    client = make_client(loopback_policy(), timeout_s=0.3, backoff_s=5.0, max_attempts=3)
+
+    with pytest.raises(EgressTransportError, match=r"within the call's 0\.3 s"):
+        await client.request("GET", f"{url}/x")
 
 
 async def test_latency_covers_the_whole_call(fake: FakeServer) -> None:

@@ -54,6 +54,13 @@ BREAKS: list[tuple[str, dict[str, Any], str]] = [
     ("batch_runs", {"status": "running", "dispatched_scenarios": 3}, "ck_batch_runs_window"),
     ("llm_providers", {"provider": "gemini"}, "ck_llm_providers_provider"),
     ("llm_providers", {"output_cost_per_mtok": -0.5}, "ck_llm_providers_costs_not_negative"),
+    # request_options is an object; anthropic_version belongs to anthropic providers.
+    ("llm_providers", {"request_options": ["x"]}, "ck_llm_providers_request_options_object"),
+    (
+        "llm_providers",
+        {"anthropic_version": "2023-06-01"},
+        "ck_llm_providers_anthropic_version_kind",
+    ),
     ("agents", {"kind": "grpc"}, "ck_agents_kind"),
     ("agents", {"protocol": "soap"}, "ck_agents_protocol"),
     (

@@ -235,7 +235,9 @@ async def test_chat_is_subject_to_the_allow_list(openai: FakeOpenAI) -> None:
 
 
 async def test_anthropic_message(anthropic: FakeAnthropic) -> None:
-    provider = provider_for("anthropic", anthropic.url, model="claude-default")
+    """A model that takes a temperature (up to Claude 4.6) is sent 0; the later ones,
+    none (tests/integration/test_todays_providers.py)."""
+    provider = provider_for("anthropic", anthropic.url, model="claude-3-5-haiku-latest")
 
     result = await chat(
         make_egress(), provider, HISTORY, system="You are a travel agent.", max_tokens=99
@@ -243,39 +245,19 @@ async def test_anthropic_message(anthropic: FakeAnthropic) -> None:
 
     assert result.content == "Hello from Claude"
     assert (result.input_tokens, result.output_tokens) == (31, 6)
-    assert result.model == "claude-default"
+    assert result.model == "claude-3-5-haiku-latest"
     [received] = anthropic.requests
     assert (received.method, received.path) == ("POST", "/v1/messages")
     assert received.header("x-api-key") == API_KEY
     assert received.header("anthropic-version") == ANTHROPIC_VERSION == "2023-06-01"
     assert received.header("authorization") is None
     assert received.json == {
-        "model": "claude-default",
+        "model": "claude-3-5-haiku-latest",
         "max_tokens": 99,
         "temperature": 0.0,
         "messages": HISTORY,
         "system": "You are a travel agent.",
     }
-
-
-async def test_anthropic_json_schema_goes_into_the_system_prompt(
-    anthropic: FakeAnthropic,
-) -> None:
-    provider = provider_for("anthropic", anthropic.url + "/")
-
-    await chat(make_egress(), provider, HISTORY, system="Judge.", json_schema=SCHEMA)
-    await chat(make_egress(), provider, HISTORY, json_schema=SCHEMA)
-
-    with_system, without_system = (r.json for r in anthropic.requests)
-    assert anthropic.paths == ["/v1/messages", "/v1/messages"]
-    assert with_system["system"].startswith("Judge.")
-    for body in (with_system, without_system):
-        assert "JSON" in body["system"]
-        assert json.dumps(SCHEMA, separators=(",", ":")) in body["system"]
-        assert "response_format" not in body
-
-    await chat(make_egress(), provider, HISTORY)
-    assert "system" not in anthropic.requests[-1].json  # neither a system prompt nor a schema
 
 
 async def test_anthropic_joins_text_blocks(anthropic: FakeAnthropic) -> None:

@@ -38,6 +38,8 @@ PROVIDER_FIELDS = {
     "input_cost_per_mtok",
     "output_cost_per_mtok",
     "is_default_judge",
+    "request_options",
+    "anthropic_version",
     "created_at",
     "updated_at",
 }

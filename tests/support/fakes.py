@@ -27,6 +27,15 @@ Protocol fakes:
 
 The protocol fakes take ``reply``: a string, or a function of the parsed JSON request
 body returning the reply text, so a scenario can answer according to what it was sent.
+Their answers (completions, messages, error bodies) are built from the official SDKs' own
+types (``openai.types``, ``anthropic.types``), so they have the shape the real APIs give.
+Each can also play the refusals of today's models: ``FakeOpenAI(reasoning_models=...)``
+answers 400 ``unsupported_parameter`` to ``max_tokens`` and ``unsupported_value`` to a
+``temperature`` other than 1 for those models, as OpenAI's o-series and gpt-5 do;
+``FakeAnthropic(current_models=...)`` answers 400 to ``temperature`` and to a forced
+``tool_choice`` for those models (Claude models after Opus 4.6, which always think), and
+``FakeAnthropic(legacy_models=...)`` answers 400 to ``output_config`` (models before
+structured outputs).
 
 Typical use in a test module::
 
@@ -57,13 +66,19 @@ import socket
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Self
 from urllib.parse import parse_qs, urlsplit
 
 import aiohttp
+from anthropic.types import ErrorResponse as AnthropicErrorResponse
+from anthropic.types import Message, TextBlock, ToolUseBlock, Usage
+from openai.types import CompletionUsage
+from openai.types import ErrorObject as OpenAIErrorObject
+from openai.types.chat import ChatCompletion, ChatCompletionMessage
+from openai.types.chat.chat_completion import Choice
 
 from shared.outbound.egress import new_http_session
 
@@ -77,10 +92,12 @@ __all__ = [
     "NonLoopbackTraffic",
     "RecordedRequest",
     "Reply",
+    "anthropic_error",
     "anthropic_message",
     "echo_of_request",
     "loopback_only_http",
     "openai_completion",
+    "openai_error",
     "unused_loopback_url",
 ]
 
@@ -316,49 +333,90 @@ def _reply_text(reply: ReplyText, body: Any) -> str:
 def openai_completion(
     content: str | None,
     *,
+    refusal: str | None = None,
     model: str = "gpt-fake",
     prompt_tokens: int = 11,
     completion_tokens: int = 7,
+    finish_reason: str = "stop",
 ) -> dict[str, Any]:
-    """A ``chat.completion`` object as the OpenAI API returns it."""
-    return {
-        "id": f"chatcmpl-fake{next(_ids)}",
-        "object": "chat.completion",
-        "created": int(time.time()),
-        "model": model,
-        "choices": [
-            {
-                "index": 0,
-                "message": {"role": "assistant", "content": content},
-                "finish_reason": "stop",
-            }
+    """A ``chat.completion`` object as the OpenAI API returns it (``openai.types``'s
+    ``ChatCompletion``); a refusal has ``content`` None and ``refusal`` set."""
+    completion = ChatCompletion(
+        id=f"chatcmpl-fake{next(_ids)}",
+        object="chat.completion",
+        created=int(time.time()),
+        model=model,
+        choices=[
+            Choice(
+                index=0,
+                message=ChatCompletionMessage(role="assistant", content=content, refusal=refusal),
+                finish_reason=finish_reason,  # type: ignore[arg-type]
+                logprobs=None,
+            )
         ],
-        "usage": {
-            "prompt_tokens": prompt_tokens,
-            "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens,
-        },
-    }
+        usage=CompletionUsage(
+            prompt_tokens=prompt_tokens,
+            completion_tokens=completion_tokens,
+            total_tokens=prompt_tokens + completion_tokens,
+        ),
+    )
+    return completion.to_dict(mode="json")
+
+
+def openai_error(
+    message: str,
+    *,
+    type: str = "invalid_request_error",
+    param: str | None = None,
+    code: str | None = None,
+) -> dict[str, Any]:
+    """An OpenAI error body: ``{"error": ErrorObject}``."""
+    error = OpenAIErrorObject(message=message, type=type, param=param, code=code)
+    return {"error": error.to_dict(mode="json")}
 
 
 def anthropic_message(
-    text: str,
+    text: str | None,
     *,
     model: str = "claude-fake",
     input_tokens: int = 13,
     output_tokens: int = 5,
+    stop_reason: str = "end_turn",
+    tool_use: tuple[str, dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
-    """A ``message`` object as the Anthropic Messages API returns it."""
-    return {
-        "id": f"msg_fake{next(_ids)}",
-        "type": "message",
-        "role": "assistant",
-        "model": model,
-        "content": [{"type": "text", "text": text}],
-        "stop_reason": "end_turn",
-        "stop_sequence": None,
-        "usage": {"input_tokens": input_tokens, "output_tokens": output_tokens},
-    }
+    """A ``message`` object as the Anthropic Messages API returns it (``anthropic.types``'s
+    ``Message``): a text block (none when ``text`` is None), and a ``tool_use`` block
+    ``(name, input)`` when given."""
+    blocks: list[Any] = [] if text is None else [TextBlock(type="text", text=text)]
+    if tool_use is not None:
+        name, arguments = tool_use
+        blocks.append(
+            ToolUseBlock(type="tool_use", id=f"toolu_fake{next(_ids)}", name=name, input=arguments)
+        )
+    message = Message(
+        id=f"msg_fake{next(_ids)}",
+        type="message",
+        role="assistant",
+        model=model,
+        content=blocks,
+        stop_reason=stop_reason,  # type: ignore[arg-type]
+        stop_sequence=None,
+        usage=Usage(input_tokens=input_tokens, output_tokens=output_tokens),
+    )
+    return message.to_dict(mode="json")
+
+
+def anthropic_error(kind: str, message: str) -> dict[str, Any]:
+    """An Anthropic error body (``anthropic.types.ErrorResponse``), e.g.
+    ``anthropic_error("overloaded_error", "Overloaded")``, what a 529 carries."""
+    response = AnthropicErrorResponse.model_validate(
+        {
+            "type": "error",
+            "error": {"type": kind, "message": message},
+            "request_id": f"req_fake{next(_ids)}",
+        }
+    )
+    return response.to_dict(mode="json")
 
 
 def _not_found(request: RecordedRequest) -> Reply:
@@ -374,7 +432,9 @@ class FakeOpenAI(FakeServer):
     The answer echoes the request's ``model``; ``reply`` is the assistant text (or a
     function of the request body); ``prompt_tokens`` / ``completion_tokens`` the usage.
     Use ``f"{fake.url}/v1"`` as a provider ``base_url``, or ``f"{fake.url}/v1/chat/completions"``
-    as the endpoint of an ``openai_chat`` agent.
+    as the endpoint of an ``openai_chat`` agent.  For the models in ``reasoning_models`` it
+    refuses what OpenAI's reasoning models refuse (``max_tokens``; a ``temperature`` other
+    than 1) with the API's own 400 answers.
     """
 
     def __init__(
@@ -383,18 +443,24 @@ class FakeOpenAI(FakeServer):
         *,
         prompt_tokens: int = 11,
         completion_tokens: int = 7,
+        reasoning_models: Collection[str] = (),
     ) -> None:
         super().__init__()
         self.reply = reply
         self.prompt_tokens = prompt_tokens
         self.completion_tokens = completion_tokens
+        self.reasoning_models = frozenset(reasoning_models)
 
     def handle(self, request: RecordedRequest) -> Reply:
         if request.method != "POST" or not request.path.endswith("/chat/completions"):
             return _not_found(request)
         body = request.json
         if not isinstance(body, dict) or not isinstance(body.get("messages"), list):
-            return Reply(status=400, json={"error": {"message": "messages is required"}})
+            return Reply(status=400, json=openai_error("messages is required", param="messages"))
+        if body.get("model") in self.reasoning_models:
+            refused = _refused_by_a_reasoning_model(body)
+            if refused is not None:
+                return refused
         return Reply(
             json=openai_completion(
                 _reply_text(self.reply, body),
@@ -405,8 +471,40 @@ class FakeOpenAI(FakeServer):
         )
 
 
+def _refused_by_a_reasoning_model(body: dict[str, Any]) -> Reply | None:
+    """OpenAI's 400 to a reasoning model (o-series, gpt-5) sent what it does not take."""
+    if "max_tokens" in body:
+        return Reply(
+            status=400,
+            json=openai_error(
+                "Unsupported parameter: 'max_tokens' is not supported with this model. "
+                "Use 'max_completion_tokens' instead.",
+                param="max_tokens",
+                code="unsupported_parameter",
+            ),
+        )
+    if body.get("temperature", 1) != 1:
+        return Reply(
+            status=400,
+            json=openai_error(
+                f"Unsupported value: 'temperature' does not support {body['temperature']} with "
+                "this model. Only the default (1) value is supported.",
+                param="temperature",
+                code="unsupported_value",
+            ),
+        )
+    return None
+
+
 class FakeAnthropic(FakeServer):
-    """Anthropic messages: ``POST <anything>/v1/messages``; use ``fake.url`` as base_url."""
+    """Anthropic messages: ``POST <anything>/v1/messages``; use ``fake.url`` as base_url.
+
+    A request that forces a tool (``tool_choice`` ``{"type": "tool", "name": …}``) is
+    answered with that tool's ``tool_use`` block, its input the reply text read as JSON.
+    ``current_models`` refuse ``temperature`` and a forced tool (400), as Claude models
+    after Opus 4.6 do; ``legacy_models`` refuse ``output_config`` (400), as models before
+    structured outputs do.
+    """
 
     def __init__(
         self,
@@ -414,29 +512,52 @@ class FakeAnthropic(FakeServer):
         *,
         input_tokens: int = 13,
         output_tokens: int = 5,
+        current_models: Collection[str] = (),
+        legacy_models: Collection[str] = (),
     ) -> None:
         super().__init__()
         self.reply = reply
         self.input_tokens = input_tokens
         self.output_tokens = output_tokens
+        self.current_models = frozenset(current_models)
+        self.legacy_models = frozenset(legacy_models)
 
     def handle(self, request: RecordedRequest) -> Reply:
         if request.method != "POST" or not request.path.endswith("/v1/messages"):
             return _not_found(request)
         body = request.json
         if not isinstance(body, dict) or not isinstance(body.get("messages"), list):
+            return _anthropic_400("messages: Field required")
+        model = str(body.get("model") or "claude-fake")
+        forced = body.get("tool_choice") or {}
+        forced_tool = forced.get("name") if forced.get("type") == "tool" else None
+        if model in self.current_models and "temperature" in body:
+            return _anthropic_400("`temperature` is deprecated for this model.")
+        if model in self.current_models and forced_tool is not None:
+            return _anthropic_400("Thinking may not be enabled when tool_choice forces tool use.")
+        if model in self.legacy_models and "output_config" in body:
+            return _anthropic_400(f"output_config.format: not supported by {model}")
+        text = _reply_text(self.reply, body)
+        usage = {"input_tokens": self.input_tokens, "output_tokens": self.output_tokens}
+        if forced_tool is not None:
+            try:
+                arguments = json.loads(text)
+            except ValueError:
+                arguments = {}
             return Reply(
-                status=400,
-                json={"type": "error", "error": {"type": "invalid_request_error"}},
+                json=anthropic_message(
+                    None,
+                    model=model,
+                    stop_reason="tool_use",
+                    tool_use=(forced_tool, arguments if isinstance(arguments, dict) else {}),
+                    **usage,
+                )
             )
-        return Reply(
-            json=anthropic_message(
-                _reply_text(self.reply, body),
-                model=str(body.get("model") or "claude-fake"),
-                input_tokens=self.input_tokens,
-                output_tokens=self.output_tokens,
-            )
-        )
+        return Reply(json=anthropic_message(text, model=model, **usage))
+
+
+def _anthropic_400(message: str) -> Reply:
+    return Reply(status=400, json=anthropic_error("invalid_request_error", message))
 
 
 class FakeAgent(FakeServer):

@@ -6,7 +6,17 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from sqlalchemy import Boolean, Float, ForeignKey, Index, String, Text, UniqueConstraint, text
+from sqlalchemy import (
+    Boolean,
+    CheckConstraint,
+    Float,
+    ForeignKey,
+    Index,
+    String,
+    Text,
+    UniqueConstraint,
+    text,
+)
 from sqlalchemy.orm import Mapped, mapped_column
 
 from shared.db.base import Base, IdMixin, JSONType, TimestampMixin
@@ -55,6 +65,10 @@ class LLMProvider(IdMixin, TimestampMixin, Base):
         ),
         one_of("provider", ProviderKind),
         not_negative("input_cost_per_mtok", "output_cost_per_mtok", name="costs_not_negative"),
+        CheckConstraint("jsonb_typeof(request_options) = 'object'", name="request_options_object"),
+        CheckConstraint(
+            "provider = 'anthropic' OR anthropic_version IS NULL", name="anthropic_version_kind"
+        ),
     )
 
     organization_id: Mapped[uuid.UUID] = mapped_column(
@@ -68,6 +82,12 @@ class LLMProvider(IdMixin, TimestampMixin, Base):
     input_cost_per_mtok: Mapped[float | None] = mapped_column(Float)
     output_cost_per_mtok: Mapped[float | None] = mapped_column(Float)
     is_default_judge: Mapped[bool] = mapped_column(Boolean, default=False)
+    # Fields merged into each request body (shared.llm.models); never Spar's own fields.
+    request_options: Mapped[dict[str, Any]] = mapped_column(
+        JSONType, default=dict, server_default=text("'{}'::jsonb")
+    )
+    # anthropic only: the anthropic-version header (null for the other kinds).
+    anthropic_version: Mapped[str | None] = mapped_column(String(32))
 
 
 class Agent(IdMixin, TimestampMixin, Base):

@@ -157,6 +157,8 @@ class TurnResult(IdMixin, Base):
     redacted_keys: Mapped[list[str]] = mapped_column(
         JSONType, default=list, server_default=text("'[]'::jsonb")
     )
+    # The model refused: ``response_content`` is its refusal.
+    refusal: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
     criteria_results: Mapped[list[CriterionResult]] = relationship(
