@@ -13,14 +13,21 @@ import pytest
 from client.cli import cli
 
 COMMANDS = (
+    "agents",
     "batch",
     "calibrate",
+    "credentials",
     "demo",
     "dev",
+    "hosts",
+    "login",
     "migrate",
+    "orgs",
+    "providers",
     "scenarios",
     "scheduler",
     "serve",
+    "tokens",
     "worker",
 )
 
@@ -115,3 +122,52 @@ def test_the_command_line_imports_no_metrics_before_the_server_chooses_their_dir
         [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True
     )
     assert done.stdout.strip() == "False"
+
+
+def test_spar_version_prints_the_installed_version() -> None:
+    from importlib.metadata import version
+
+    done = spar("--version")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == f"spar {version('spar')}"
+
+
+def test_bare_spar_prints_the_help_and_exits_0() -> None:
+    done = spar()
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("Usage: spar [OPTIONS] COMMAND [ARGS]...")
+    assert "Commands:" in done.stdout and done.stderr == ""
+
+
+def test_batch_run_help_says_the_cli_takes_names_where_the_rest_api_takes_ids() -> None:
+    done = spar("batch", "run", "--help")
+    text = " ".join(done.stdout.split())
+    assert "REST API" in text and "agent_id" in text, done.stdout
+
+
+def test_worker_help_says_redis_is_what_a_separate_worker_needs_not_spar_dev() -> None:
+    """``spar worker`` takes its work from Redis; ``spar dev`` runs the workers in its own
+    process on an in-memory broker: no command's help says Redis is needed there."""
+    overview = " ".join(spar("--help").stdout.split())
+    assert "one process: embedded PostgreSQL, no Redis" in overview, overview
+    worker = " ".join(spar("worker", "--help").stdout.split())
+    assert "SPAR_REDIS_URL" in worker and "spar dev needs no Redis" in worker, worker
+    dev = " ".join(spar("dev", "--help").stdout.split())
+    assert "no Redis" in dev, dev
+
+
+@pytest.mark.parametrize(
+    ("host", "port", "url"),
+    [
+        ("127.0.0.1", 18100, "http://127.0.0.1:18100"),
+        ("0.0.0.0", 8000, "http://localhost:8000"),  # noqa: S104 - a listening address
+        ("::", 9000, "http://localhost:9000"),
+        ("", 9000, "http://localhost:9000"),
+        ("::1", 8080, "http://[::1]:8080"),
+        ("spar.internal", 80, "http://spar.internal:80"),
+    ],
+)
+def test_the_default_public_url_is_the_address_served(host: str, port: int, url: str) -> None:
+    from api.cli import listening_url
+
+    assert listening_url(host, port) == url
