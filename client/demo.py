@@ -182,6 +182,7 @@ def _sign_in(url: str, data_dir: Path) -> Target:
         )
         org.raise_for_status()
         demo["org"] = org.json()["id"]
+        data_dir.mkdir(parents=True, exist_ok=True)  # not made when a Spar was running
         kept.touch(mode=0o600)
         kept.write_text(json.dumps(demo))
         return Target(url=url, token=token, org=demo["org"])
