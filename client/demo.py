@@ -47,8 +47,8 @@ SUITE = Path(__file__).with_name("demo_suite")
 AGENT_NAME = "demo-support"
 START_TIMEOUT_S = 180.0
 LLM_HINT = (
-    "LLM-judged criteria (criteria_type llm_evaluated) need a judge: add a provider, e.g. "
-    "spar providers add openai --provider openai --model gpt-4o-mini "
+    "LLM-judged criteria (criteria_type llm_evaluated) need a judge: spar hosts allow "
+    "api.openai.com, then spar providers add openai --provider openai --model gpt-4o-mini "
     "--api-key-env OPENAI_API_KEY --judge (docs/cli.md)."
 )
 

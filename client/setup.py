@@ -400,8 +400,10 @@ def add_agent(
     what = (
         f"http agent at {made.endpoint_url} ({made.protocol})"
         if made.kind == "http"
-        else f"llm agent on provider {made.llm_provider_id}"
+        else f"llm agent on provider {llm_provider or made.llm_provider_id}"
     )
+    if made.judge_provider_id:
+        what += f", judged by provider {judge_provider or made.judge_provider_id}"
     _show(as_json, made, f"agent {made.name} ({made.id}) {verb}: {what}")
 
 
