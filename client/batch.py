@@ -147,7 +147,7 @@ def exit_code(batch: BatchRunRead, found: list[Outcome], fail_under: float | Non
     return EXIT_FAILED if any(o.status == "failed" for o in found) else EXIT_PASSED
 
 
-def verdict(batch: BatchRunRead, code: int, fail_under: float | None) -> str | None:
+def threshold_verdict(batch: BatchRunRead, code: int, fail_under: float | None) -> str | None:
     """What decided the exit code, when ``--fail-under`` was given: whether the threshold
     was met, and that errors exit 2 whatever the rate."""
     if fail_under is None:
@@ -299,7 +299,7 @@ def run_batch(
         say(console, f"JSON: {json_path}")
     say(console, results)
     code = exit_code(detail, found, fail_under)
-    threshold = verdict(detail, code, fail_under)
+    threshold = threshold_verdict(detail, code, fail_under)
     if threshold is not None:
         say(console, threshold)
     return code

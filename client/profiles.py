@@ -10,8 +10,9 @@ Configuration, first found wins: the environment (``SPAR_URL``, ``SPAR_TOKEN``,
     org = "6f1c..."        # only needed when the token reaches several organizations
 
 ``spar login`` writes a profile (:func:`save_profile`): the file is replaced whole, mode
-0600 in a directory of mode 0700, since it holds tokens.  A profile's ``org`` goes with
-its token: a token from the environment never takes the organization of a profile.
+0600 (in a directory of mode 0700 when it makes one), since it holds tokens.  A
+profile's ``org`` goes with its token: a token from the environment never takes the
+organization of a profile.
 """
 
 from __future__ import annotations

@@ -14,6 +14,7 @@ argument, which other users of the machine and shell histories see.
 from __future__ import annotations
 
 import os
+import sys
 from typing import Any
 
 import click
@@ -52,7 +53,7 @@ def read_secret(
     dropped), else the environment variable ``env`` (which must be set), else asked
     without echo (twice with ``confirm``)."""
     if from_stdin:
-        value = click.get_text_stream("stdin").read().rstrip("\r\n")
+        value = sys.stdin.read().rstrip("\r\n")
     elif env is not None:
         value = os.environ.get(env, "")
         if not value:

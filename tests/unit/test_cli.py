@@ -4,8 +4,11 @@ line of help and a description, and every option says what it is for."""
 from __future__ import annotations
 
 import os
+import stat
 import subprocess
 import sys
+import tomllib
+from pathlib import Path
 
 import click
 import pytest
@@ -171,3 +174,47 @@ def test_the_default_public_url_is_the_address_served(host: str, port: int, url:
     from api.cli import listening_url
 
     assert listening_url(host, port) == url
+
+
+def test_a_profile_is_written_private_and_whole_and_read_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``spar login``'s writer: mode 0600, other profiles and values kept, any text a token or a name may hold spelled as TOML reads it back."""
+    from client.profiles import config_path, save_profile, target
+
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path))
+    for variable in ("SPAR_URL", "SPAR_TOKEN", "SPAR_ORG", "SPAR_PROFILE"):
+        monkeypatch.delenv(variable, raising=False)
+    path = config_path()
+    path.parent.mkdir(parents=True)
+    path.write_text(
+        'timeout = 3\n[profiles.ci]\nurl = "http://ci"\ntoken = "pat_x"\nretry = true\n'
+    )
+    odd = 'ust_"quoted"\\back\tslash\x7f é'
+    save_profile("my team", url="http://127.0.0.1:8000", token=odd, org="Acme")
+    document = tomllib.loads(path.read_text())
+    assert document["timeout"] == 3
+    assert document["profiles"]["ci"] == {"url": "http://ci", "token": "pat_x", "retry": True}
+    assert document["profiles"]["my team"]["token"] == odd
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    save_profile("my team", org=None)
+    assert "org" not in tomllib.loads(path.read_text())["profiles"]["my team"]
+
+    save_profile("ci", org="11111111-2222-3333-4444-555555555555")
+    chosen = target("ci")
+    assert (chosen.url, chosen.token, chosen.org, chosen.profile) == (
+        "http://ci",
+        "pat_x",
+        "11111111-2222-3333-4444-555555555555",
+        "ci",
+    )
+    assert target("ci", "Other").org == "Other"  # --org wins
+    # A token from the environment never takes the profile's organization.
+    monkeypatch.setenv("SPAR_TOKEN", "pat_env")
+    from_env = target("ci")
+    assert (from_env.url, from_env.token, from_env.org, from_env.profile) == (
+        "http://ci",
+        "pat_env",
+        None,
+        None,
+    )
