@@ -1,7 +1,8 @@
 """The API process's commands: ``spar migrate`` (apply the database migrations at
 ``SPAR_DATABASE_URL``) and ``spar serve`` (the HTTP API; stateless, run as many as
 needed).  :func:`run_uvicorn` is how an app of this package is served, by ``spar serve``
-and by ``spar dev`` (``workers/dev.py``).
+and by ``spar dev`` (``workers/dev.py``); unless ``SPAR_PUBLIC_BASE_URL`` says otherwise,
+the URLs Spar hands out (a trigger's ``webhook_url``) are on the address it serves.
 
 Configuration comes from ``SPAR_*`` environment variables.  ``client.cli`` imports this
 module only when one of its commands runs (their short help lives there).
@@ -9,6 +10,7 @@ module only when one of its commands runs (their short help lives there).
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import shutil
 from typing import Any
@@ -27,11 +29,33 @@ def run_migrations() -> None:
     upgrade(get_settings().require_database_url())
 
 
+# Addresses that listen on every interface: the URL to reach them is this machine's.
+WILDCARD_HOSTS = ("", "0.0.0.0", "::")  # noqa: S104 - compared, not bound
+
+
+def listening_url(host: str, port: int) -> str:
+    """The URL of a server listening on ``host``:``port``: ``localhost`` for every
+    interface, an IPv6 address in brackets."""
+    if host in WILDCARD_HOSTS:
+        host = "localhost"
+    else:
+        try:
+            if ipaddress.ip_address(host).version == 6:
+                host = f"[{host}]"
+        except ValueError:  # a name
+            pass
+    return f"http://{host}:{port}"
+
+
 def run_uvicorn(factory: str, host: str, port: int, **options: Any) -> None:
     """Serve the app ``factory`` (``module:function``) with uvicorn, logging as every Spar
-    process does."""
+    process does.  ``SPAR_PUBLIC_BASE_URL``, when unset, becomes the address served (in
+    the environment, so uvicorn's worker processes read it too)."""
     import uvicorn
 
+    if not os.environ.get("SPAR_PUBLIC_BASE_URL"):
+        os.environ["SPAR_PUBLIC_BASE_URL"] = listening_url(host, port)
+        get_settings.cache_clear()
     settings = get_settings()
     uvicorn.run(
         factory,

@@ -1,21 +1,11 @@
-"""Where the API is, who calls it, and the calls: what every client command talks through.
-
-Configuration, first found wins: the environment (``SPAR_URL``, ``SPAR_TOKEN``,
-``SPAR_ORG``), then a named profile (``--profile``, else ``SPAR_PROFILE``, else
-``default``) in ``$XDG_CONFIG_HOME/spar/config.toml`` (``~/.config/spar/config.toml``)::
-
-    [profiles.default]
-    url = "https://spar.example.com"
-    token = "pat_..."
-    org = "6f1c..."        # only needed when the token reaches several organizations
-
-Every failure to reach or use the API is a :class:`UsageProblem` (exit code 3).
+"""The calls to Spar's REST API that every client command makes, and how they fail: each
+failure to reach or use the API is a :class:`UsageProblem` (exit code 3).  Where Spar is
+and the token: :mod:`client.profiles`.
 """
 
 from __future__ import annotations
 
-import os
-import tomllib
+import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +18,7 @@ import msgspec
 EXIT_USAGE = 3
 T = TypeVar("T")
 PAGE = 100
+UUID_TEXT = re.compile(r"[0-9a-fA-F]{8}-?([0-9a-fA-F]{4}-?){3}[0-9a-fA-F]{12}")
 
 
 class UsageProblem(click.ClickException):
@@ -36,56 +27,21 @@ class UsageProblem(click.ClickException):
     exit_code = EXIT_USAGE
 
 
-profile_option = click.option(
-    "--profile",
-    metavar="NAME",
-    help="Where Spar is and the token, from this profile of ~/.config/spar/config.toml "
-    "(SPAR_URL, SPAR_TOKEN and SPAR_ORG, when set, win).",
-)
+@dataclass(frozen=True)
+class Target:
+    """The API to call and the token to call it with (``None``: no token yet, to sign in).
+    ``profile``: the profile the token came from (``None`` when from the environment)."""
+
+    url: str
+    token: str | None
+    org: str | None
+    profile: str | None = None
 
 
 def output_file(flag: str, dest: str, help: str) -> Callable[[T], T]:
     """An option naming a file the command writes (``--json FILE``, ``--junit FILE``)."""
     return click.option(
         flag, dest, type=click.Path(dir_okay=False, path_type=Path), metavar="FILE", help=help
-    )
-
-
-def config_path() -> Path:
-    base = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
-    return Path(base) / "spar" / "config.toml"
-
-
-@dataclass(frozen=True)
-class Target:
-    url: str
-    token: str
-    org: str | None
-
-
-def target(profile: str | None) -> Target:
-    """The API and the token to use (see the module's docstring)."""
-    name = profile or os.environ.get("SPAR_PROFILE") or "default"
-    stored: dict[str, Any] = {}
-    path = config_path()
-    if path.exists():
-        try:
-            profiles = tomllib.loads(path.read_text()).get("profiles", {})
-        except tomllib.TOMLDecodeError as exc:
-            raise UsageProblem(f"{path}: {exc}") from None
-        stored = profiles.get(name, {})
-        if profile and not stored:
-            raise UsageProblem(f"no profile {profile!r} in {path}")
-    elif profile:
-        raise UsageProblem(f"no profile {profile!r}: {path} does not exist")
-    url = os.environ.get("SPAR_URL") or stored.get("url")
-    token = os.environ.get("SPAR_TOKEN") or stored.get("token")
-    if not url or not token:
-        raise UsageProblem(
-            "where is Spar? set SPAR_URL and SPAR_TOKEN, or a profile in " + str(path)
-        )
-    return Target(
-        url=url.rstrip("/"), token=token, org=os.environ.get("SPAR_ORG") or stored.get("org")
     )
 
 
@@ -109,7 +65,7 @@ class Api:
         self.url = chosen.url
         self.http = httpx.Client(
             base_url=chosen.url,
-            headers={"Authorization": f"Bearer {chosen.token}"},
+            headers={"Authorization": f"Bearer {chosen.token}"} if chosen.token else {},
             timeout=timeout,
         )
         self._org = chosen.org
@@ -144,15 +100,35 @@ class Api:
             )
         return response
 
+    def organizations(self) -> list[dict[str, Any]]:
+        """Every organization the token reaches."""
+        found: list[dict[str, Any]] = []
+        while True:
+            page = self.call(
+                "GET", "/v1/organizations", params={"limit": PAGE, "offset": len(found)}
+            )
+            found += page["organizations"]
+            if not page["organizations"] or len(found) >= page["total"]:
+                return found
+
     @property
     def org(self) -> str:
-        """The organization: given, else the only one the token reaches."""
-        if self._org is None:
-            orgs = self.call("GET", "/v1/organizations")["organizations"]
-            if len(orgs) != 1:
+        """The organization's id: the one given (by id, or by name), else the only one the
+        token reaches."""
+        if self._org is None or not UUID_TEXT.fullmatch(self._org):
+            orgs = self.organizations()
+            if self._org is not None:
+                orgs = [o for o in orgs if o["name"] == self._org]
+                if len(orgs) != 1:
+                    raise UsageProblem(
+                        f"the token reaches {len(orgs)} organizations named {self._org!r}: "
+                        "give the organization's id"
+                    )
+            elif len(orgs) != 1:
                 names = ", ".join(f"{o['name']} ({o['id']})" for o in orgs) or "none"
                 raise UsageProblem(
-                    f"the token reaches {len(orgs)} organizations ({names}): set SPAR_ORG"
+                    f"the token reaches {len(orgs)} organizations ({names}): give --org "
+                    "or set SPAR_ORG" + ("" if orgs else "; spar orgs create NAME makes one")
                 )
             self._org = orgs[0]["id"]
         return self._org

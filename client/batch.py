@@ -20,7 +20,8 @@ import msgspec
 from httpx_sse import connect_sse
 from rich.console import Console
 
-from client.api import Api, UsageProblem, output_file, profile_option, target
+from client.api import Api, UsageProblem, output_file
+from client.profiles import org_option, profile_option, target
 from client.reports import (
     FailedTurn,
     Outcome,
@@ -30,6 +31,7 @@ from client.reports import (
     print_trust,
     progress_bar,
 )
+from client.terminal import make_console, say
 from shared.batches.schemas import BatchRunItemSummary, BatchRunRead
 from shared.calibration.schemas import JudgeTrust
 from shared.scenarios.schemas import ScenarioRead, ScenarioRunRead
@@ -133,13 +135,28 @@ def outcomes(api: Api, batch: BatchRunRead) -> list[Outcome]:
 # --- the command -------------------------------------------------------------------------------
 
 
+def pass_rate(batch: BatchRunRead) -> float:
+    return batch.passed_scenarios / batch.total_scenarios if batch.total_scenarios else 1.0
+
+
 def exit_code(batch: BatchRunRead, found: list[Outcome], fail_under: float | None) -> int:
     if batch.status == "error" or any(o.status not in ("passed", "failed") for o in found):
         return EXIT_ERROR
     if fail_under is not None:
-        rate = batch.passed_scenarios / batch.total_scenarios if batch.total_scenarios else 1.0
-        return EXIT_FAILED if rate < fail_under else EXIT_PASSED
+        return EXIT_FAILED if pass_rate(batch) < fail_under else EXIT_PASSED
     return EXIT_FAILED if any(o.status == "failed" for o in found) else EXIT_PASSED
+
+
+def threshold_verdict(batch: BatchRunRead, code: int, fail_under: float | None) -> str | None:
+    """What decided the exit code, when ``--fail-under`` was given: whether the threshold
+    was met, and that errors exit 2 whatever the rate."""
+    if fail_under is None:
+        return None
+    rate, threshold = pass_rate(batch), f"--fail-under {fail_under:g} ({fail_under:.0%})"
+    if code == EXIT_ERROR:
+        return f"pass rate {rate:.0%}; not measured against {threshold}: errors exit 2"
+    met = "met" if code == EXIT_PASSED else "not met"
+    return f"pass rate {rate:.0%}: {threshold} {met}, exit {code}"
 
 
 @click.group("batch")
@@ -148,7 +165,13 @@ def batch() -> None:
 
 
 @batch.command("run")
-@click.option("--agent", required=True, metavar="NAME|ID", help="The agent to run against.")
+@click.option(
+    "--agent",
+    required=True,
+    metavar="NAME|ID",
+    help="The agent to run against, by name or id (the REST API's run and batch-run "
+    "endpoints take only its agent_id: the CLI looks the name up).",
+)
 @click.option(
     "--tag", "tags", multiple=True, metavar="TAG", help="Run scenarios with this tag (repeatable)."
 )
@@ -170,7 +193,8 @@ def batch() -> None:
     "--wait/--no-wait",
     default=True,
     show_default=True,
-    help="Follow the batch to its end (progress bar, results, exit code), or only start it.",
+    help="Follow the batch to its end (progress bar, results, exit code), or only start it "
+    "and print the link to its results page.",
 )
 @click.option(
     "--fail-under",
@@ -181,6 +205,7 @@ def batch() -> None:
 @output_file("--junit", "junit_path", "Write JUnit XML: one testcase per scenario.")
 @output_file("--json", "json_path", "Write the batch and every scenario's outcome as JSON.")
 @profile_option
+@org_option
 def run(
     agent: str,
     tags: tuple[str, ...],
@@ -191,13 +216,16 @@ def run(
     junit_path: Path | None,
     json_path: Path | None,
     profile: str | None,
+    org: str | None,
 ) -> None:
     """Run scenarios (by --tag and/or --scenario) against an agent as one batch, follow it
-    with a progress bar, then print what failed.  Exit 0 all passed, 1 any failed (or the
-    pass rate under --fail-under), 2 any error, 3 usage or connection problems."""
+    with a progress bar, then print what failed and the link to the results page.  Exit
+    0 all passed, 1 any failed (or the pass rate under --fail-under), 2 any error, 3 usage
+    or connection problems.  The agent and the scenarios are named as in the files (the
+    REST API takes their ids)."""
     if not tags and not scenario_names:
         raise click.UsageError("give --tag or --scenario (or both)")
-    api = Api(target(profile))
+    api = Api(target(profile, org))
     try:
         code = run_batch(
             api,
@@ -229,7 +257,7 @@ def run_batch(
     console: Console | None = None,
 ) -> int:
     """Start the batch and, with ``wait``, follow it to its end; the exit code."""
-    console = console or Console(highlight=False)
+    console = console or make_console()
     chosen = api.resolve_agent(agent)
     ids: list[str] = []
     if scenario_names:
@@ -245,11 +273,10 @@ def run_batch(
         "max_concurrency": concurrency,
     }
     made = api.read(api.path("scenarios/batch-runs"), BatchRunRead, method="POST", json=body)
-    console.print(
-        f"batch {made.id}: {made.total_scenarios} scenarios against {chosen['name']}",
-        markup=False,
-    )
+    say(console, f"batch {made.id}: {made.total_scenarios} scenarios against {chosen['name']}")
+    results = f"results: {api.url}/ui/orgs/{api.org}/batches/{made.id}"
     if not wait:
+        say(console, results)
         return EXIT_PASSED
     with progress_bar(console, made.total_scenarios) as show:
         follow(api, made.id, show)
@@ -266,9 +293,13 @@ def run_batch(
     print_trust(console, detail)
     if junit_path is not None:
         junit_path.write_bytes(junit_xml(detail, found))
-        console.print(f"JUnit XML: {junit_path}")
+        say(console, f"JUnit XML: {junit_path}")
     if json_path is not None:
         json_path.write_text(json_report(detail, found))
-        console.print(f"JSON: {json_path}")
-    console.print(f"results: {api.url}/ui/orgs/{api.org}/batches/{detail.id}", markup=False)
-    return exit_code(detail, found, fail_under)
+        say(console, f"JSON: {json_path}")
+    say(console, results)
+    code = exit_code(detail, found, fail_under)
+    threshold = threshold_verdict(detail, code, fail_under)
+    if threshold is not None:
+        say(console, threshold)
+    return code

@@ -14,10 +14,11 @@ from typing import Any
 
 import click
 import msgspec
-from rich.console import Console
 from rich.table import Table
 
-from client.api import Api, UsageProblem, output_file, profile_option, target
+from client.api import Api, UsageProblem, output_file
+from client.profiles import org_option, profile_option, target
+from client.terminal import make_console
 from shared.calibration.schemas import LabeledExample
 from shared.validation import locate
 
@@ -64,20 +65,26 @@ def _interval(body: dict[str, Any], name: str) -> str:
     "file", type=click.Path(exists=True, dir_okay=False, path_type=Path), metavar="FILE.jsonl"
 )
 @click.option(
-    "--agent", required=True, metavar="NAME|ID", help="The agent whose judge is measured."
+    "--agent",
+    required=True,
+    metavar="NAME|ID",
+    help="The agent whose judge is measured, by name or id (the REST API takes its id).",
 )
 @output_file(
     "--json", "json_path", "Write the calibration (metrics and every example's result) as JSON."
 )
 @profile_option
-def calibrate(file: Path, agent: str, json_path: Path | None, profile: str | None) -> None:
+@org_option
+def calibrate(
+    file: Path, agent: str, json_path: Path | None, profile: str | None, org: str | None
+) -> None:
     """Send the labelled examples of FILE.jsonl (one JSON object per line) to be judged by
     the agent's judge, wait for the verdicts and print how far the judge agrees with the
     humans: agreement, Cohen's kappa, TPR and TNR with 95 % intervals, the disagreements.
     Exit 0 once measured, 2 if the calibration failed, 3 on usage or connection problems."""
     examples = load_examples(file)
-    console = Console(highlight=False)
-    api = Api(target(profile))
+    console = make_console()
+    api = Api(target(profile, org))
     try:
         chosen = api.resolve_agent(agent)
         body = api.call(

@@ -1,8 +1,11 @@
 """The ``spar`` command: the client a team uses, and the processes of a deployment.
 
-Client (``SPAR_URL`` + ``SPAR_TOKEN``, or a profile): ``spar scenarios push``,
-``spar batch run``, ``spar calibrate``; and ``spar demo``, the whole path on the embedded
-default with nothing configured.  They need only the base install (``pip install spar``).
+Client (``SPAR_URL`` + ``SPAR_TOKEN``, or a profile that ``spar login`` writes): the
+set-up a CI job needs (``spar orgs create``, ``spar hosts allow``, ``spar credentials
+set``, ``spar providers add``, ``spar agents add``, ``spar tokens create``),
+``spar scenarios push``, ``spar batch run``, ``spar calibrate``; and ``spar demo``, the
+whole path on the embedded default with nothing configured.  They need only the base
+install (``pip install spar``).
 
 Server: ``spar dev`` (everything in one process on an embedded PostgreSQL; ``spar[dev]``),
 ``spar migrate``, ``spar serve``, ``spar worker``, ``spar scheduler`` (``spar[server]``).
@@ -21,6 +24,7 @@ import importlib
 import logging
 import sys
 from dataclasses import dataclass
+from importlib.metadata import PackageNotFoundError, version
 
 import click
 
@@ -29,7 +33,9 @@ from client.batch import batch
 from client.calibrate import calibrate
 from client.demo import demo
 from client.extras import require
+from client.login import login
 from client.scenarios import scenarios
+from client.setup import agents, credentials, hosts, orgs, providers, tokens
 from shared.logs import configure_logging
 from shared.settings import SettingsError, get_settings
 
@@ -46,7 +52,7 @@ class ServerCommand:
 SERVER_COMMANDS = {
     "dev": ServerCommand(
         "workers.dev",
-        "Run the API, workers and scheduler in one process on an embedded PostgreSQL.",
+        "Run the API, workers and scheduler in one process: embedded PostgreSQL, no Redis.",
         "dev",
     ),
     "migrate": ServerCommand(
@@ -54,7 +60,7 @@ SERVER_COMMANDS = {
     ),
     "serve": ServerCommand("api.cli", "Run the HTTP API (needs SPAR_SECRET_KEY).", "server"),
     "worker": ServerCommand(
-        "workers.cli", "Run Dramatiq workers for the work queues (needs Redis).", "server"
+        "workers.cli", "Run worker processes taking work from Redis (SPAR_REDIS_URL).", "server"
     ),
     "scheduler": ServerCommand(
         "scheduler.cli", "Run the cron triggers and the sweeper (one replica active).", "server"
@@ -101,10 +107,33 @@ def server_command(name: str) -> click.Command:
     return command
 
 
+def installed_version() -> str:
+    try:
+        return version("spar")
+    except PackageNotFoundError:  # run from a checkout that was never installed
+        return "unknown (not installed)"
+
+
+def _print_version(ctx: click.Context, _: click.Parameter, value: bool) -> None:
+    if value and not ctx.resilient_parsing:
+        click.echo(f"spar {installed_version()}")
+        ctx.exit()
+
+
 @click.group(
     "spar",
     cls=Spar,
+    invoke_without_command=True,
+    subcommand_metavar="COMMAND [ARGS]...",
     context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
+)
+@click.option(
+    "--version",
+    is_flag=True,
+    expose_value=False,
+    is_eager=True,
+    callback=_print_version,
+    help="Print Spar's version and exit.",
 )
 @click.pass_context
 def cli(ctx: click.Context) -> None:
@@ -112,10 +141,15 @@ def cli(ctx: click.Context) -> None:
     calibration, knowledge and triggers.
 
     \b
-    Run Spar:   spar dev | spar migrate | spar serve | spar worker | spar scheduler
-    Use Spar:   spar scenarios push | spar batch run | spar calibrate
     Try it:     spar demo
+    Set up:     spar login | spar orgs create | spar hosts allow | spar credentials set
+                spar providers add | spar agents add | spar tokens create
+    Use Spar:   spar scenarios push | spar batch run | spar calibrate
+    Run Spar:   spar dev | spar migrate | spar serve | spar worker | spar scheduler
     """
+    if ctx.invoked_subcommand is None:  # bare ``spar``: the help, and no error
+        click.echo(ctx.get_help())
+        ctx.exit()
     if ctx.invoked_subcommand in SERVER_COMMANDS:
         # The server's processes log in Spar's own format (the client's commands log
         # nothing of their own).
@@ -123,7 +157,19 @@ def cli(ctx: click.Context) -> None:
         configure_logging(settings.log_level, settings.log_format)
 
 
-for command in (scenarios, batch, calibrate, demo):
+for command in (
+    login,
+    orgs,
+    hosts,
+    credentials,
+    providers,
+    agents,
+    tokens,
+    scenarios,
+    batch,
+    calibrate,
+    demo,
+):
     cli.add_command(command)
 
 

@@ -6,8 +6,13 @@ organization (kept in ``<data-dir>/demo.json`` for the next time), serves a smal
 rule-based support agent on loopback — with a deliberate flaw: it approves every refund,
 even outside the 30-day policy — registers it, pushes the built-in demo suite
 (``client/demo_suite/``: deterministic criteria, no LLM needed), runs it as a batch with
-the progress bar, prints the results and the link to the results page, and keeps Spar
-running until Ctrl-C (``--exit`` stops at once).
+the progress bar, prints the results, the link to the results page and the token to
+sign in there with, and keeps Spar running until Ctrl-C (``--exit`` stops at once).
+
+The browser is not signed in for you: the results page signs in with a pasted token, and
+a token in a URL would be kept in the browser's history and the server's logs.  So every
+run, whether it started Spar or found one running, prints the sign-in page and the demo
+user's token (a session token, as ``POST /v1/auth/login`` gives).
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ from client.api import Api, Target, UsageProblem
 from client.batch import EXIT_FAILED, run_batch
 from client.extras import require
 from client.scenarios import apply, load_dir
+from client.terminal import make_console, say
 
 # spar dev's default (shared.db.embedded.DEFAULT_DATA_DIR, which needs spar[dev]), shared
 DEV_DATA_DIR = Path(".spar-dev")
@@ -41,9 +47,9 @@ SUITE = Path(__file__).with_name("demo_suite")
 AGENT_NAME = "demo-support"
 START_TIMEOUT_S = 180.0
 LLM_HINT = (
-    "LLM-judged criteria (criteria_type llm_evaluated) need a judge: register an "
-    "OpenAI-compatible provider with POST /v1/orgs/{org}/llm-providers and "
-    '"is_default_judge": true (docs/agents.md, "LLM providers").'
+    "LLM-judged criteria (criteria_type llm_evaluated) need a judge: spar hosts allow "
+    "api.openai.com, then spar providers add openai --provider openai --model gpt-4o-mini "
+    "--api-key-env OPENAI_API_KEY --judge (docs/cli.md)."
 )
 
 
@@ -116,7 +122,7 @@ def spar_dev(data_dir: Path, port: int, console: Console) -> Iterator[str]:
     already answering there (a ``spar dev`` in another terminal) is used as it is."""
     url = f"http://127.0.0.1:{port}"
     if _answers(url):
-        console.print(f"using the Spar already running at {url}")
+        say(console, f"using the Spar already running at {url}")
         yield url
         return
     require("dev", "spar demo (it starts spar dev)")
@@ -176,6 +182,7 @@ def _sign_in(url: str, data_dir: Path) -> Target:
         )
         org.raise_for_status()
         demo["org"] = org.json()["id"]
+        data_dir.mkdir(parents=True, exist_ok=True)  # not made when a Spar was running
         kept.touch(mode=0o600)
         kept.write_text(json.dumps(demo))
         return Target(url=url, token=token, org=demo["org"])
@@ -183,6 +190,14 @@ def _sign_in(url: str, data_dir: Path) -> Target:
         raise UsageProblem(f"could not set up the demo organization: {exc}") from None
     finally:
         http.close()
+
+
+def print_sign_in(console: Console, signed_in: Target) -> None:
+    """How to open the results: the sign-in page and the demo user's token to paste
+    there (the client takes the same token as SPAR_TOKEN)."""
+    say(console, f"To read the results, sign in at {signed_in.url}/ui/login with this token:")
+    say(console, f"  {signed_in.token}")
+    say(console, f"(the client takes it too: SPAR_URL={signed_in.url} SPAR_TOKEN=<the token>)")
 
 
 def _register_agent(api: Api, endpoint: str) -> None:
@@ -220,12 +235,13 @@ def demo(data_dir: str, port: int, exit_after: bool) -> None:
     make a demo organization, serve a small support agent (with a deliberate flaw), push
     the demo scenarios, run them as a batch with a progress bar, and print the results
     and the link to the results page."""
-    console = Console(highlight=False)
+    console = make_console()
     directory = Path(data_dir)
     with spar_dev(directory, port, console) as url, demo_agent() as endpoint:
-        api = Api(_sign_in(url, directory))
+        signed_in = _sign_in(url, directory)
+        api = Api(signed_in)
         try:
-            console.print(f"Spar is up at {url}; demo agent at {endpoint}")
+            say(console, f"Spar is up at {url}; demo agent at {endpoint}")
             _register_agent(api, endpoint)
             apply(api, load_dir(SUITE), prune=False, dry_run=False, console=console)
             code = run_batch(
@@ -243,11 +259,11 @@ def demo(data_dir: str, port: int, exit_after: bool) -> None:
                 "As planned, the demo agent failed a scenario: it approves refunds outside "
                 "the 30-day policy.  Open the link above and read the transcript."
             )
-        console.print(LLM_HINT.replace("{org}", api.org))
+        print_sign_in(console, signed_in)
+        say(console, LLM_HINT)
         if exit_after:
             raise SystemExit(0 if code in (0, EXIT_FAILED) else code)
-        console.print(f"Spar runs at {url} (sign in at {url}/ui/login); Ctrl-C stops the demo.")
-        console.print(f"Your token (as for SPAR_TOKEN): {api.http.headers['Authorization'][7:]}")
+        say(console, f"Spar runs at {url}; Ctrl-C stops the demo.")
         try:
             while True:
                 time.sleep(3600)

@@ -18,6 +18,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 from rich.text import Text
 
+from client.terminal import say
 from shared.batches.schemas import BatchRunRead
 from shared.calibration.schemas import JudgeTrust
 
@@ -192,28 +193,44 @@ def print_results(console: Console, batch: BatchRunRead, found: list[Outcome]) -
         console.print(table)
     total = batch.total_scenarios
     rate = batch.passed_scenarios / total if total else 0.0
-    console.print(
+    say(
+        console,
         f"batch {batch.id} {batch.status}: {batch.passed_scenarios} passed, "
         f"{batch.failed_scenarios} failed, {batch.error_scenarios} error "
         f"of {total} ({rate:.0%} passed)"
         + (f" - {batch.error_message}" if batch.error_message else ""),
-        markup=False,
     )
 
 
 def print_trust(console: Console, batch: BatchRunRead) -> None:
+    """The batch's judge trust as its results page shows it: the calibrated criteria with
+    their corrected pass rates, then the uncalibrated ones with their raw rates only."""
     trust = batch.judge_trust
-    if not isinstance(trust, JudgeTrust) or trust.status != "ready" or not trust.criteria:
+    if not isinstance(trust, JudgeTrust):
         return
-    table = Table(title="Pass rates with the judge's measured error taken out")
-    for column in ("criterion", "raw", "corrected (95 % interval)", ""):
-        table.add_column(column)
-    for c in trust.criteria:
-        if c.corrected_pass_rate is None or c.interval is None:
-            corrected = "no better than chance"
-        else:
-            low, high = c.interval.low, c.interval.high
-            corrected = f"{c.corrected_pass_rate:.0%} ({low:.0%} to {high:.0%})"
-        note = Text(f"stale: {c.stale_reason}", "yellow") if c.stale else ""
-        table.add_row(c.question, f"{c.raw_pass_rate:.0%}", corrected, note)
-    console.print(table)
+    if trust.status == "computing":
+        say(console, "judge trust: still computing (the results page shows it once done)")
+        return
+    if trust.criteria:
+        table = Table(title="Pass rates with the judge's measured error taken out")
+        for column in ("criterion", "raw", "corrected (95 % interval)", ""):
+            table.add_column(column)
+        for c in trust.criteria:
+            if c.corrected_pass_rate is None or c.interval is None:
+                corrected = "no better than chance"
+            else:
+                low, high = c.interval.low, c.interval.high
+                corrected = f"{c.corrected_pass_rate:.0%} ({low:.0%} to {high:.0%})"
+            note = Text(f"stale: {c.stale_reason}", "yellow") if c.stale else ""
+            table.add_row(c.question, f"{c.raw_pass_rate:.0%}", corrected, note)
+        console.print(table)
+    if trust.uncalibrated:
+        table = Table(
+            title="Uncalibrated: no calibration measured the judge on these (raw pass rates)"
+        )
+        for column in ("criterion", "raw", "passed", "scenarios"):
+            table.add_column(column)
+        for u in trust.uncalibrated:
+            passed = f"{u.passed} / {u.judged}"
+            table.add_row(u.question, f"{u.raw_pass_rate:.0%}", passed, str(u.scenarios))
+        console.print(table)

@@ -21,7 +21,9 @@ import yaml
 from rich.console import Console
 from rich.text import Text
 
-from client.api import Api, UsageProblem, profile_option, target
+from client.api import Api, UsageProblem
+from client.profiles import org_option, profile_option, target
+from client.terminal import make_console, say
 from shared.errors import InvalidInput
 from shared.scenarios.rules import check_turns
 from shared.scenarios.schemas import ScenarioCreate
@@ -195,14 +197,15 @@ def scenarios() -> None:
 @click.option("--prune", is_flag=True, help="Delete the scenarios no file in DIR names.")
 @click.option("--dry-run", is_flag=True, help="Show what would change, change nothing.")
 @profile_option
-def push(directory: Path, prune: bool, dry_run: bool, profile: str | None) -> None:
+@org_option
+def push(directory: Path, prune: bool, dry_run: bool, profile: str | None, org: str | None) -> None:
     """Create, update (shown as a diff) or leave alone each scenario of DIR's YAML files
     (one scenario per file, its name the key); with --prune, delete the others.  Every
     file is validated first; an error names its file and line."""
     wanted = load_dir(directory)
-    api = Api(target(profile))
+    api = Api(target(profile, org))
     try:
-        apply(api, wanted, prune=prune, dry_run=dry_run, console=Console(highlight=False))
+        apply(api, wanted, prune=prune, dry_run=dry_run, console=make_console())
     finally:
         api.close()
 
@@ -213,11 +216,11 @@ def apply(
     """Make Spar's scenarios those of ``wanted``, printing each change."""
     todo = plan(api, wanted, prune=prune)
     for scenario in todo.create:
-        console.print(Text(f"+ create {scenario.body['name']}  ({scenario.path})", "green"))
+        say(console, Text(f"+ create {scenario.body['name']}  ({scenario.path})", "green"))
         if not dry_run:
             api.call("POST", api.path("scenarios"), json=scenario.body)
     for scenario_id, scenario, changes in todo.update:
-        console.print(Text(f"~ update {scenario.body['name']}  ({scenario.path})", "yellow"))
+        say(console, Text(f"~ update {scenario.body['name']}  ({scenario.path})", "yellow"))
         for line in changes[2:]:
             style = {"+": "green", "-": "red", "@": "cyan"}.get(line[:1], "")
             console.print(Text(f"    {line}", style=style))
@@ -229,8 +232,9 @@ def apply(
             api.call("DELETE", api.path(f"scenarios/{scenario_id}"))
     for name in todo.unchanged:
         console.print(Text(f"= unchanged {name}", "dim"))
-    console.print(
+    say(
+        console,
         f"{len(todo.create)} created, {len(todo.update)} updated, {len(todo.delete)} deleted, "
-        f"{len(todo.unchanged)} unchanged" + (" (dry run: nothing was sent)" if dry_run else "")
+        f"{len(todo.unchanged)} unchanged" + (" (dry run: nothing was sent)" if dry_run else ""),
     )
     return todo

@@ -102,17 +102,20 @@ def formatter(log_format: str) -> logging.Formatter:
     return JsonFormatter() if log_format == "json" else TextFormatter()
 
 
-class _SparHandler(logging.StreamHandler):  # type: ignore[type-arg]
-    """Marks the handler this module installed, so configuring twice replaces it."""
+class SparHandler(logging.StreamHandler):  # type: ignore[type-arg]
+    """Marks the handler Spar installed (by :func:`configure_logging`, or by uvicorn from
+    :func:`uvicorn_log_config`), so configuring again replaces it: ``spar dev`` configures
+    logging, uvicorn configures it again, then importing the actors does once more, and
+    each line must still be written once."""
 
 
 def configure_logging(level: str, log_format: str = "json") -> None:
     """Log to stderr at ``level`` (``SPAR_LOG_LEVEL``) in ``log_format``
     (``SPAR_LOG_FORMAT``).  Calling it again replaces the handler it installed."""
     root = logging.getLogger()
-    for handler in [h for h in root.handlers if isinstance(h, _SparHandler)]:
+    for handler in [h for h in root.handlers if isinstance(h, SparHandler)]:
         root.removeHandler(handler)
-    handler = _SparHandler(sys.stderr)
+    handler = SparHandler(sys.stderr)
     handler.setFormatter(formatter(log_format))
     root.addHandler(handler)
     root.setLevel(level)
@@ -128,7 +131,7 @@ def uvicorn_log_config(level: str, log_format: str) -> dict[str, Any]:
         "formatters": {"spar": {"()": formatter, "log_format": log_format}},
         "handlers": {
             "stderr": {
-                "class": "logging.StreamHandler",
+                "class": "shared.logs.SparHandler",
                 "formatter": "spar",
                 "stream": "ext://sys.stderr",
             }

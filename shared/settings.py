@@ -29,6 +29,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     database_url: str | None = None
     redis_url: str | None = None
     secret_key: str | None = None
+    # The base of the URLs Spar hands out (webhook URLs).  Unset, ``spar serve`` and
+    # ``spar dev`` make it the address they listen on (api.cli.run_uvicorn).
     public_base_url: str = "http://localhost:8000"
     egress_allow_private: bool = False
     allow_registration: bool = True

@@ -50,8 +50,10 @@ POSITIVE = click.IntRange(min=1)
 def worker(
     queues: str, processes: int, threads: int, prefetch: int | None, metrics_port: int | None
 ) -> None:
-    """Dramatiq worker processes taking messages from Redis (SPAR_REDIS_URL);
-    SPAR_SECRET_KEY must be set to decrypt credentials."""
+    """Dramatiq worker processes taking their work from the queues in Redis: a worker
+    started apart from the API needs SPAR_REDIS_URL (spar dev needs no Redis: it runs its
+    workers in its own process, on an in-memory broker), SPAR_DATABASE_URL, and
+    SPAR_SECRET_KEY to decrypt credentials."""
     settings = get_settings()
     settings.require_database_url()
     if not settings.redis_url:

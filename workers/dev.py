@@ -59,9 +59,11 @@ def _exit_on_sigterm(signum: int, _frame: object) -> None:
 @click.option("--port", type=int, default=8000, show_default=True, help="Port to listen on.")
 def dev(data_dir: str, host: str, port: int) -> None:
     """Start an embedded PostgreSQL in --data-dir (unless SPAR_DATABASE_URL is set), migrate
-    it and serve it with the workers and the scheduler in the same process on an in-memory
-    broker; the server stops on exit.  Outbound calls may reach private addresses, and a
-    secret key is kept in <data-dir>/secret unless SPAR_SECRET_KEY is set."""
+    it and serve it with the workers and the scheduler in the same process, on an in-memory
+    broker: no Redis needed (Redis at SPAR_REDIS_URL when set).  The server stops on exit.
+    Outbound calls may reach private addresses, a secret key is kept in <data-dir>/secret
+    unless SPAR_SECRET_KEY is set, and webhook URLs are on --host and --port unless
+    SPAR_PUBLIC_BASE_URL is set."""
     run_dev(Path(data_dir), host, port)
 
 

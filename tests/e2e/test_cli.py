@@ -11,15 +11,22 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import stat
 import subprocess
 import textwrap
+import tomllib
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
+from click.testing import CliRunner
 from litestar.testing import AsyncTestClient
 
+from client.cli import main
 from tests.support.factories import Tenant, tenant
 from tests.support.fakes import FakeAgent, FakeOpenAI, Reply, verdict_from_marker
 from tests.support.processes import free_port, spar_executable, spar_process, suite_env
@@ -74,24 +81,55 @@ def spar_api(
 
 
 def cli(
-    *args: str, url: str, token: str, cwd: Path, env: dict[str, str] | None = None
+    *args: str, url: str, token: str, cwd: Path, env: dict[str, str | None] | None = None
 ) -> subprocess.CompletedProcess[str]:
+    """``spar *args`` as its own process, its output a pipe (as in a CI log); ``env``
+    adds to its environment, a ``None`` value unsets."""
+    environment: dict[str, str | None] = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("SPAR_")},
+        "SPAR_URL": url,
+        "SPAR_TOKEN": token,
+        "XDG_CONFIG_HOME": str(cwd / "config"),
+        "COLUMNS": "200",
+        **(env or {}),
+    }
     return subprocess.run(
         [spar_executable(), *args],
         capture_output=True,
         text=True,
         timeout=120,
         cwd=cwd,
-        env={
-            **{k: v for k, v in os.environ.items() if not k.startswith("SPAR_")},
-            "SPAR_URL": url,
-            "SPAR_TOKEN": token,
-            "XDG_CONFIG_HOME": str(cwd / "config"),
-            "COLUMNS": "200",
-            **(env or {}),
-        },
+        env={k: v for k, v in environment.items() if v is not None},
         check=False,
     )
+
+
+@dataclass(frozen=True)
+class Ran:
+    code: int
+    stdout: str
+    stderr: str
+
+
+# What the client reads from the environment: unset unless a test gives it.
+CLIENT_ENVIRONMENT = ("SPAR_URL", "SPAR_TOKEN", "SPAR_ORG", "SPAR_PROFILE", "SPAR_PASSWORD")
+
+
+def spar_here(
+    *args: str, config: Path, env: dict[str, str] | None = None, stdin: str | None = None
+) -> Ran:
+    """``spar *args`` run in this process as its entry point runs it (click's CliRunner
+    for the streams): cheaper than a process, with the same exit codes.  ``config`` is
+    the ``XDG_CONFIG_HOME``; no terminal, and no ``COLUMNS``: rich's 80 columns."""
+    environment: dict[str, str | None] = dict.fromkeys(CLIENT_ENVIRONMENT)
+    environment.update(XDG_CONFIG_HOME=str(config), COLUMNS=None, **(env or {}))
+    with CliRunner().isolation(input=stdin, env=environment) as (out, err, _):
+        try:
+            main(list(args))
+            code = 0
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else int(exc.code is not None)
+        return Ran(code, out.getvalue().decode(), err.getvalue().decode())
 
 
 def write(directory: Path, name: str, text: str) -> Path:
@@ -309,9 +347,18 @@ async def test_batch_run_exit_codes_result_files_and_fail_under(
             **kwargs,
         )
 
-    passed = batch("--tag", "ok")
+    # Output to a pipe with no COLUMNS, as in a CI log: rich's 80 columns, and still the
+    # link and the summary each on one line, whole.
+    passed = batch("--tag", "ok", env={"COLUMNS": None})
     assert passed.returncode == 0, passed.stdout + passed.stderr
-    assert "1 passed, 0 failed, 0 error of 1" in passed.stdout
+    lines = passed.stdout.splitlines()
+    (summary,) = [line for line in lines if line.startswith("batch ") and " completed: " in line]
+    assert re.fullmatch(
+        r"batch \S{36} completed: 1 passed, 0 failed, 0 error of 1 \(100% passed\)", summary
+    )
+    (link,) = [line for line in lines if line.startswith("results: ")]
+    assert re.fullmatch(rf"results: {spar_api}/ui/orgs/\S{{36}}/batches/\S{{36}}", link), lines
+    assert len(summary) > 80 and len(link) > 80
 
     junit, report = tmp_path / "out.xml", tmp_path / "out.json"
     failed = batch("--tag", "smoke", "--junit", str(junit), "--json", str(report))
@@ -331,8 +378,12 @@ async def test_batch_run_exit_codes_result_files_and_fail_under(
     by_name = {s["scenario"]: s for s in body["scenarios"]}
     assert by_name["refund"]["failed_turns"][0]["criteria"][0]["verdict"] == "FAIL"
 
-    assert batch("--tag", "smoke", "--fail-under", "0.5").returncode == 0
-    assert batch("--tag", "smoke", "--fail-under", "0.75").returncode == 1
+    met = batch("--tag", "smoke", "--fail-under", "0.5")
+    assert met.returncode == 0
+    assert "pass rate 50%: --fail-under 0.5 (50%) met, exit 0" in met.stdout
+    missed = batch("--tag", "smoke", "--fail-under", "0.75")
+    assert missed.returncode == 1
+    assert "pass rate 50%: --fail-under 0.75 (75%) not met, exit 1" in missed.stdout
     errored = batch("--tag", "smoke", "--tag", "err", "--junit", str(junit))
     assert errored.returncode == 2, errored.stdout + errored.stderr
     root = check_junit(junit)
@@ -428,6 +479,7 @@ async def test_a_profile_configures_the_client_and_calibrate_prints_the_agreemen
           - user_message: hi
             criteria:
               - question: Is it right?
+              - question: Is it kind?
         """,
     )
     pushed = cli(
@@ -450,6 +502,10 @@ async def test_a_profile_configures_the_client_and_calibrate_prints_the_agreemen
     assert judged.returncode == 0, judged.stdout + judged.stderr
     assert "Pass rates with the judge's measured error taken out" in judged.stdout
     assert "Is it right?" in judged.stdout and "100% (" in judged.stdout
+    # No calibration asked "Is it kind?": listed with its raw rate, as the results page does.
+    uncalibrated = judged.stdout.split("Uncalibrated", 1)[1]
+    assert re.search(r"Is it kind\?\s+│\s+100%\s+│\s+1 / 1\s+│\s+1", uncalibrated), judged.stdout
+    assert "Is it right?" not in uncalibrated
     # A bad line: its line number, nothing sent.
     examples.write_text(json.dumps(lines[0]) + "\n" + json.dumps({"id": "x"}) + "\n")
     bad = cli(
@@ -508,4 +564,186 @@ def test_spar_demo_runs_the_whole_path_with_nothing_configured(tmp_path: Path) -
     assert "4 passed, 1 failed, 0 error of 5" in done.stdout
     assert "demo · no refund after 30 days" in done.stdout
     assert f"http://127.0.0.1:{port}/ui/orgs/" in done.stdout
-    assert "llm-providers" in done.stdout
+    assert "spar providers add" in done.stdout
+    # The token to sign in with, even with --exit.
+    assert f"sign in at http://127.0.0.1:{port}/ui/login with this token:" in done.stdout
+    assert re.search(r"^  ust_\S+$", done.stdout, re.MULTILINE), done.stdout
+
+
+async def test_spar_serve_hands_out_webhook_urls_on_the_address_it_serves(
+    client: AsyncTestClient, spar_api: str, shop: ShopAgent, judge: FakeOpenAI
+) -> None:
+    """No SPAR_PUBLIC_BASE_URL: the webhook URL is where this spar serve listens, not
+    http://localhost:8000."""
+    t = await world(client, shop, judge)
+    agents = (await client.get(f"/v1/orgs/{t.id}/agents", headers=t.owner.headers)).json()
+    async with httpx.AsyncClient(timeout=30) as http:
+        made = await http.post(
+            f"{spar_api}/v1/orgs/{t.id}/triggers/",
+            json={
+                "name": "on push",
+                "trigger_type": "webhook",
+                "agent_id": agents["agents"][0]["id"],
+                "message": "hello",
+            },
+            headers=t.owner.headers,
+        )
+    assert made.status_code == 201, made.text
+    trigger = made.json()
+    assert trigger["webhook_url"] == f"{spar_api}/v1/hooks/triggers/{trigger['id']}"
+
+
+async def test_a_new_user_sets_up_from_the_terminal_and_ci_runs_with_the_token_it_made(
+    client: AsyncTestClient, spar_api: str, shop: ShopAgent, judge: FakeOpenAI, tmp_path: Path
+) -> None:
+    """The README's path without curl: spar login --register (a profile), the set-up
+    commands (each printing what it made, or --json), then CI with the platform token
+    made: push, a batch judged with the provider's key, output in a CI log."""
+    config, password, api_key = tmp_path / "config", "a-long-secret-password", "sk-from-stdin-42"
+    secrets = (password, api_key)
+
+    def spar(*args: str, **kwargs: Any) -> Ran:
+        ran = spar_here(*args, config=config, **kwargs)
+        assert not any(s in ran.stdout + ran.stderr for s in secrets), ran
+        return ran
+
+    signed = spar(
+        "login",
+        "--register",
+        "--url",
+        spar_api,
+        "--email",
+        "new@example.com",
+        "--first-name",
+        "New",
+        "--last-name",
+        "User",
+        "--password-stdin",
+        stdin=password + "\n",
+    )
+    assert signed.code == 0, signed
+    path = config / "spar" / "config.toml"
+    assert f"profile 'default' saved in {path} (mode 0600)" in signed.stdout
+    assert "no organization yet: spar orgs create NAME" in signed.stdout
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert stat.S_IMODE(path.parent.stat().st_mode) == 0o700
+    profile = tomllib.loads(path.read_text())["profiles"]["default"]
+    assert profile["url"] == spar_api and profile["token"].startswith("ust_")
+    assert password not in path.read_text()
+    # Signing in again (password from SPAR_PASSWORD) keeps other profiles and the URL.
+    path.write_text(path.read_text() + '\n[profiles.other]\nurl = "http://elsewhere"\n')
+    again = spar("login", "--email", "new@example.com", "--json", env={"SPAR_PASSWORD": password})
+    assert again.code == 0, again
+    assert json.loads(again.stdout)["url"] == spar_api
+    kept = tomllib.loads(path.read_text())["profiles"]
+    assert kept["other"] == {"url": "http://elsewhere"}
+    assert kept["default"]["token"] != profile["token"]
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    wrong = spar("login", "--email", "new@example.com", env={"SPAR_PASSWORD": "not-it"})
+    assert wrong.code == 3 and "401" in wrong.stderr
+
+    org = spar("orgs", "create", "Acme", "--json")
+    assert org.code == 0, org
+    org_id = json.loads(org.stdout)["id"]
+    assert tomllib.loads(path.read_text())["profiles"]["default"]["org"] == org_id
+    second = spar("orgs", "create", "Acme")
+    assert second.stdout.startswith(f"organization Acme ({org_id}) exists"), second
+
+    allowed = spar("hosts", "allow", "127.0.0.1")
+    assert allowed.code == 0 and re.match(r"host 127\.0\.0\.1 \(\S{36}\) allowed", allowed.stdout)
+    assert "was already allowed" in spar("hosts", "allow", "127.0.0.1").stdout
+
+    judge_added = spar(
+        "providers",
+        "add",
+        "judge",
+        "--provider",
+        "openai_compatible",
+        "--base-url",
+        f"{judge.url}/v1",
+        "--model",
+        "judge-1",
+        "--api-key-stdin",
+        "--judge",
+        "--json",
+        stdin=api_key,
+    )
+    assert judge_added.code == 0, judge_added
+    provider = json.loads(judge_added.stdout)
+    assert (provider["credential_key"], provider["is_default_judge"]) == ("JUDGE_API_KEY", True)
+
+    agent = spar("agents", "add", "support", "--url", f"{shop.url}/chat")
+    assert agent.code == 0, agent
+    assert re.match(
+        rf"agent support \(\S{{36}}\) added: http agent at {shop.url}/chat \(spar\)", agent.stdout
+    )
+    judged_by = spar("agents", "add", "support", "--judge", "judge", "--json")
+    assert json.loads(judged_by.stdout)["judge_provider_id"] == provider["id"]
+
+    token = spar("tokens", "create", "ci")
+    assert token.code == 0, token
+    assert "created: agents:read, scenarios:read, scenarios:write, scenarios:run;" in token.stdout
+    (pat,) = re.findall(r"^pat_\S+$", token.stdout, re.MULTILINE)
+
+    # CI: the platform token in the environment, no profile.
+    ci = {"SPAR_URL": spar_api, "SPAR_TOKEN": pat}
+    write(
+        tmp_path / "scenarios",
+        "judged.yaml",
+        """
+        name: judged
+        tags: [ci]
+        turns:
+          - user_message: hello
+            criteria:
+              - question: Was the agent polite?
+        """,
+    )
+    ci_config = tmp_path / "ci-config"
+    pushed = spar_here("scenarios", "push", str(tmp_path / "scenarios"), config=ci_config, env=ci)
+    assert pushed.code == 0 and "1 created" in pushed.stdout, pushed
+    started = spar_here(
+        "batch", "run", "--agent", "support", "--tag", "ci", "--no-wait", config=ci_config, env=ci
+    )
+    assert started.code == 0, started
+    assert re.search(
+        rf"^results: {spar_api}/ui/orgs/{org_id}/batches/\S{{36}}$", started.stdout, re.MULTILINE
+    )
+    ran = spar_here(
+        "batch",
+        "run",
+        "--agent",
+        "support",
+        "--tag",
+        "ci",
+        "--fail-under",
+        "1",
+        config=ci_config,
+        env=ci,
+    )
+    assert ran.code == 0, ran
+    assert "1 passed, 0 failed, 0 error of 1" in ran.stdout
+    assert "pass rate 100%: --fail-under 1 (100%) met, exit 0" in ran.stdout
+    assert any(r.header("authorization") == f"Bearer {api_key}" for r in judge.requests)
+
+
+def test_spar_demo_beside_a_running_spar_prints_the_token_to_sign_in_with(
+    spar_api: str, tmp_path: Path
+) -> None:
+    """``spar demo`` finding a Spar on its port uses it, and still says how to sign in:
+    the token it prints opens the results page."""
+    port = spar_api.rsplit(":", 1)[1]
+    done = spar_here(
+        "demo", "--exit", "--port", port, "--data-dir", str(tmp_path / "d"), config=tmp_path
+    )
+    assert done.code == 0, done
+    assert f"using the Spar already running at {spar_api}" in done.stdout
+    assert "4 passed, 1 failed, 0 error of 5" in done.stdout
+    assert f"sign in at {spar_api}/ui/login with this token:" in done.stdout
+    (token,) = re.findall(r"^  (ust_\S+)$", done.stdout, re.MULTILINE)
+    with httpx.Client(base_url=spar_api, timeout=30) as http:
+        signed_in = http.post("/ui/login", data={"token": token})
+        assert signed_in.status_code == 303, signed_in.text
+        assert "spar_ui_token" in signed_in.headers["set-cookie"]
+        page = http.get(signed_in.headers["location"], follow_redirects=True)
+        assert page.status_code == 200 and "/ui/orgs/" in str(page.url), page.url

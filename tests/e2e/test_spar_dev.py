@@ -147,6 +147,9 @@ def test_spar_dev_runs_a_scenario_with_its_embedded_worker(tmp_path):
             headers=h,
         )
         assert trigger.status_code == 201, trigger.text
+        # No SPAR_PUBLIC_BASE_URL: webhook URLs are on the address spar dev listens on.
+        webhook_url = trigger.json()["webhook_url"]
+        assert webhook_url == f"{base}/v1/hooks/triggers/{trigger.json()['id']}"
         executions = f"/v1/orgs/{org}/triggers/{trigger.json()['id']}/executions"
         fired = http.post(f"/v1/orgs/{org}/triggers/{trigger.json()['id']}/fire", headers=h)
         assert fired.status_code == 202, fired.text
@@ -162,6 +165,12 @@ def test_spar_dev_runs_a_scenario_with_its_embedded_worker(tmp_path):
     assert execution["response"] == "Hello, Good morning from morning"
     # The judge got the decrypted credential, through the egress policy.
     assert judge.requests[0].header("authorization") == "Bearer sk-dev"
+    # Each log line written once, also after the workers' modules configured logging.
+    (log,) = tmp_path.glob("spar-dev-*.log")
+    lines = log.read_text().splitlines()
+    assert sum("Application startup complete." in line for line in lines) == 1, lines
+    requests = [line for line in lines if " spar.access " in line]
+    assert requests and len(requests) == len(set(requests)), requests
 
 
 @pytest.mark.parametrize("command", ["serve", "migrate", "worker", "scheduler"])

@@ -4,8 +4,11 @@ line of help and a description, and every option says what it is for."""
 from __future__ import annotations
 
 import os
+import stat
 import subprocess
 import sys
+import tomllib
+from pathlib import Path
 
 import click
 import pytest
@@ -13,14 +16,21 @@ import pytest
 from client.cli import cli
 
 COMMANDS = (
+    "agents",
     "batch",
     "calibrate",
+    "credentials",
     "demo",
     "dev",
+    "hosts",
+    "login",
     "migrate",
+    "orgs",
+    "providers",
     "scenarios",
     "scheduler",
     "serve",
+    "tokens",
     "worker",
 )
 
@@ -115,3 +125,96 @@ def test_the_command_line_imports_no_metrics_before_the_server_chooses_their_dir
         [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True
     )
     assert done.stdout.strip() == "False"
+
+
+def test_spar_version_prints_the_installed_version() -> None:
+    from importlib.metadata import version
+
+    done = spar("--version")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == f"spar {version('spar')}"
+
+
+def test_bare_spar_prints_the_help_and_exits_0() -> None:
+    done = spar()
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("Usage: spar [OPTIONS] COMMAND [ARGS]...")
+    assert "Commands:" in done.stdout and done.stderr == ""
+
+
+def test_batch_run_help_says_the_cli_takes_names_where_the_rest_api_takes_ids() -> None:
+    done = spar("batch", "run", "--help")
+    text = " ".join(done.stdout.split())
+    assert "REST API" in text and "agent_id" in text, done.stdout
+
+
+def test_worker_help_says_redis_is_what_a_separate_worker_needs_not_spar_dev() -> None:
+    """``spar worker`` takes its work from Redis; ``spar dev`` runs the workers in its own
+    process on an in-memory broker: no command's help says Redis is needed there."""
+    overview = " ".join(spar("--help").stdout.split())
+    assert "one process: embedded PostgreSQL, no Redis" in overview, overview
+    worker = " ".join(spar("worker", "--help").stdout.split())
+    assert "SPAR_REDIS_URL" in worker and "spar dev needs no Redis" in worker, worker
+    dev = " ".join(spar("dev", "--help").stdout.split())
+    assert "no Redis" in dev, dev
+
+
+@pytest.mark.parametrize(
+    ("host", "port", "url"),
+    [
+        ("127.0.0.1", 18100, "http://127.0.0.1:18100"),
+        ("0.0.0.0", 8000, "http://localhost:8000"),  # noqa: S104 - a listening address
+        ("::", 9000, "http://localhost:9000"),
+        ("", 9000, "http://localhost:9000"),
+        ("::1", 8080, "http://[::1]:8080"),
+        ("spar.internal", 80, "http://spar.internal:80"),
+    ],
+)
+def test_the_default_public_url_is_the_address_served(host: str, port: int, url: str) -> None:
+    from api.cli import listening_url
+
+    assert listening_url(host, port) == url
+
+
+def test_a_profile_is_written_private_and_whole_and_read_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``spar login``'s writer: mode 0600, other profiles and values kept, any text a token or a name may hold spelled as TOML reads it back."""
+    from client.profiles import config_path, save_profile, target
+
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path))
+    for variable in ("SPAR_URL", "SPAR_TOKEN", "SPAR_ORG", "SPAR_PROFILE"):
+        monkeypatch.delenv(variable, raising=False)
+    path = config_path()
+    path.parent.mkdir(parents=True)
+    path.write_text(
+        'timeout = 3\n[profiles.ci]\nurl = "http://ci"\ntoken = "pat_x"\nretry = true\n'
+    )
+    odd = 'ust_"quoted"\\back\tslash\x7f é'
+    save_profile("my team", url="http://127.0.0.1:8000", token=odd, org="Acme")
+    document = tomllib.loads(path.read_text())
+    assert document["timeout"] == 3
+    assert document["profiles"]["ci"] == {"url": "http://ci", "token": "pat_x", "retry": True}
+    assert document["profiles"]["my team"]["token"] == odd
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    save_profile("my team", org=None)
+    assert "org" not in tomllib.loads(path.read_text())["profiles"]["my team"]
+
+    save_profile("ci", org="11111111-2222-3333-4444-555555555555")
+    chosen = target("ci")
+    assert (chosen.url, chosen.token, chosen.org, chosen.profile) == (
+        "http://ci",
+        "pat_x",
+        "11111111-2222-3333-4444-555555555555",
+        "ci",
+    )
+    assert target("ci", "Other").org == "Other"  # --org wins
+    # A token from the environment never takes the profile's organization.
+    monkeypatch.setenv("SPAR_TOKEN", "pat_env")
+    from_env = target("ci")
+    assert (from_env.url, from_env.token, from_env.org, from_env.profile) == (
+        "http://ci",
+        "pat_env",
+        None,
+        None,
+    )

@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import json
 import logging
+import sys
 from collections.abc import Iterator
 
 import dramatiq
@@ -175,3 +176,23 @@ def test_an_async_actor_logs_and_sends_under_the_request_id_of_its_message(
         ("second", "succeeded"),
     }
     assert all(isinstance(e["duration_ms"], float) for e in done)
+
+
+def test_a_worker_module_configuring_logging_under_uvicorn_adds_no_second_handler() -> None:
+    """``spar dev``: uvicorn applies :func:`uvicorn_log_config`, then importing the actors
+    (``workers.broker``) calls :func:`configure_logging`; one handler must be left, or
+    every line is written twice."""
+    import logging.config
+
+    from shared.logs import uvicorn_log_config
+
+    root = logging.getLogger()
+    kept, level = root.handlers[:], root.level
+    try:
+        logging.config.dictConfig(uvicorn_log_config("INFO", "text"))
+        configure_logging("INFO", "text")
+        writers = [h for h in root.handlers if getattr(h, "stream", None) is sys.stderr]
+        assert len(writers) == 1, root.handlers
+    finally:
+        root.handlers[:] = kept
+        root.setLevel(level)
