@@ -179,7 +179,8 @@ def test_the_default_public_url_is_the_address_served(host: str, port: int, url:
 def test_a_profile_is_written_private_and_whole_and_read_back(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """``spar login``'s writer: mode 0600, other profiles and values kept, any text a token or a name may hold spelled as TOML reads it back."""
+    """``spar login``'s writer: mode 0600, other profiles and values kept, any text a token
+    or a name may hold spelled as TOML reads it back."""
     from client.profiles import config_path, save_profile, target
 
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path))
