@@ -21,6 +21,7 @@ from workers.metrics import (
     ACTOR_IN_PROGRESS,
     ACTOR_MESSAGES,
     ACTOR_RETRIES,
+    count_from_zero,
 )
 
 _message_log = logging.getLogger("spar.worker.messages")
@@ -44,6 +45,9 @@ class MessageObservability(dramatiq.Middleware):
 
     def __init__(self) -> None:
         self._local = threading.local()
+
+    def before_worker_boot(self, broker: dramatiq.Broker, worker: dramatiq.Worker) -> None:
+        count_from_zero(broker, worker.consumer_whitelist)
 
     def before_process_message(self, broker: dramatiq.Broker, message: dramatiq.Message) -> None:
         request_id.set(str(message.options.get(MESSAGE_OPTION) or message.message_id))
