@@ -29,6 +29,7 @@ from client.reports import (
     print_results,
     print_trust,
     progress_bar,
+    shown,
 )
 from shared.batches.schemas import BatchRunItemSummary, BatchRunRead
 from shared.calibration.schemas import JudgeTrust
@@ -246,7 +247,7 @@ def run_batch(
     }
     made = api.read(api.path("scenarios/batch-runs"), BatchRunRead, method="POST", json=body)
     console.print(
-        f"batch {made.id}: {made.total_scenarios} scenarios against {chosen['name']}",
+        f"batch {made.id}: {made.total_scenarios} scenarios against {shown(chosen['name'])}",
         markup=False,
     )
     if not wait:
