@@ -36,7 +36,9 @@ class MessageObservability(dramatiq.Middleware):
     message sent without one, its message id), so the worker's log lines carry it and the
     messages the actor sends pass it on; then times the message once, and from that one
     measure logs one line (actor, queue, outcome and duration, never its arguments) and
-    records the actor's metrics.  Counts the retries and dead letters it produces too.
+    records the actor's metrics.  Counts the retries and dead letters it produces too, and
+    as the worker boots starts every counter at 0 for the actors it takes
+    (:func:`workers.metrics.count_from_zero`).
 
     First on the broker (:func:`observe_messages`): Dramatiq runs ``after_*`` hooks in
     reverse order, so the id is still set while the other middleware (retries, time
