@@ -17,6 +17,7 @@ from api.health import HealthController
 from api.http import complete_allow_headers, declare_query_params, reject_unknown_query
 from api.identity.controllers import CONTROLLERS as IDENTITY_CONTROLLERS
 from api.knowledge.controllers import CONTROLLERS as KNOWLEDGE_CONTROLLERS
+from api.metrics import FAMILIES as METRIC_FAMILIES
 from api.metrics import metrics
 from api.observability import ObservabilityMiddleware
 from api.openapi import docs_assets, finish_openapi, openapi_config
@@ -89,6 +90,7 @@ def create_app(settings: Settings | None = None) -> Litestar:
         debug=False,
     )
     app.state.settings = settings
+    app.state.metric_families = METRIC_FAMILIES  # spar dev adds its workers' and scheduler's
     finish_openapi(app)
     complete_allow_headers(app)
     declare_query_params(app)

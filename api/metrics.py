@@ -1,6 +1,7 @@
 """What only the API exports: its requests by route template, the depth and age of the
 queues read from the broker at scrape time, and ``GET /metrics`` (Prometheus text format)
-for them and for what :mod:`shared.metrics` counts in the API's processes.
+for them: only them, whatever else the API's processes import (``spar dev`` serves its
+workers' and scheduler's families here too).
 
 ``/metrics`` sits outside ``/v1``, beside the health probes: it names routes, queues,
 actors and provider types, never an organization or a resource, so it holds no tenant
@@ -13,7 +14,7 @@ import asyncio
 import hmac
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import dramatiq
@@ -26,6 +27,7 @@ from litestar.datastructures import State
 from litestar.exceptions import NotAuthorizedException
 from prometheus_client import Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.metrics import MetricWrapperBase
 
 from shared import metrics as shared_metrics
 
@@ -46,6 +48,10 @@ HTTP_DURATION = Histogram(
     ["method", "route"],
     buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0),
 )
+
+
+# What the API's processes export (``spar dev`` adds the workers' and the scheduler's).
+FAMILIES = (HTTP_REQUESTS, HTTP_DURATION)
 
 
 def observe_request(method: str, route: str, status: int, seconds: float) -> None:
@@ -177,12 +183,12 @@ class QueueCollector:
 # --- GET /metrics ----------------------------------------------------------------------------
 
 
-def exposition(broker: dramatiq.Broker | None) -> bytes:
-    """This API's processes' metrics, plus the queues of ``broker`` when given.  Blocking
-    (files, Redis): call it from a thread."""
+def exposition(broker: dramatiq.Broker | None, families: Iterable[MetricWrapperBase]) -> bytes:
+    """``families`` as this API's processes counted them, plus the queues of ``broker``
+    when given.  Blocking (files, Redis): call it from a thread."""
     if broker is None:
-        return shared_metrics.exposition()
-    return shared_metrics.exposition(QueueCollector(broker))  # type: ignore[arg-type]
+        return shared_metrics.exposition(families)
+    return shared_metrics.exposition(families, QueueCollector(broker))  # type: ignore[arg-type]
 
 
 def _authorized(request: Request[Any, Any, Any], token: str | None) -> bool:
@@ -197,5 +203,7 @@ async def metrics(request: Request[Any, Any, Any], state: State) -> Response[byt
     """Prometheus metrics of this API's processes and the queues' depth and age."""
     if not _authorized(request, state.settings.metrics_token):
         raise NotAuthorizedException("a valid metrics token is required")
-    body = await asyncio.to_thread(exposition, state.broker)
-    return Response(body, media_type=shared_metrics.CONTENT_TYPE)
+    body = await asyncio.to_thread(exposition, state.broker, state.metric_families)
+    # The header as given: Litestar appends its own charset to a ``media_type`` of text/*,
+    # and a second charset parameter is one Prometheus warns about or refuses.
+    return Response(body, headers={"Content-Type": shared_metrics.CONTENT_TYPE})

@@ -30,6 +30,7 @@ from client.reports import (
     print_results,
     print_trust,
     progress_bar,
+    shown,
 )
 from client.terminal import make_console, say
 from shared.batches.schemas import BatchRunItemSummary, BatchRunRead
@@ -273,7 +274,10 @@ def run_batch(
         "max_concurrency": concurrency,
     }
     made = api.read(api.path("scenarios/batch-runs"), BatchRunRead, method="POST", json=body)
-    say(console, f"batch {made.id}: {made.total_scenarios} scenarios against {chosen['name']}")
+    say(
+        console,
+        f"batch {made.id}: {made.total_scenarios} scenarios against {shown(chosen['name'])}",
+    )
     results = f"results: {api.url}/ui/orgs/{api.org}/batches/{made.id}"
     if not wait:
         say(console, results)

@@ -1,11 +1,19 @@
-"""What ``spar batch run`` shows and writes of a batch, apart from the calls that follow it:
+r"""What ``spar batch run`` shows and writes of a batch, apart from the calls that follow it:
 the live progress bar, the table of what did not pass, the judge-trust table, the JUnit
 XML and the JSON result files.  Each takes the batch as the API answered it and the
 :class:`Outcome` of each of its scenarios.
+
+What an agent says can hold any character: a reply coloured for a terminal
+(``\x1b[31m``), a stack trace with control characters.  XML 1.0 cannot hold most of them
+(one makes every JUnit reader reject the whole file) and a terminal obeys them, so the
+JUnit file and the terminal show each as an escape that reads as what it is
+(:func:`shown`); the JSON file keeps the exact text, in JSON's own escapes
+(:func:`json_report`).  docs/cli.md says the same to users.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -46,6 +54,27 @@ class Outcome:
     seconds: float
     error: str | None = None
     failed: list[FailedTurn] = field(default_factory=list)
+
+
+# --- characters no reader or terminal should be handed raw ---------------------------------------
+
+# XML 1.0 allows no C0 control but tab, LF and CR, no lone surrogate, neither U+FFFE nor
+# U+FFFF; a terminal acts on C0 and C1 controls and DEL (ESC starts a colour or moves the
+# cursor; a lone CR writes over its line).  Tab and LF are text everywhere.
+_UNSHOWABLE = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\ud800-\udfff\ufffe\uffff]")
+
+
+def _escape(match: re.Match[str]) -> str:
+    code = ord(match.group())
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+
+def shown(text: str) -> str:
+    r"""``text`` as the JUnit file and the terminal show it: a CR LF line end as LF, and
+    every other character of :data:`_UNSHOWABLE` as its Python escape, ESC as the four
+    characters ``\x1b`` and a lone surrogate as the six of ``\udc80``.  A reply coloured
+    red reads ``\x1b[31mred\x1b[0m``."""
+    return _UNSHOWABLE.sub(_escape, text.replace("\r\n", "\n"))
 
 
 # --- result files --------------------------------------------------------------------------------
@@ -94,6 +123,9 @@ def junit_xml(batch: BatchRunRead, found: list[Outcome]) -> bytes:
             )
             error.text = outcome.error or ""
         ET.SubElement(case, "system-out").text = f"run {outcome.run_id}"
+    for element in suite.iter():  # every string in the file, whoever wrote it
+        element.text = element.text and shown(element.text)
+        element.attrib = {name: shown(value) for name, value in element.attrib.items()}
     ET.indent(suite)
     return ET.tostring(suite, encoding="utf-8", xml_declaration=True)
 
@@ -111,7 +143,17 @@ def _describe(turn: FailedTurn) -> str:
     return "\n".join(lines)
 
 
+_LONE_SURROGATE = re.compile(r"[\ud800-\udfff]")
+# Characters JSON may carry raw but a reader should not be handed raw (a terminal acts on
+# DEL and C1 controls; U+FFFE and U+FFFF are no characters to show): written as escapes.
+_JSON_ESCAPED = re.compile(r"[\x7f-\x9f\ufffe\uffff]")
+
+
 def json_report(batch: BatchRunRead, found: list[Outcome]) -> str:
+    """The batch and every scenario's outcome, each text exactly as the API gave it: the
+    characters of :data:`_UNSHOWABLE` as JSON escapes (``\\u001b``), which every JSON
+    reader turns back into them, except a lone surrogate, which is not a character (no
+    UTF-8 file can hold it): U+FFFD instead."""
     report = {
         "batch": msgspec.structs.replace(batch, runs=msgspec.UNSET),
         "scenarios": [
@@ -138,7 +180,20 @@ def json_report(batch: BatchRunRead, found: list[Outcome]) -> str:
             for o in found
         ],
     }
-    return msgspec.json.format(msgspec.json.encode(report), indent=2).decode()
+    encoded = msgspec.json.encode(_characters(msgspec.to_builtins(report)))
+    text = msgspec.json.format(encoded, indent=2).decode()
+    return _JSON_ESCAPED.sub(lambda match: f"\\u{ord(match.group()):04x}", text)
+
+
+def _characters(value: object) -> object:
+    """``value`` (builtins) with each lone surrogate of its strings replaced by U+FFFD."""
+    if isinstance(value, str):
+        return _LONE_SURROGATE.sub("\ufffd", value)
+    if isinstance(value, dict):
+        return {key: _characters(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_characters(item) for item in value]
+    return value
 
 
 # --- on the terminal ---------------------------------------------------------------------------
@@ -180,15 +235,17 @@ def print_results(console: Console, batch: BatchRunRead, found: list[Outcome]) -
         table.add_column("criterion", ratio=3)
         table.add_column("critique", ratio=4)
         for outcome in bad:
+            scenario = Text(shown(outcome.scenario))  # Text: markup in a name is no markup
             if outcome.status != "failed":
-                table.add_row(outcome.scenario, "", Text(outcome.status, "red"), outcome.error)
+                error = Text(shown(outcome.error or ""))
+                table.add_row(scenario, "", Text(outcome.status, "red"), error)
             for turn in outcome.failed:
                 for question, verdict, critique in turn.criteria or [("(required turn)", "", "")]:
                     table.add_row(
-                        outcome.scenario,
+                        scenario,
                         str(turn.turn_index + 1),
-                        f"{verdict} {question}",
-                        critique,
+                        Text(shown(f"{verdict} {question}")),
+                        Text(shown(critique)),
                     )
         console.print(table)
     total = batch.total_scenarios
@@ -198,7 +255,7 @@ def print_results(console: Console, batch: BatchRunRead, found: list[Outcome]) -
         f"batch {batch.id} {batch.status}: {batch.passed_scenarios} passed, "
         f"{batch.failed_scenarios} failed, {batch.error_scenarios} error "
         f"of {total} ({rate:.0%} passed)"
-        + (f" - {batch.error_message}" if batch.error_message else ""),
+        + (f" - {shown(batch.error_message)}" if batch.error_message else ""),
     )
 
 
@@ -221,8 +278,8 @@ def print_trust(console: Console, batch: BatchRunRead) -> None:
             else:
                 low, high = c.interval.low, c.interval.high
                 corrected = f"{c.corrected_pass_rate:.0%} ({low:.0%} to {high:.0%})"
-            note = Text(f"stale: {c.stale_reason}", "yellow") if c.stale else ""
-            table.add_row(c.question, f"{c.raw_pass_rate:.0%}", corrected, note)
+            note = Text(shown(f"stale: {c.stale_reason}"), "yellow") if c.stale else ""
+            table.add_row(Text(shown(c.question)), f"{c.raw_pass_rate:.0%}", corrected, note)
         console.print(table)
     if trust.uncalibrated:
         table = Table(
@@ -232,5 +289,7 @@ def print_trust(console: Console, batch: BatchRunRead) -> None:
             table.add_column(column)
         for u in trust.uncalibrated:
             passed = f"{u.passed} / {u.judged}"
-            table.add_row(u.question, f"{u.raw_pass_rate:.0%}", passed, str(u.scenarios))
+            table.add_row(
+                Text(shown(u.question)), f"{u.raw_pass_rate:.0%}", passed, str(u.scenarios)
+            )
         console.print(table)

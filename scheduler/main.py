@@ -19,7 +19,7 @@ import dramatiq
 
 from scheduler.cron import TriggerCron
 from scheduler.leader import Leadership
-from scheduler.metrics import SCHEDULER_LEADING
+from scheduler.metrics import FAMILIES, SCHEDULER_LEADING
 from scheduler.sweeper import sweep
 from shared.db.engine import Database
 from shared.metrics import serve_process_metrics
@@ -104,7 +104,7 @@ async def run_forever(stop: asyncio.Event) -> None:
 def main(metrics_port: int | None = None) -> None:
     """The scheduler until SIGTERM or SIGINT; its metrics on ``metrics_port`` if given."""
     if metrics_port is not None:
-        serve_process_metrics(metrics_port)
+        serve_process_metrics(metrics_port, FAMILIES)
 
     async def _main() -> None:
         stop = asyncio.Event()

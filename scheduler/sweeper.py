@@ -27,7 +27,7 @@ from uuid import UUID
 import dramatiq
 from dramatiq.brokers.redis import RedisBroker
 
-from scheduler.metrics import SWEEPER_RESENT
+from scheduler.metrics import DISPATCHED, SWEEPER_RESENT
 from shared import work
 from shared.batches import window
 from shared.db.engine import Database
@@ -72,7 +72,7 @@ async def sweep(database: Database, broker: dramatiq.Broker, settings: Settings)
     if lost:
         mark_broker(broker)
     dispatched = await window.reoffer(database)
-    sent["batch_runs"] = _send(broker, RUN_SCENARIO, dispatched)
+    sent[DISPATCHED] = _send(broker, RUN_SCENARIO, dispatched)
     for label, ids in sent.items():
         SWEEPER_RESENT.labels(label).inc(len(ids))
     if any(sent.values()):

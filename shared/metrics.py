@@ -10,9 +10,14 @@ queues read at scrape time in :mod:`api.metrics`, the workers' messages in
 * knowledge documents processed, by outcome;
 * units of work given up (:mod:`shared.work`);
 * agent and judge calls: latency and errors by kind and provider (:func:`observed_call`);
-* the registry to expose, and a process's live gauges dropped as it exits.
+* what a process exposes (:func:`exposition`), and its live gauges dropped as it exits.
 
 Labels never hold organization ids, raw paths, secrets or any other unbounded value.
+
+Every family is defined once, at import, wherever its module is imported; a process
+exports only the families its role records (each process module's ``FAMILIES``, these
+under :data:`RUN_ENGINE` for the workers), whatever else it happened to import: the API
+never shows a scheduler's or a worker's families, and ``spar dev`` shows all three.
 
 Under ``spar serve --workers N`` and ``spar worker --processes N`` the processes share a
 ``PROMETHEUS_MULTIPROC_DIR`` (:mod:`shared.metrics_dir`) and a scrape reads all of them;
@@ -25,11 +30,14 @@ import functools
 import os
 import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from typing import Any, ParamSpec, TypeVar
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
+    GC_COLLECTOR,
+    PLATFORM_COLLECTOR,
+    PROCESS_COLLECTOR,
     REGISTRY,
     CollectorRegistry,
     Counter,
@@ -39,6 +47,8 @@ from prometheus_client import (
     multiprocess,
     start_http_server,
 )
+from prometheus_client.metrics import MetricWrapperBase
+from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
 from shared.metrics_dir import ENV as MULTIPROCESS_ENV
@@ -55,6 +65,7 @@ RUNS_IN_FLIGHT = Gauge(
     "Scenario runs being played now.",
     multiprocess_mode="livesum",
 )
+RUN_STATUSES = ("passed", "failed", "error")
 RUNS_FINISHED = Counter(
     "spar_runs_finished_total",
     "Scenario runs that reached a terminal status (passed, failed, error).",
@@ -85,6 +96,7 @@ def in_flight(gauge: Gauge) -> Callable[[Callable[P, Awaitable[R]]], Callable[P,
 
 # --- knowledge documents and units of work ------------------------------------------------
 
+DOCUMENT_STATUSES = ("ready", "failed", "abandoned")
 DOCUMENTS_PROCESSED = Counter(
     "spar_documents_processed_total",
     "Knowledge documents whose processing ended: ready, failed (with a reason on the "
@@ -155,6 +167,17 @@ def observed_call(
     return decorate
 
 
+# What the run engine records wherever it runs: the workers (and ``spar dev``) export them.
+RUN_ENGINE: tuple[MetricWrapperBase, ...] = (
+    RUNS_IN_FLIGHT,
+    RUNS_FINISHED,
+    DOCUMENTS_PROCESSED,
+    WORK_GIVEN_UP,
+    OUTBOUND_DURATION,
+    OUTBOUND_ERRORS,
+)
+
+
 # --- exposition ------------------------------------------------------------------------------
 
 
@@ -162,25 +185,43 @@ def multiprocess_mode() -> bool:
     return bool(os.environ.get(MULTIPROCESS_ENV))
 
 
-def _process_registry() -> CollectorRegistry:
+class _Owned:
+    """The families of ``source`` named among ``names``: what this process records, out of
+    everything defined in it (the default registry) or written by its process group (the
+    multiprocess directory)."""
+
+    def __init__(self, source: Collector, names: frozenset[str]) -> None:
+        self.source, self.names = source, names
+
+    def collect(self) -> Iterator[Metric]:
+        return (family for family in self.source.collect() if family.name in self.names)
+
+
+def process_registry(
+    families: Iterable[MetricWrapperBase], *collectors: Collector
+) -> CollectorRegistry:
+    """What a process exposes: of Spar's metrics, ``families`` only (this process group's,
+    under ``spar serve --workers N`` and ``spar worker --processes N``), and the
+    interpreter's own process metrics where there is one process; plus ``collectors``,
+    read at scrape time."""
+    names = frozenset(family.name for metric in families for family in metric.describe())
+    registry = CollectorRegistry(auto_describe=False)
     if multiprocess_mode():
-        registry = CollectorRegistry()
-        multiprocess.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
-        return registry
-    return REGISTRY
+        source: Collector = multiprocess.MultiProcessCollector(None)  # type: ignore[no-untyped-call]
+    else:
+        source = REGISTRY
+        for standard in (PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR):
+            registry.register(standard)
+    registry.register(_Owned(source, names))
+    for collector in collectors:
+        registry.register(collector)
+    return registry
 
 
-def exposition(*collectors: Collector) -> bytes:
-    """The Prometheus text format of this process group's metrics, plus what
-    ``collectors`` read at scrape time.  Blocking (files, sockets): call it from a
-    thread."""
-    body = generate_latest(_process_registry())
-    if collectors:
-        scraped = CollectorRegistry()
-        for collector in collectors:
-            scraped.register(collector)
-        body += generate_latest(scraped)
-    return body
+def exposition(families: Iterable[MetricWrapperBase], *collectors: Collector) -> bytes:
+    """The Prometheus text format of :func:`process_registry`.  Blocking (files, sockets):
+    call it from a thread."""
+    return generate_latest(process_registry(families, *collectors))
 
 
 def mark_process_dead() -> None:
@@ -190,8 +231,9 @@ def mark_process_dead() -> None:
         multiprocess.mark_process_dead(os.getpid())  # type: ignore[no-untyped-call]
 
 
-def serve_process_metrics(port: int) -> threading.Thread:
-    """Serve this process group's metrics on ``port`` at ``/metrics`` from a daemon thread
-    (``spar scheduler --metrics-port``, ``spar worker --metrics-port``)."""
-    _, thread = start_http_server(port, addr="0.0.0.0", registry=_process_registry())  # noqa: S104
+def serve_process_metrics(port: int, families: Iterable[MetricWrapperBase]) -> threading.Thread:
+    """Serve ``families`` of this process group on ``port`` at ``/metrics`` from a daemon
+    thread (``spar scheduler --metrics-port``, ``spar worker --metrics-port``)."""
+    registry = process_registry(families)
+    _, thread = start_http_server(port, addr="0.0.0.0", registry=registry)  # noqa: S104
     return thread

@@ -21,11 +21,13 @@ from litestar import Litestar
 
 from api.app import create_app
 from api.cli import run_migrations, run_uvicorn
+from scheduler import metrics as scheduler_metrics
 from scheduler.leader import Leadership
 from scheduler.main import lead_forever
 from shared.db.embedded import DEFAULT_DATA_DIR, embedded_postgres
 from shared.logs import configure_logging
 from shared.settings import get_settings
+from workers import metrics as worker_metrics
 
 DEV_SECRET = "secret"  # noqa: S105 - the file that holds it, in the data directory
 
@@ -93,8 +95,14 @@ def run_dev(data_dir: Path, host: str, port: int) -> None:
 
 
 def create_dev_app() -> Litestar:
-    """``spar dev``: the API plus the workers in-process, on the in-memory broker."""
+    """``spar dev``: the API plus the workers in-process, on the in-memory broker; its
+    ``/metrics`` shows what production's API, workers and scheduler show between them."""
     app = create_app()
+    app.state.metric_families = (
+        *app.state.metric_families,
+        *worker_metrics.FAMILIES,
+        *scheduler_metrics.FAMILIES,
+    )
 
     async def start_worker(app: Litestar) -> None:
         import workers.actors  # noqa: F401 - declares the actors on the in-memory broker

@@ -21,6 +21,7 @@ from workers.metrics import (
     ACTOR_IN_PROGRESS,
     ACTOR_MESSAGES,
     ACTOR_RETRIES,
+    count_from_zero,
 )
 
 _message_log = logging.getLogger("spar.worker.messages")
@@ -35,7 +36,9 @@ class MessageObservability(dramatiq.Middleware):
     message sent without one, its message id), so the worker's log lines carry it and the
     messages the actor sends pass it on; then times the message once, and from that one
     measure logs one line (actor, queue, outcome and duration, never its arguments) and
-    records the actor's metrics.  Counts the retries and dead letters it produces too.
+    records the actor's metrics.  Counts the retries and dead letters it produces too, and
+    as the worker boots starts every counter at 0 for the actors it takes
+    (:func:`workers.metrics.count_from_zero`).
 
     First on the broker (:func:`observe_messages`): Dramatiq runs ``after_*`` hooks in
     reverse order, so the id is still set while the other middleware (retries, time
@@ -44,6 +47,9 @@ class MessageObservability(dramatiq.Middleware):
 
     def __init__(self) -> None:
         self._local = threading.local()
+
+    def before_worker_boot(self, broker: dramatiq.Broker, worker: dramatiq.Worker) -> None:
+        count_from_zero(broker, worker.consumer_whitelist)
 
     def before_process_message(self, broker: dramatiq.Broker, message: dramatiq.Message) -> None:
         request_id.set(str(message.options.get(MESSAGE_OPTION) or message.message_id))

@@ -4,8 +4,9 @@ output are what CI sees), agents and the judge faked as loopback servers.
 
 Exit codes: 0 all passed, 1 a scenario failed (or under ``--fail-under``), 2 an error,
 3 usage or connection problems.  Also: push idempotence, YAML errors with file and line,
-JUnit XML checked against the JUnit schema CI tools read, and the event stream's
-reconnection."""
+JUnit XML read by lxml, Jenkins' JUnit schema (lxml and xmlschema) and junitparser, even
+when the agent answers with terminal colours or control characters, and the event
+stream's reconnection."""
 
 from __future__ import annotations
 
@@ -22,9 +23,12 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import junitparser
 import pytest
+import xmlschema
 from click.testing import CliRunner
 from litestar.testing import AsyncTestClient
+from lxml import etree
 
 from client.cli import main
 from tests.support.factories import Tenant, tenant
@@ -37,13 +41,24 @@ from tests.support.scenario_setup import outbound_setup
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("cli")]
 
 
+RED = "\u001b[31mred\u001b[0m"  # a reply coloured for a terminal
+CRASH = "\u001b[1mTraceback\u001b[0m: [/bold] boom\u0007"  # a 500's body: ESC, BEL, no markup
+
+
 class ShopAgent(FakeAgent):
-    """Echoes the message; a message carrying ``[break]`` gets HTTP 400 (the run errors)."""
+    """Echoes the message; a message carrying ``[break]`` gets HTTP 400 (the run errors),
+    one carrying ``[colour]`` gets :data:`RED`, one carrying ``[crash]`` HTTP 500 with
+    :data:`CRASH` as its body."""
 
     def handle(self, request: Any) -> Reply:
         body = request.json
-        if isinstance(body, dict) and "[break]" in str(body.get("message")):
+        message = str(body.get("message")) if isinstance(body, dict) else ""
+        if "[break]" in message:
             return Reply(status=400, json={"error": "broken on purpose"})
+        if "[colour]" in message:
+            return Reply(json={"content": RED})
+        if "[crash]" in message:
+            return Reply(status=500, body=CRASH)
         return super().handle(request)
 
 
@@ -137,6 +152,37 @@ def write(directory: Path, name: str, text: str) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(textwrap.dedent(text).lstrip())
     return path
+
+
+def ansi_suite(directory: Path) -> None:
+    """Two scenarios whose agent answers with control characters: a failing one (a reply
+    in colour) and one in error (a 500 whose body holds ESC)."""
+    write(
+        directory,
+        "colour.yaml",
+        """
+        name: colour
+        tags: [ansi]
+        turns:
+          - user_message: say it in colour [colour]
+            criteria:
+              - question: green
+                criteria_type: contains
+        """,
+    )
+    write(
+        directory,
+        "crash.yaml",
+        """
+        name: crash
+        tags: [ansi]
+        turns:
+          - user_message: this one [crash]
+            criteria:
+              - question: anything
+                criteria_type: contains
+        """,
+    )
 
 
 def suite(directory: Path) -> None:
@@ -310,22 +356,29 @@ async def test_push_names_the_file_and_line_of_each_problem_and_sends_nothing(
     assert listing["total"] == 0
 
 
-JUNIT_XSD = Path(__file__).parent.parent / "support" / "junit.xsd"
+JUNIT_XSD = Path(__file__).parent.parent / "support" / "junit-10.xsd"
 
 
 def check_junit(path: Path) -> Any:
-    """The file against the JUnit schema CI tools read (Jenkins' junit-10.xsd, whose
-    elements and attributes tests/support/junit.xsd spells out), and its counts."""
-    from lxml import etree
-
+    """The file as CI tools read it: lxml parses it, it is valid against Jenkins' JUnit
+    schema (tests/support/junit-10.xsd, vendored from the xUnit plugin) for lxml and for
+    xmlschema, junitparser reads the same counts; its root."""
     schema = etree.XMLSchema(etree.parse(str(JUNIT_XSD)))
     document = etree.parse(str(path))
     schema.assertValid(document)
+    xmlschema.XMLSchema(str(JUNIT_XSD)).validate(str(path))
     root = document.getroot()
     cases = root.findall("testcase")
     assert int(root.get("tests")) == len(cases)
     assert int(root.get("failures")) == sum(1 for c in cases if c.find("failure") is not None)
     assert int(root.get("errors")) == sum(1 for c in cases if c.find("error") is not None)
+    (read,) = junitparser.JUnitXml.fromfile(str(path))  # the one testsuite
+    assert (read.tests, read.failures, read.errors) == (
+        len(cases),
+        int(root.get("failures")),
+        int(root.get("errors")),
+    )
+    assert [case.name for case in read] == [c.get("name") for c in cases]
     return root
 
 
@@ -403,6 +456,66 @@ async def test_batch_run_exit_codes_result_files_and_fail_under(
     assert bad_token.returncode == 3 and "401" in bad_token.stderr
     unset = cli("batch", "run", "--agent", "x", "--tag", "ok", url="", token="", cwd=tmp_path)
     assert unset.returncode == 3 and "SPAR_URL" in unset.stderr
+
+
+async def test_control_characters_from_the_agent_reach_no_report_raw(
+    client: AsyncTestClient, spar_api: str, shop: ShopAgent, judge: FakeOpenAI, tmp_path: Path
+) -> None:
+    """A reply in terminal colours and a 500 whose body holds ESC: JUnit that every reader
+    accepts and JSON that keeps the text exactly; the table shows the escapes as text."""
+    token = await pushed_world(client, spar_api, shop, judge, tmp_path)
+    ansi_suite(tmp_path / "ansi")
+    pushed = cli(
+        "scenarios", "push", str(tmp_path / "ansi"), url=spar_api, token=token, cwd=tmp_path
+    )
+    assert pushed.returncode == 0, pushed.stderr
+    junit, report = tmp_path / "ansi.xml", tmp_path / "ansi.json"
+    done = cli(
+        "batch",
+        "run",
+        "--agent",
+        "support-bot",
+        "--tag",
+        "ansi",
+        "--junit",
+        str(junit),
+        "--json",
+        str(report),
+        url=spar_api,
+        token=token,
+        cwd=tmp_path,
+    )
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "1 failed, 1 error of 2" in done.stdout
+
+    # JUnit: no control character but line ends; each one written as its escape, in the
+    # failure's text and in the error's message and text.
+    assert not set(junit.read_bytes()) & (set(range(0x20)) - {0x09, 0x0A, 0x0D})
+    root = check_junit(junit)
+    cases = {c.get("name"): c for c in root.findall("testcase")}
+    failure = cases["colour"].find("failure")
+    assert "agent: \\x1b[31mred\\x1b[0m" in failure.text
+    error = cases["crash"].find("error")
+    shown = "\\x1b[1mTraceback\\x1b[0m: [/bold] boom\\x07"
+    assert shown in error.get("message") and shown in error.text
+    ((read,),) = [
+        [case for case in suite if case.name == "crash"]
+        for suite in junitparser.JUnitXml.fromfile(str(junit))
+    ]
+    (result,) = read.result
+    assert isinstance(result, junitparser.Error) and shown in result.message
+
+    # JSON: the exact text, in JSON's escapes.
+    text = report.read_text()
+    assert "\x1b" not in text and "\\u001b[31mred" in text
+    body = json.loads(text)
+    by_name = {s["scenario"]: s for s in body["scenarios"]}
+    assert by_name["colour"]["failed_turns"][0]["response"] == RED
+    assert CRASH in by_name["crash"]["error"]
+
+    # The terminal: the agent's escapes as text, its brackets as text (no markup).
+    assert "\x1b" not in done.stdout and "\x07" not in done.stdout
+    assert "\\x1b[1mTraceback\\x1b[0m: [/bold] boom" in done.stdout
 
 
 async def test_a_dropped_event_stream_is_reconnected_and_the_batch_followed_to_its_end(

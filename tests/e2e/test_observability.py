@@ -1,8 +1,11 @@
-"""Real processes: ``spar serve --workers 2`` and ``spar worker --processes 2 --metrics-port``.
+"""Real processes: ``spar serve --workers 2``, ``spar worker --processes 2 --metrics-port``
+and ``spar scheduler --metrics-port``.
 
 One run started with an ``X-Request-ID``: the id comes back on the response, is on the
 API's access log line and on the worker's log line for that run's message; the API's
-``/metrics`` and the worker's metrics port each add up their processes' metrics.
+``/metrics`` and the worker's metrics port each add up their processes' metrics.  Each of
+the three exports its own families only, under a Content-Type Prometheus reads, with the
+counters behind the documented alerts there at 0 before they first move.
 """
 
 from __future__ import annotations
@@ -14,8 +17,11 @@ from pathlib import Path
 
 import httpx
 import pytest
+from prometheus_client import CONTENT_TYPE_LATEST
+from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.support import metrics as families
 from tests.support.factories import tenant
 from tests.support.fakes import FakeAgent, FakeOpenAI
 from tests.support.processes import free_port, spar_process, suite_env
@@ -66,7 +72,7 @@ async def test_a_request_id_follows_a_run_from_the_api_into_the_worker(
     client, database_url, settings, tmp_path: Path
 ) -> None:
     env = suite_env(database_url, settings, SPAR_LOG_LEVEL="INFO", SPAR_LOG_FORMAT="json")
-    api_port, metrics_port = free_port(), free_port()
+    api_port, metrics_port, scheduler_port = free_port(), free_port(), free_port()
     api_url = f"http://127.0.0.1:{api_port}"
     rid = f"e2e-{uuid.uuid4().hex}"
     serve = ["serve", "--host", "127.0.0.1", "--port", str(api_port), "--workers", "2"]
@@ -77,6 +83,7 @@ async def test_a_request_id_follows_a_run_from_the_api_into_the_worker(
         FakeOpenAI(reply=VERDICT) as judge,
         spar_process(serve, env, cwd=tmp_path, health_url=f"{api_url}/health/live"),
         spar_process(work, env, cwd=tmp_path),
+        spar_process(["scheduler", "--metrics-port", str(scheduler_port)], env, cwd=tmp_path),
     ):
         async with httpx.AsyncClient(base_url=api_url, timeout=10.0) as api:
             t = await tenant(api)  # type: ignore[arg-type]
@@ -97,6 +104,7 @@ async def test_a_request_id_follows_a_run_from_the_api_into_the_worker(
             run = await wait_for_run(api, t, started.json()["id"])  # type: ignore[arg-type]
             assert run["status"] == "passed", run
             api_metrics = samples((await api.get("/metrics")).text)
+            api_scrape = families.scrape(f"{api_url}/metrics")
 
         worker_url = f"http://127.0.0.1:{metrics_port}/metrics"
         run_labels = {"queue": "runs", "actor": "run_scenario", "outcome": "succeeded"}
@@ -106,6 +114,27 @@ async def test_a_request_id_follows_a_run_from_the_api_into_the_worker(
         assert wait_for_metric(worker_url, "spar_outbound_call_duration_seconds_count", agent_calls)
         judge_calls = {"target": "judge", "kind": "llm", "provider": "openai_compatible"}
         assert wait_for_metric(worker_url, "spar_outbound_call_duration_seconds_count", judge_calls)
+        worker_scrape = families.scrape(worker_url)
+        scheduler_scrape = families.scrape(f"http://127.0.0.1:{scheduler_port}/metrics")
+
+    # Each process its own families, as a scraper reads them.  The API's Content-Type is
+    # prometheus_client's own; the others are prometheus_client's server answering a
+    # client that asks for no format in particular.
+    assert api_scrape.content_type == CONTENT_TYPE_LATEST
+    assert families.spar_families(api_scrape) <= families.API
+    assert worker_scrape.content_type == CONTENT_TYPE_PLAIN_0_0_4
+    assert families.spar_families(worker_scrape) <= families.WORKER
+    assert scheduler_scrape.content_type == CONTENT_TYPE_PLAIN_0_0_4
+    assert families.spar_families(scheduler_scrape) == families.SCHEDULER
+    # The alerts' counters, at 0 before their first increment: per actor of the queue
+    # the worker takes; every unit it plays; every outcome of a scheduled slot.
+    dead = "spar_actor_messages_dead_lettered_total"
+    assert worker_scrape.value(dead, queue="runs", actor="run_scenario") == 0
+    assert worker_scrape.value(dead, queue="batches", actor="dispatch_batch") is None
+    assert worker_scrape.value("spar_work_given_up_total", kind="run") == 0
+    assert worker_scrape.value("spar_runs_finished_total", status="error") == 0
+    assert scheduler_scrape.value("spar_trigger_slots_total", outcome="missed") == 0
+    assert scheduler_scrape.value("spar_sweeper_resent_total", kind="calibrations") == 0
 
     # Both API processes' requests are in one scrape: every one of this test's requests.
     run_route = "/v1/orgs/{org_id}/scenarios/{scenario_id}/run"

@@ -12,8 +12,10 @@ from typing import Any
 import httpx
 import psutil
 import pytest
+from prometheus_client import CONTENT_TYPE_LATEST
 
 from shared.db.embedded import running_postmasters
+from tests.support import metrics as families
 from tests.support.fakes import FakeAgent, FakeOpenAI
 from tests.support.processes import free_port, owner_over_http, spar_executable, spar_process
 
@@ -159,6 +161,7 @@ def test_spar_dev_runs_a_scenario_with_its_embedded_worker(tmp_path):
             if execution["status"] in {"succeeded", "failed"} or time.monotonic() > deadline:
                 break
             time.sleep(0.2)
+        scraped = families.scrape(f"{base}/metrics")
     assert state["status"] == "passed", state
     assert state["turn_results"][0]["response_content"] == "Hello, Hi"
     assert execution["status"] == "succeeded", execution
@@ -171,6 +174,18 @@ def test_spar_dev_runs_a_scenario_with_its_embedded_worker(tmp_path):
     assert sum("Application startup complete." in line for line in lines) == 1, lines
     requests = [line for line in lines if " spar.access " in line]
     assert requests and len(requests) == len(set(requests)), requests
+
+    # /metrics: what production's API, workers and scheduler export between them, under
+    # prometheus_client's Content-Type, the alerts' counters at 0 before they first move.
+    assert scraped.content_type == CONTENT_TYPE_LATEST
+    assert families.spar_families(scraped) == families.API | families.WORKER | families.SCHEDULER
+    assert scraped.value("spar_runs_finished_total", status="passed") == 1
+    assert scraped.value("spar_runs_finished_total", status="error") == 0
+    dead = "spar_actor_messages_dead_lettered_total"
+    for queue, actor in (("runs", "run_scenario"), ("calibration", "calibrate")):
+        assert scraped.value(dead, queue=queue, actor=actor) == 0
+    assert scraped.value("spar_trigger_slots_total", outcome="missed") == 0
+    assert scraped.value("spar_scheduler_leading") is not None
 
 
 @pytest.mark.parametrize("command", ["serve", "migrate", "worker", "scheduler"])

@@ -1,5 +1,7 @@
 """``GET /metrics`` and what it measures: HTTP requests by route template, queue depth and
-age read from Redis at scrape time, actors' messages, and the request id of each request."""
+age read from Redis at scrape time, actors' messages, and the request id of each request;
+the API's own families only, under the Content-Type Prometheus expects, and a worker's
+counters at 0 from its start."""
 
 from __future__ import annotations
 
@@ -14,13 +16,14 @@ import redis
 from dramatiq.brokers.redis import RedisBroker
 from litestar import Litestar
 from litestar.testing import AsyncTestClient
-from prometheus_client import REGISTRY
+from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY
 from prometheus_client.parser import text_string_to_metric_families
 
 from api.metrics import exposition
 from shared.queue import get_broker
 from shared.scenarios.runner import execute_run
 from shared.settings import Settings
+from tests.support import metrics as families
 from tests.support.factories import tenant
 from tests.support.fakes import FakeAgent, FakeOpenAI
 from tests.support.scenario_setup import (
@@ -52,7 +55,8 @@ def value(name: str, **labels: str) -> float:
 async def scrape(client: AsyncTestClient, **headers: str) -> str:
     response = await client.get("/metrics", headers=headers)
     assert response.status_code == 200, response.text
-    assert response.headers["content-type"].startswith("text/plain")
+    # Exactly prometheus_client's: one charset (Prometheus 3 refuses a repeated parameter).
+    assert response.headers.get_list("content-type") == [CONTENT_TYPE_LATEST]
     return response.text
 
 
@@ -93,6 +97,16 @@ async def test_the_metrics_route_shows_the_broker_and_every_queue(client: AsyncT
     for queue in ("runs", "batches"):
         assert ("spar_queue_ready_messages", frozenset({("queue", queue)})) in found
         assert ("spar_queue_oldest_message_age_seconds", frozenset({("queue", queue)})) in found
+
+
+async def test_the_api_exports_its_own_families_only(client: AsyncTestClient) -> None:
+    # This process defines every family (the tests import the workers' and the
+    # scheduler's modules): the API's scrape still shows only its own.
+    assert REGISTRY.get_sample_value("spar_scheduler_leading") is not None
+    assert REGISTRY.get_sample_value("spar_runs_in_flight") is not None
+    await client.get("/health/live")
+    exported = families.spar_families(families.parse(CONTENT_TYPE_LATEST, await scrape(client)))
+    assert exported == families.API
 
 
 async def test_with_a_metrics_token_the_route_needs_it(
@@ -164,7 +178,7 @@ def redis_broker(settings: Settings) -> Iterator[RedisBroker]:
 
 
 def queue_gauges(broker: dramatiq.Broker, queue: str) -> dict[str, float]:
-    found = samples(exposition(broker).decode())
+    found = samples(exposition(broker, ()).decode())
     label = frozenset({("queue", queue)})
     return {
         name: found[f"spar_queue_{name}", label]
@@ -219,7 +233,7 @@ def test_queue_depth_and_oldest_age_follow_what_redis_holds(redis_broker: RedisB
 def test_an_unreachable_broker_reports_down_without_failing_the_scrape() -> None:
     broker = RedisBroker(url="redis://127.0.0.1:1/0")  # nothing listens on port 1
     broker.declare_queue("runs")
-    found = samples(exposition(broker).decode())
+    found = samples(exposition(broker, ()).decode())
     assert found["spar_broker_up", frozenset()] == 0
     assert not any(name.startswith("spar_queue_") for name, _ in found)
 
@@ -264,6 +278,36 @@ def test_actor_counters_move_as_a_worker_processes_messages() -> None:
     assert value("spar_actor_messages_dead_lettered_total", **labels) - before["dead"] == 1
     assert value("spar_actor_message_duration_seconds_count", **labels) - before["timed"] == 4
     assert value("spar_actor_messages_in_progress", **labels) == 0
+
+
+def test_a_worker_starts_the_counters_of_the_actors_it_takes_at_zero() -> None:
+    """A first dead letter is an ``increase`` only if the series was there, at 0, before."""
+    broker = observe_messages(get_broker.__wrapped__(Settings()))
+    taken, other = f"zero-{uuid.uuid4().hex[:8]}", f"other-{uuid.uuid4().hex[:8]}"
+
+    @dramatiq.actor(broker=broker, queue_name=taken)
+    def counted() -> None: ...
+
+    @dramatiq.actor(broker=broker, queue_name=other)
+    def elsewhere() -> None: ...
+
+    worker = dramatiq.Worker(broker, queues={taken}, worker_threads=1, worker_timeout=50)
+    worker.start()
+    worker.stop()
+    labels = {"queue": taken, "actor": "counted"}
+    assert REGISTRY.get_sample_value("spar_actor_messages_dead_lettered_total", labels) == 0
+    assert REGISTRY.get_sample_value("spar_actor_message_retries_total", labels) == 0
+    for outcome in ("succeeded", "failed", "skipped"):
+        assert (
+            REGISTRY.get_sample_value("spar_actor_messages_total", {**labels, "outcome": outcome})
+            == 0
+        )
+    # An actor of a queue this worker does not take is another worker's to count.
+    elsewhere_labels = {"queue": other, "actor": "elsewhere"}
+    assert (
+        REGISTRY.get_sample_value("spar_actor_messages_dead_lettered_total", elsewhere_labels)
+        is None
+    )
 
 
 # --- runs and outbound calls ----------------------------------------------------------------------
