@@ -230,6 +230,19 @@ def held_runs(r: redis.Redis, worker_id: str) -> set[str]:
     return {Message.decode(body).args[0] for body in bodies if body}
 
 
+async def runs_beating(db: AsyncSession, run_ids: list[UUID]) -> dict[UUID, tuple[str, Any]]:
+    """Status and heartbeat of those of ``run_ids`` still pending or running."""
+    rows = (
+        await db.execute(
+            select(ScenarioRun.id, ScenarioRun.status, ScenarioRun.heartbeat_at).where(
+                ScenarioRun.id.in_(run_ids), ScenarioRun.status.in_(("pending", "running"))
+            )
+        )
+    ).all()
+    await db.commit()
+    return {run_id: (status, beat) for run_id, status, beat in rows}
+
+
 def consumers(r: redis.Redis) -> set[str]:
     """Ids of the worker processes that ever fetched from ``runs``."""
     prefix, suffix = "dramatiq:__acks__.", ".runs"
@@ -312,23 +325,24 @@ async def test_a_batch_survives_a_worker_killed_mid_batch(
                 worker_a.wait()
                 at_kill = state["completed_scenarios"]
                 held |= held_runs(r, worker_a_id)
-                unfinished = (
-                    await db.execute(
-                        select(ScenarioRun.id, ScenarioRun.status).where(
-                            ScenarioRun.id.in_([UUID(run_id) for run_id in held]),
-                            ScenarioRun.status.in_(("pending", "running")),
-                        )
-                    )
-                ).all()
-                await db.commit()
-                stranded = {str(run_id) for run_id, _ in unfinished}
-                # Those A was playing: another worker must take each over once A's heartbeat
-                # on it is stale (the broker gives A's messages back, or the sweeper re-sends).
-                taken_over = {run_id for run_id, status in unfinished if status == "running"}
+                unfinished = await runs_beating(db, [UUID(run_id) for run_id in held])
+                stranded = {str(run_id) for run_id in unfinished}
                 assert at_kill < SCENARIOS, "the batch ended before the kill: make it longer"
                 assert len(seen) == 2, "worker B never took a run"
 
                 await asyncio.sleep(2.0)
+                # Those A was playing: running, their heartbeat (every 0.5 s while a live
+                # worker plays a run) still where it was at the kill.  A message A held may
+                # be a duplicate of a run B plays (the sweeper re-sends a run whose beat was
+                # late on a loaded machine): B's beat moves, so that run is not A's.  Another
+                # worker must take each of A's over once its heartbeat is stale (the broker
+                # gives A's messages back, or the sweeper re-sends).
+                later = await runs_beating(db, list(unfinished))
+                taken_over = {
+                    run_id
+                    for run_id, (status, beat) in unfinished.items()
+                    if status == "running" and later.get(run_id) == (status, beat)
+                }
                 with spar_process(WORKER_ARGS, chaos_env, cwd=tmp_path):
                     deadline = time.monotonic() + DEADLINE_S
                     while True:
