@@ -155,6 +155,10 @@ class RunCreate(Input):
 class CriterionResultRead(Output):
     id: UUID
     criteria_id: UUID
+    # What was asked, as the run's snapshot holds the criterion: the scenario may have
+    # been edited or deleted since.
+    question: str
+    criteria_type: CriteriaType
     verdict: Verdict
     critique: str
     evidence: str

@@ -10,6 +10,7 @@ to the same server.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import re
 from collections import deque
@@ -31,6 +32,10 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from api.app import create_app
 from api.ui.controllers import BATCH_PAGE
 from api.ui.session import COOKIE
+from client.api import Api, Target
+from client.batch import outcomes
+from client.reports import json_report, junit_xml
+from shared.batches.schemas import BatchRunRead
 from shared.batches.window import dispatch_committed
 from shared.calibration.schemas import (
     Interval,
@@ -429,6 +434,45 @@ async def test_pages_escape_what_users_wrote_and_stay_out_of_the_api_schema(
         schema: dict[str, Any] = (await owner.get("/schema/openapi.json")).json()
     assert schema["paths"]
     assert not [path for path in schema["paths"] if path.startswith("/ui")]
+
+
+async def test_the_page_and_the_cli_name_each_criterion_as_its_run_asked_it(
+    client: AsyncTestClient,
+    app: Litestar,
+    settings: Settings,
+    agent: FakeAgent,
+    server: LiveServer,
+) -> None:
+    """After the scenario is edited (its criteria replaced), a run still names the
+    criterion it was judged on: the API's criterion result carries the question and type
+    from the run's snapshot, and the results page and the CLI's report read it there."""
+    w = await make_world(client, agent)
+    scenario = await make_scenario(client, w, "refuses", turns=[failing_turn(1)])
+    batch = await create_batch(client, w, scenario_ids=[scenario["id"]])
+    await drain(app, settings, batch["id"])
+    edited = await client.put(
+        f"/v1/orgs/{w.t.id}/scenarios/{scenario['id']}",
+        json={"turns": [passing_turn(1)]},
+        headers=w.headers,
+    )
+    assert edited.status_code == 200, edited.text
+    (run_id,) = (await runs_by_scenario(client, w, batch["id"])).values()
+    old_id = scenario["turns"][0]["criteria"][0]["id"]
+
+    async with http(server, w.t.owner.token) as owner:
+        page = (await owner.get(f"/ui/orgs/{w.t.id}/runs/{run_id}")).text
+    assert "never-said" in page and "(contains)" in page and "removed" not in page
+
+    api = Api(Target(url=server.url, token=w.t.owner.token, org=w.t.id))
+    try:
+        detail = api.read(api.path(f"scenarios/batch-runs/{batch['id']}"), BatchRunRead)
+        (outcome,) = await asyncio.to_thread(outcomes, api, detail)
+    finally:
+        api.close()
+    (turn,) = outcome.failed
+    assert turn.criteria == [("never-said", "FAIL", "reply does not contain 'never-said'")]
+    report = junit_xml(detail, [outcome]).decode() + json_report(detail, [outcome])
+    assert "turn 1: never-said" in report and old_id not in report
 
 
 async def test_a_batch_that_is_over_shows_its_judge_trust(

@@ -1115,10 +1115,11 @@ async def test_the_run_executes_its_snapshot_not_later_edits(
     assert done["status"] == "passed", done
     assert [r.json["message"] for r in agent.requests] == ["first Ada", "second"]
     assert [r["turn_index"] for r in done["turn_results"]] == [0, 1]
-    assert (
-        done["turn_results"][0]["criteria_results"][0]["criteria_id"]
-        == (scenario["turns"][0]["criteria"][0]["id"])
-    )
+    # Each criterion result says what it asked, as the run's snapshot holds it: the
+    # question and type it was judged on, not the scenario's after the edit.
+    (result,) = done["turn_results"][0]["criteria_results"]
+    assert result["criteria_id"] == scenario["turns"][0]["criteria"][0]["id"]
+    assert (result["question"], result["criteria_type"]) == ("first", "contains")
 
     # Deleting the scenario does not strand its runs either.
     response = await client.delete(
