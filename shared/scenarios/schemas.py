@@ -187,6 +187,17 @@ class ScenarioTurnResultRead(Output):
     refusal: bool = False
 
 
+class ErrorTurnRead(Output):
+    """The turn a run ended in error on (never one of its ``turn_results``)."""
+
+    turn_index: int
+    # The message sent to the agent; null when it could not be rendered (none was sent).
+    user_message: str | None
+    # The agent's reply, when it answered before the error (a judge or a check that
+    # failed on it); null otherwise.
+    response_content: str | None
+
+
 class ScenarioRunRead(Output):
     id: UUID
     scenario_id: UUID
@@ -201,6 +212,8 @@ class ScenarioRunRead(Output):
     error_message: str | None = None
     batch_run_id: UUID | None = None  # the batch the run belongs to; null for a single run
     turn_results: list[ScenarioTurnResultRead] | UnsetType = UNSET
+    # A run that ended in error while playing a turn: that turn, with what was sent.
+    error_turn: ErrorTurnRead | None = None
 
 
 class ScenarioRunList(Output):

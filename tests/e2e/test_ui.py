@@ -57,7 +57,7 @@ from tests.support.batches import (
     passing_turn,
 )
 from tests.support.factories import create_org, create_token, tenant
-from tests.support.fakes import FakeAgent
+from tests.support.fakes import FakeAgent, Reply
 from tests.support.live_server import LiveServer
 
 # Debian's package (.ci/run installs it); SPAR_TEST_CHROMIUM names another Chromium or Chrome.
@@ -473,6 +473,49 @@ async def test_the_page_and_the_cli_name_each_criterion_as_its_run_asked_it(
     assert turn.criteria == [("never-said", "FAIL", "reply does not contain 'never-said'")]
     report = junit_xml(detail, [outcome]).decode() + json_report(detail, [outcome])
     assert "turn 1: never-said" in report and old_id not in report
+
+
+async def test_an_errored_runs_page_shows_the_turn_it_ended_on_and_what_was_sent(
+    client: AsyncTestClient,
+    app: Litestar,
+    settings: Settings,
+    agent: FakeAgent,
+    server: LiveServer,
+) -> None:
+    """A run that ended in error is not a run that has not started: its page shows the
+    error and the turn it ended on, with the message sent (and the reply, when the agent
+    answered before the judge failed)."""
+    w = await make_world(client, agent)
+    broken = await make_scenario(
+        client, w, "broken", turns=[passing_turn(1), {**passing_turn(2), "required": True}]
+    )
+    unjudged = await make_scenario(
+        client,
+        w,
+        "unjudged",
+        turns=[{"user_message": "judge me", "criteria": [{"question": "Was it polite?"}]}],
+    )
+    batch = await create_batch(client, w, scenario_ids=[broken["id"]], max_concurrency=1)
+    agent.enqueue(Reply(json={"content": "Echo: hello 1"}), Reply(status=400, json={}))
+    await drain(app, settings, batch["id"])
+    judged = await create_batch(client, w, scenario_ids=[unjudged["id"]])
+    await drain(app, settings, judged["id"])
+    (broken_run,) = (await runs_by_scenario(client, w, batch["id"])).values()
+    (unjudged_run,) = (await runs_by_scenario(client, w, judged["id"])).values()
+
+    async with http(server, w.t.owner.token) as owner:
+        page = (await owner.get(f"/ui/orgs/{w.t.id}/runs/{broken_run}")).text
+        assert "No turn has been played yet" not in page
+        assert "agent: " in page  # the run's error
+        ended = page[page.index('data-error-turn="1"') :]
+        assert "Turn 2" in ended and "hello 2" in ended and "No reply" in ended
+        assert "hello 1" in page[: page.index('data-error-turn="1"')]  # the turn that passed
+
+        page = (await owner.get(f"/ui/orgs/{w.t.id}/runs/{unjudged_run}")).text
+        assert "No turn has been played yet" not in page
+        ended = page[page.index('data-error-turn="0"') :]
+        assert "judge me" in ended and "Echo: judge me" in ended
+        assert "judge: no judge provider" in page
 
 
 async def test_a_batch_that_is_over_shows_its_judge_trust(
