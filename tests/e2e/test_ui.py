@@ -527,7 +527,11 @@ async def test_a_batch_that_is_over_shows_its_judge_trust(
     server: LiveServer,
 ) -> None:
     w = await make_world(client, agent)
-    scenario = await make_scenario(client, w, "greets")
+    checked = await make_scenario(client, w, "greets")  # a deterministic check only
+    scenario = await make_scenario(
+        client, w, "polite", turns=[{"user_message": "hi", "criteria": [{"question": "Polite?"}]}]
+    )
+    unjudged = await create_batch(client, w, scenario_ids=[checked["id"]])
     batch = await create_batch(client, w, scenario_ids=[scenario["id"]])
     path = f"/ui/orgs/{w.t.id}/batches/{batch['id']}"
     async with http(server, w.t.owner.token) as owner:
@@ -538,6 +542,12 @@ async def test_a_batch_that_is_over_shows_its_judge_trust(
         over = await owner.get(path)
         assert "data-progress-url" not in over.text  # nothing left to watch
         assert "Computing: the pass rates" in over.text  # asked of the calibration queue
+
+        # No criterion for the judge: nothing to compute, and the page says so at once.
+        await drain(app, settings, unjudged["id"])
+        page = (await owner.get(f"/ui/orgs/{w.t.id}/batches/{unjudged['id']}")).text
+        assert "Computing" not in page
+        assert "No criterion of this batch was judged by the LLM judge." in page
 
         criterion = {"criteria_ids": [uuid4()], "scenarios": 4, "judged": 8, "passed": 4}
         report = JudgeTrust(
