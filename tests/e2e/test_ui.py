@@ -182,10 +182,12 @@ async def test_a_user_signs_in_watches_a_batch_move_reads_a_failure_and_finds_a_
     await expect(criterion.locator(".verdict")).to_have_text("FAIL")
     await expect(criterion.locator(".critique")).to_have_text("reply does not contain 'never-said'")
 
-    # "greets" now fails: a second batch of the same scenarios, compared with the first.
+    # The agent now fails "greets" (a regression), and "thanks" is edited so that it fails
+    # too (not the agent's doing): a second batch of the same scenarios, against the first.
+    agent.reply = lambda body: "Hi" if body["message"] == "hello 1" else f"Echo: {body['message']}"
     edited = await client.put(
-        f"/v1/orgs/{w.t.id}/scenarios/{greets['id']}",
-        json={"turns": [failing_turn(1)]},
+        f"/v1/orgs/{w.t.id}/scenarios/{thanks['id']}",
+        json={"turns": [failing_turn(3)]},
         headers=w.headers,
     )
     assert edited.status_code == 200, edited.text
@@ -200,15 +202,25 @@ async def test_a_user_signs_in_watches_a_batch_move_reads_a_failure_and_finds_a_
     await page.get_by_role("button", name="Compare A with B").click()
     await expect(page).to_have_url(re.compile(r"/batches/compare\?"))
     assert sorted(page.url.split("?")[1].split("&")) == [f"a={first['id']}", f"b={second['id']}"]
-    await expect(page.locator("#summary")).to_contain_text("1 regression, 0 fixes")
+    await expect(page.locator("#summary")).to_contain_text(
+        "1 regression, 0 fixes, 1 scenario edited between A and B"
+    )
     rows = page.locator("#scenarios tbody tr")
     await expect(rows).to_have_count(3)
     regression = rows.first
     await expect(regression).to_have_attribute("data-change", "regressed")
     await expect(regression).to_contain_text("greets")
     await expect(regression).to_contain_text("Regression (pass → fail)")
-    for other in (rows.nth(1), rows.nth(2)):
-        await expect(other).to_have_attribute("data-change", "unchanged")
+    # The edited scenario is not put down to the agent: its runs played different turns.
+    await expect(rows.nth(1)).to_have_attribute("data-change", "edited")
+    await expect(rows.nth(1)).to_contain_text("thanks")
+    await expect(rows.nth(1)).to_contain_text("Scenario edited between A and B")
+    await expect(rows.nth(2)).to_have_attribute("data-change", "unchanged")
+    compared = await client.get(
+        f"{w.batches}/compare", params={"a": first["id"], "b": second["id"]}, headers=w.headers
+    )
+    body = compared.json()
+    assert (body["regressions"], body["fixes"], body["edited"]) == (1, 0, 1), body
     links = regression.get_by_role("link")
     assert [await link.get_attribute("href") for link in await links.all()] == [
         f"/ui/orgs/{w.t.id}/runs/{run_a}",
