@@ -20,7 +20,7 @@ from api.auth import enforce
 from shared.errors import Unauthorized
 
 UI_PATH = "/ui"
-COOKIE = "spar_ui_token"
+COOKIE = "spar_ui_session"  # a browser session of its own (or a platform token)
 LOGIN_PATH = f"{UI_PATH}/login"
 
 

@@ -37,10 +37,12 @@ def check_timezone(name: str, loc: tuple[str, ...] = ("body", "timezone")) -> st
 
 
 async def _issue_user_token(
-    session: AsyncSession, settings: Settings, user_id: UUID
+    session: AsyncSession, settings: Settings, user_id: UUID, *, not_after: datetime | None = None
 ) -> tuple[str, datetime]:
     token = security.new_token(security.USER_TOKEN_PREFIX)
     expires_at = utcnow() + timedelta(seconds=settings.user_token_ttl_s)
+    if not_after is not None:
+        expires_at = min(expires_at, not_after)
     session.add(
         UserToken(user_id=user_id, token_digest=security.token_digest(token), expires_at=expires_at)
     )
@@ -106,6 +108,27 @@ async def login(
         raise Unauthorized("invalid email or password")  # the attempt stays counted
     await throttle.succeeded(attempt)
     return await _issue_user_token(session, settings, user.id)
+
+
+async def browser_session(
+    session: AsyncSession, *, settings: Settings, principal: Principal
+) -> str:
+    """A session token of the principal's user for one browser (the results UI's sign-in,
+    given the user's token): a token of its own, so that signing that browser out
+    (:func:`logout`) revokes it and not the token it was made from, which a CLI profile or
+    a script may hold.  It expires when that token does, or sooner."""
+    if not principal.is_user:
+        raise PermissionDenied("only a user's token makes a browser session")
+    expires = await session.scalar(
+        select(UserToken.expires_at).where(UserToken.id == principal.token_id)
+    )
+    token, _ = await _issue_user_token(
+        session,
+        settings,
+        principal.user_id,
+        not_after=expires,  # type: ignore[arg-type]
+    )
+    return token
 
 
 async def logout(session: AsyncSession, *, principal: Principal) -> None:

@@ -135,6 +135,12 @@ async def test_a_user_signs_in_watches_a_batch_move_reads_a_failure_and_finds_a_
     listed = page.locator(f'tr[data-batch="{first["id"]}"]')
     await expect(listed).to_contain_text("bot")
     await expect(listed).to_contain_text("0 / 3")
+    # Whose batches these are, and Spar's own icon.
+    await expect(page.locator("header #org-name")).to_have_text("Acme")
+    await expect(page).to_have_title(re.compile(r"· Acme · Spar$"))
+    icon = await page.get_attribute('link[rel="icon"]', "href")
+    fetched = await page.request.get(f"{server.url}{icon}")
+    assert fetched.status == 200 and fetched.headers["content-type"] == "image/svg+xml"
 
     # A link followed from another site ("localhost" is not "127.0.0.1") arrives without
     # the SameSite=Strict cookie, yet opens the page, not the sign-in form.
@@ -163,12 +169,19 @@ async def test_a_user_signs_in_watches_a_batch_move_reads_a_failure_and_finds_a_
         row = page.locator(f'tr[data-run="{run_id}"] [data-field="status"]')
         await expect(row).to_have_text(re.compile("^(passed|failed)$"))
         if done < 3:  # the last run ends the batch, and the page reloads for its final state
+            ended = page.locator(f'tr[data-run="{run_id}"] [data-field="completed_at"]')
+            await expect(ended).to_have_text(re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC$"))
+            await expect(page.locator('#batch [data-field="status"]')).to_have_text("running")
             assert await page.evaluate("window.sameDocument === true")
             assert await page.eval_on_selector("#progress", "bar => bar.value") == done
     assert done == 3
-    await expect(page.locator('#batch [data-field="status"]')).to_have_text("completed")
+    # Completed, but not all passed: the badge says so, not in green; the failure first.
+    badge = page.locator('#batch [data-field="status"]')
+    await expect(badge).to_have_text("completed: 1 failed")
+    await expect(badge).to_have_class("status status-failed")
     await expect(page.locator("#passed")).to_have_text("2")
     await expect(page.locator("#failed")).to_have_text("1")
+    await expect(page.locator("#runs tbody tr").first).to_contain_text("refuses")
 
     # The failed run's transcript: the turn, the reply, the criterion's verdict and critique.
     failed = page.locator("tr[data-run]", has_text="refuses")
@@ -230,6 +243,15 @@ async def test_a_user_signs_in_watches_a_batch_move_reads_a_failure_and_finds_a_
     await expect(page.locator("h1")).to_have_text("greets")
     await expect(page.locator("tr.criterion .verdict")).to_have_text("FAIL")
 
+    # Signing out (a form's POST) ends this browser's session only: the pages ask to sign
+    # in again, and the token pasted to sign in still works.
+    await page.get_by_role("button", name="Sign out").click()
+    await expect(page).to_have_url(f"{server.url}/ui/login")
+    assert await page.context.cookies() == []
+    await page.goto(batches)
+    await expect(page).to_have_url(re.compile(r"/ui/login\?next="))
+    assert (await client.get("/v1/auth/me", headers=w.headers)).status_code == 200
+
 
 # --- over plain HTTP ---------------------------------------------------------------------------
 
@@ -288,7 +310,8 @@ async def test_signing_in_checks_the_token_keeps_it_in_a_strict_cookie_and_never
         )
         assert old_browser.status_code == 403 and "set-cookie" not in old_browser.headers
 
-        # A valid token: the cookie, and back to a page of the UI (never another site).
+        # A valid token: a session of this browser's own in the cookie (never the token
+        # pasted, which may be a CLI's), and back to a page of the UI (never another site).
         signed_in = await browser_like.post(
             "/ui/login", data={"token": t.owner.token, "next": "https://evil.example/ui"}
         )
@@ -297,7 +320,9 @@ async def test_signing_in_checks_the_token_keeps_it_in_a_strict_cookie_and_never
         assert t.owner.token not in signed_in.text
         cookie = signed_in.headers["set-cookie"]
         attributes = {part.strip().lower() for part in cookie.split(";")}
-        assert cookie.startswith(f"{COOKIE}={t.owner.token};")
+        session = browser_like.cookies[COOKIE]
+        assert session.startswith("ust_") and session != t.owner.token
+        assert t.owner.token not in cookie
         assert {"httponly", "samesite=strict", "path=/ui"} <= attributes
         assert "secure" not in attributes  # plain http here; https requests get Secure
 
@@ -317,12 +342,35 @@ async def test_signing_in_checks_the_token_keeps_it_in_a_strict_cookie_and_never
         assert f'href="/ui/orgs/{t.id}/batches">Acme</a>' in picker.text
         assert "Beta &amp; Co" in picker.text
 
-        signed_out = await browser_like.get("/ui/logout")
+        # Signing out is a POST from Spar's own pages: a link (GET) or another site's form
+        # signs nobody out.
+        assert (await browser_like.get("/ui/logout")).status_code == 405
+        forged = await browser_like.post("/ui/logout", headers={"Sec-Fetch-Site": "cross-site"})
+        assert forged.status_code == 403 and "set-cookie" not in forged.headers
+        assert (await browser_like.get("/ui")).status_code == 200  # still signed in
+        same_site = {"Sec-Fetch-Site": "same-origin"}
+        signed_out = await browser_like.post("/ui/logout", headers=same_site)
         assert signed_out.status_code == 303
         assert signed_out.headers["location"] == "/ui/login"
         assert "max-age=0" in signed_out.headers["set-cookie"].lower()
-        assert (await browser_like.get("/ui")).status_code == 303  # signed out: to sign-in
+        assert COOKIE not in browser_like.cookies
         assert (await browser_like.get("/ui")).headers["location"].startswith("/ui/login")
+
+    # It revoked this browser's session, and nothing else: the token pasted still works.
+    async with http(server, session) as replayed:
+        assert (await replayed.get("/ui")).headers["location"].startswith("/ui/login")
+    assert (await client.get("/v1/auth/me", headers=t.owner.headers)).status_code == 200
+
+    # A platform token signs the browser in as itself (there is no user to make a session
+    # of); signing out forgets it and does not revoke it: CI may be using it.
+    pat = await create_token(client, t.owner, t.id, ["scenarios:read"])
+    async with http(server) as browser_like:
+        await browser_like.post("/ui/login", data={"token": pat.token, "next": "/ui"})
+        assert browser_like.cookies[COOKIE] == pat.token
+        signed_out = await browser_like.post("/ui/logout")
+        assert signed_out.status_code == 303 and COOKIE not in browser_like.cookies
+    listed = await client.get(f"/v1/orgs/{t.id}/scenarios", headers=pat.headers)
+    assert listed.status_code == 200
 
 
 async def test_the_batch_list_pages_back_through_older_batches(
@@ -358,6 +406,64 @@ async def test_the_batch_list_pages_back_through_older_batches(
         assert older.text.count("data-batch=") == 1 and newest["id"] not in older.text
         assert 'id="older"' not in older.text and f'href="{mine}?offset=0"' in older.text
         assert (await browser_like.get(f"{mine}?offset=-1")).status_code == 400
+
+
+async def test_a_batch_badge_says_what_happened_and_is_green_only_when_all_passed(
+    client: AsyncTestClient, agent: FakeAgent, server: LiveServer, db: AsyncSession
+) -> None:
+    """A completed batch is not shown green when some of its runs failed or errored: the
+    badge on the list, the batch's page and the comparison says what happened."""
+    w = await make_world(client, agent)
+    made = {}
+    base = datetime.now(UTC) - timedelta(days=1)
+    for n, (status, passed, failed, errors) in enumerate(
+        [
+            ("completed", 3, 0, 0),
+            ("completed", 1, 2, 0),
+            ("completed", 1, 1, 1),
+            ("error", 0, 0, 3),  # cancelled: the batch itself ended in error
+            ("running", 0, 0, 0),
+        ]
+    ):
+        done = passed + failed + errors
+        made[n] = uuid4()
+        db.add(
+            BatchRun(
+                id=made[n],
+                organization_id=UUID(w.t.id),
+                agent_id=UUID(w.agent_id),
+                agent_name="bot",
+                status=status,
+                total_scenarios=3,
+                completed_scenarios=done,
+                passed_scenarios=passed,
+                failed_scenarios=failed,
+                error_scenarios=errors,
+                dispatched_scenarios=done,
+                created_at=base - timedelta(minutes=n),
+                updated_at=base,
+            )
+        )
+    await db.commit()
+    expected = {
+        0: ("passed", "all passed"),
+        1: ("failed", "completed: 2 failed"),
+        2: ("error", "completed: 1 failed, 1 error"),
+        3: ("error", "error: 3 errors"),
+        4: ("running", "running"),
+    }
+    badge = re.compile(r'<span class="status status-(\w+)"[^>]*>([^<]*)</span>')
+    mine = f"/ui/orgs/{w.t.id}/batches"
+    async with http(server, w.t.owner.token) as owner:
+        listing = (await owner.get(mine)).text
+        for n, shown in expected.items():
+            row = listing[listing.index(f'data-batch="{made[n]}"') :]
+            assert badge.search(row).groups() == shown, (n, row[:600])  # type: ignore[union-attr]
+            page = (await owner.get(f"{mine}/{made[n]}")).text
+            batch = page[page.index('id="batch"') :]
+            assert badge.search(batch).groups() == shown, n  # type: ignore[union-attr]
+        compared = (await owner.get(f"{mine}/compare?a={made[0]}&b={made[1]}")).text
+        assert [m.groups() for m in badge.finditer(compared)][:2] == [expected[0], expected[1]]
 
 
 async def test_pages_follow_the_apis_isolation_and_permissions(
