@@ -62,7 +62,6 @@ from shared.identity import accounts
 from shared.identity import organizations as identity
 from shared.identity.access import AUTHENTICATED, PUBLIC, requires
 from shared.paging import MAX_LIMIT, Paging
-from shared.security import USER_TOKEN_PREFIX
 
 HERE = Path(__file__).parent
 READ = requires("scenarios:read")  # the API's rule for reading batches and runs
@@ -179,8 +178,8 @@ class SessionController(Controller):
     async def sign_out(
         self, request: Request[Any, Any, Any], state: State, db_session: DbSession
     ) -> Response[Any]:
-        """Revoke this browser's session (never a platform token, which others may use)
-        and forget the cookie."""
+        """Revoke this browser's session (never a token kept as it was pasted: a platform
+        token, which others may use) and forget the cookie."""
         if not from_this_site(request):
             return page(
                 "error.html",
@@ -189,13 +188,13 @@ class SessionController(Controller):
                 detail="Sign out from Spar's own pages.",
             )
         token = request.cookies.get(COOKIE, "").strip()
-        if token.startswith(USER_TOKEN_PREFIX) and len(token) <= MAX_TOKEN_LENGTH:
+        if token and len(token) <= MAX_TOKEN_LENGTH:
             try:
                 principal, _ = await authenticate(state, token)
             except Unauthorized:
                 pass  # already over: nothing to revoke
             else:
-                await accounts.logout(db_session, principal=principal)
+                await accounts.end_browser_session(db_session, principal=principal)
         return Redirect(
             f"{UI_PATH}/login", status_code=HTTP_303_SEE_OTHER, cookies=[cleared_cookie(request)]
         )

@@ -360,6 +360,13 @@ async def test_signing_in_checks_the_token_keeps_it_in_a_strict_cookie_and_never
     async with http(server, session) as replayed:
         assert (await replayed.get("/ui")).headers["location"].startswith("/ui/login")
     assert (await client.get("/v1/auth/me", headers=t.owner.headers)).status_code == 200
+    # Even a cookie holding login's token itself (an older sign-in kept the token pasted)
+    # is only forgotten: sign-out revokes browser sessions alone.
+    async with http(server, t.owner.token) as older:
+        forgotten = await older.post("/ui/logout")
+        assert forgotten.status_code == 303
+        assert "max-age=0" in forgotten.headers["set-cookie"].lower()
+    assert (await client.get("/v1/auth/me", headers=t.owner.headers)).status_code == 200
 
     # A platform token signs the browser in as itself (there is no user to make a session
     # of); signing out forgets it and does not revoke it: CI may be using it.
