@@ -35,7 +35,7 @@ from client.reports import (
 from client.terminal import make_console, say
 from shared.batches.schemas import BatchRunItemSummary, BatchRunRead
 from shared.calibration.schemas import JudgeTrust
-from shared.scenarios.schemas import ScenarioRead, ScenarioRunRead
+from shared.scenarios.schemas import ScenarioRunRead
 
 EXIT_PASSED, EXIT_FAILED, EXIT_ERROR = 0, 1, 2
 RECONNECTS = 20  # consecutive failed reconnections before giving up
@@ -91,7 +91,6 @@ def _seconds(run: ScenarioRunRead | BatchRunItemSummary) -> float:
 def outcomes(api: Api, batch: BatchRunRead) -> list[Outcome]:
     """Every run of the batch; the failed and errored ones with their failed turns."""
     found = []
-    questions: dict[UUID, dict[UUID, str]] = {}
     for summary in batch.runs or []:
         outcome = Outcome(
             run_id=summary.id,
@@ -107,14 +106,6 @@ def outcomes(api: Api, batch: BatchRunRead) -> list[Outcome]:
             continue
         run = api.read(api.path(f"scenarios/runs/{summary.id}"), ScenarioRunRead)
         outcome.error = run.error_message
-        if summary.scenario_id not in questions:
-            try:
-                scenario = api.read(api.path(f"scenarios/{summary.scenario_id}"), ScenarioRead)
-                turns = scenario.turns
-            except UsageProblem:  # deleted since: criteria are shown by id
-                turns = []
-            questions[summary.scenario_id] = {c.id: c.question for t in turns for c in t.criteria}
-        asked = questions[summary.scenario_id]
         for turn in run.turn_results or []:
             if turn.passed or turn.status == "skipped":
                 continue
@@ -123,8 +114,10 @@ def outcomes(api: Api, batch: BatchRunRead) -> list[Outcome]:
                     turn_index=turn.turn_index,
                     user_message=turn.user_message,
                     response=turn.response_content,
+                    # Each result names what it asked (the run's own copy of the
+                    # scenario): the scenario may have been edited or deleted since.
                     criteria=[
-                        (asked.get(c.criteria_id, str(c.criteria_id)), c.verdict, c.critique)
+                        (c.question, c.verdict, c.critique)
                         for c in turn.criteria_results
                         if c.verdict != "PASS"
                     ],

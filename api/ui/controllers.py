@@ -8,6 +8,11 @@ enforces it with the API's own code, the token read from the session cookie
 member or another organization's id → 404, a member without the permission → 403.
 Pages are rendered on the server (Jinja2, autoescaped); the one script polls a batch's
 progress.  The UI is outside /v1 and outside the OpenAPI schema.
+
+Signing in with a user's token makes the browser a session token of its own
+(:func:`shared.identity.accounts.browser_session`), so that signing out (a POST from the
+UI's own pages) revokes that one and nothing else: never the token pasted, which a CLI
+profile or a script may hold.  A platform token is kept as it is, and only forgotten.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import msgspec
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
 from litestar import Controller, Request, Response, Router, get, post
 from litestar.datastructures import CacheControlHeader, ResponseHeader, State
+from litestar.di import NamedDependency, Provide
 from litestar.exceptions import ValidationException
 from litestar.params import QueryParameter
 from litestar.plugins.jinja import JinjaTemplateEngine
@@ -35,7 +41,7 @@ from litestar.status_codes import (
 from litestar.template import TemplateConfig
 
 from api.auth import authenticate
-from api.deps import Access, Caller, DbSession, PathId
+from api.deps import Access, Caller, Config, DbSession, PathId
 from api.ui import services as ui_services
 from api.ui.session import (
     COOKIE,
@@ -52,6 +58,7 @@ from api.ui.session import (
 from shared.batches import services as batches
 from shared.batches.schemas import BatchRunRead
 from shared.errors import NotFound, PermissionDenied, Unauthorized
+from shared.identity import accounts
 from shared.identity import organizations as identity
 from shared.identity.access import AUTHENTICATED, PUBLIC, requires
 from shared.paging import MAX_LIMIT, Paging
@@ -60,6 +67,7 @@ HERE = Path(__file__).parent
 READ = requires("scenarios:read")  # the API's rule for reading batches and runs
 BATCH_PAGE = 100  # batches listed on a page, newest first
 MAX_TOKEN_LENGTH = 1000  # far past any token Spar issues
+OrgName = NamedDependency[str]
 
 
 def _when(moment: datetime | None) -> str:
@@ -76,6 +84,7 @@ def _environment() -> Environment:
     )
     environment.filters["when"] = _when
     environment.filters["pct"] = _pct
+    environment.filters["badge"] = ui_services.badge
     return environment
 
 
@@ -101,10 +110,19 @@ def page(name: str, status_code: int = 200, **context: Any) -> Template:
 
 
 class LiveProgress(msgspec.Struct, frozen=True):
-    """What a batch's page polls: its counters and runs, and whether it is over."""
+    """What a batch's page polls: its counters and runs, its badge, and whether it is over."""
 
     batch: BatchRunRead
+    badge: ui_services.Badge
     over: bool
+
+
+async def provide_org_name(db_session: DbSession, access: Access) -> str:
+    """The name of the organization in the address, for the header of its pages."""
+    return (await identity.get_organization(db_session, access=access)).name
+
+
+ORG_PAGE = {"org_name": Provide(provide_org_name)}
 
 
 class SessionController(Controller):
@@ -117,8 +135,15 @@ class SessionController(Controller):
         return page("login.html", next=safe_next(next_), error=None)
 
     @post("/login", access=PUBLIC, status_code=HTTP_303_SEE_OTHER)
-    async def sign_in(self, request: Request[Any, Any, Any], state: State) -> Response[Any]:
-        """Check the pasted token like any API request does, then keep it in the cookie."""
+    async def sign_in(
+        self,
+        request: Request[Any, Any, Any],
+        state: State,
+        db_session: DbSession,
+        settings: Config,
+    ) -> Response[Any]:
+        """Check the pasted token like any API request does; keep in the cookie a session
+        of this browser's own made from it (a platform token: the token itself)."""
         if not from_this_site(request):
             return page(
                 "login.html",
@@ -132,7 +157,7 @@ class SessionController(Controller):
         try:
             if not token or len(token) > MAX_TOKEN_LENGTH:
                 raise Unauthorized("invalid token")
-            await authenticate(state, token)
+            principal, _ = await authenticate(state, token)
         except Unauthorized as exc:
             # The token is never echoed: the form comes back empty.
             return page(
@@ -141,12 +166,35 @@ class SessionController(Controller):
                 next=target,
                 error=f"This token was refused ({exc.detail}). Paste a valid Spar token.",
             )
+        if principal.is_user:
+            token = await accounts.browser_session(
+                db_session, settings=settings, principal=principal
+            )
         return Redirect(
             target, status_code=HTTP_303_SEE_OTHER, cookies=[session_cookie(request, token)]
         )
 
-    @get("/logout", access=PUBLIC)
-    async def sign_out(self, request: Request[Any, Any, Any]) -> Redirect:
+    @post("/logout", access=PUBLIC, status_code=HTTP_303_SEE_OTHER)
+    async def sign_out(
+        self, request: Request[Any, Any, Any], state: State, db_session: DbSession
+    ) -> Response[Any]:
+        """Revoke this browser's session (never a token kept as it was pasted: a platform
+        token, which others may use) and forget the cookie."""
+        if not from_this_site(request):
+            return page(
+                "error.html",
+                HTTP_403_FORBIDDEN,
+                title="Not allowed",
+                detail="Sign out from Spar's own pages.",
+            )
+        token = request.cookies.get(COOKIE, "").strip()
+        if token and len(token) <= MAX_TOKEN_LENGTH:
+            try:
+                principal, _ = await authenticate(state, token)
+            except Unauthorized:
+                pass  # already over: nothing to revoke
+            else:
+                await accounts.end_browser_session(db_session, principal=principal)
         return Redirect(
             f"{UI_PATH}/login", status_code=HTTP_303_SEE_OTHER, cookies=[cleared_cookie(request)]
         )
@@ -168,12 +216,14 @@ class OrganizationController(Controller):
 
 class BatchController(Controller):
     path = "/orgs/{org_id:str}/batches"
+    dependencies = ORG_PAGE
 
     @get("/", access=READ)
     async def list_batches(
         self,
         db_session: DbSession,
         access: Access,
+        org_name: OrgName,
         offset: Annotated[int, QueryParameter(ge=0, description="Newer batches to skip.")] = 0,
     ) -> Template:
         rows, total = await batches.list_batches(
@@ -185,6 +235,7 @@ class BatchController(Controller):
         return page(
             "batches.html",
             org_id=access.organization_id,
+            org_name=org_name,
             batches=[batches.batch_read(row) for row in rows],
             total=total,
             offset=offset,
@@ -196,21 +247,37 @@ class BatchController(Controller):
         self,
         db_session: DbSession,
         access: Access,
+        org_name: OrgName,
         a: Annotated[UUID, QueryParameter(description="Batch A (before).")],
         b: Annotated[UUID, QueryParameter(description="Batch B (after).")],
     ) -> Template:
         comparison = await batches.compare_batches(db_session, access=access, a_id=a, b_id=b)
-        return page("compare.html", org_id=access.organization_id, comparison=comparison)
+        return page(
+            "compare.html",
+            org_id=access.organization_id,
+            org_name=org_name,
+            comparison=comparison,
+        )
 
     @get("/{batch_id:str}", access=READ)
     async def batch(
-        self, db_session: DbSession, state: State, access: Access, batch_id: PathId
+        self,
+        db_session: DbSession,
+        state: State,
+        access: Access,
+        org_name: OrgName,
+        batch_id: PathId,
     ) -> Template:
         batch = await batches.batch_detail(
             db_session, access=access, batch_id=batch_id, broker=state.broker
         )
         return page(
-            "batch.html", org_id=access.organization_id, batch=batch, over=batches.is_over(batch)
+            "batch.html",
+            org_id=access.organization_id,
+            org_name=org_name,
+            batch=batch,
+            runs=ui_services.runs_in_order(batch),
+            over=batches.is_over(batch),
         )
 
     @get("/{batch_id:str}/progress", access=READ)
@@ -220,16 +287,21 @@ class BatchController(Controller):
         batch = await batches.batch_detail(
             db_session, access=access, batch_id=batch_id, broker=state.broker
         )
-        return LiveProgress(batch=batch, over=batches.is_over(batch))
+        return LiveProgress(
+            batch=batch, badge=ui_services.badge(batch), over=batches.is_over(batch)
+        )
 
 
 class RunController(Controller):
     path = "/orgs/{org_id:str}/runs"
+    dependencies = ORG_PAGE
 
     @get("/{run_id:str}", access=READ)
-    async def run(self, db_session: DbSession, access: Access, run_id: PathId) -> Template:
+    async def run(
+        self, db_session: DbSession, access: Access, org_name: OrgName, run_id: PathId
+    ) -> Template:
         view = await ui_services.transcript(db_session, access=access, run_id=run_id)
-        return page("run.html", org_id=access.organization_id, view=view)
+        return page("run.html", org_id=access.organization_id, org_name=org_name, view=view)
 
 
 # --- answers that are pages ----------------------------------------------------------------------

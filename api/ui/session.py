@@ -1,9 +1,11 @@
-"""The UI's sign-in: the token a user pasted, kept in an HttpOnly, SameSite=Strict cookie.
+"""The UI's sign-in: a token kept in an HttpOnly, SameSite=Strict cookie — a session token
+the sign-in made for this browser from the user's token pasted, or a platform token as
+pasted.
 
-The cookie holds the token itself, so the UI's pages are authorized exactly like the
-API's routes: :func:`authorize_session` hands the cookie's token to the same
-:func:`api.auth.enforce` the /v1 guard uses, against the same ``access`` rule each UI
-route declares.  The token is never written into a page or a log line.
+The cookie holds a token, so the UI's pages are authorized exactly like the API's routes:
+:func:`authorize_session` hands the cookie's token to the same :func:`api.auth.enforce`
+the /v1 guard uses, against the same ``access`` rule each UI route declares.  The token
+is never written into a page or a log line.
 """
 
 from __future__ import annotations

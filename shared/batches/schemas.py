@@ -79,6 +79,9 @@ class Change(enum.StrEnum):
     REGRESSED = "regressed"  # passed in A, failed in B
     FIXED = "fixed"  # failed in A, passed in B
     CHANGED = "changed"  # any other difference (an error, a run not over yet)
+    # The scenario was edited between A and B (its turns, criteria or context): its two
+    # runs played different things, so whatever their outcomes, not the agent's doing.
+    EDITED = "edited"
     UNCHANGED = "unchanged"
     ONLY_IN_A = "only_in_a"
     ONLY_IN_B = "only_in_b"
@@ -98,3 +101,4 @@ class BatchComparison(Output):
     scenarios: list[ScenarioComparison]  # regressions first
     regressions: int
     fixes: int
+    edited: int  # scenarios edited between A and B (counted neither as regressions nor fixes)

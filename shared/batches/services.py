@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import uuid
 from datetime import datetime
+from typing import Any
 from uuid import UUID
 
 import dramatiq
@@ -46,6 +47,7 @@ from shared.identity.access import OrgAccess
 from shared.outbound.services import agent_in_org
 from shared.paging import Paging, paginate
 from shared.queue import DISPATCH_BATCH, send_after_commit
+from shared.scenarios.records import Snapshot
 from shared.scenarios.schemas import TERMINAL_STATUSES
 from shared.scenarios.services import snapshot_source, tag_filter
 
@@ -319,19 +321,53 @@ _CHANGE_ORDER = {
     schemas.Change.REGRESSED: 0,
     schemas.Change.FIXED: 1,
     schemas.Change.CHANGED: 2,
-    schemas.Change.ONLY_IN_A: 3,
-    schemas.Change.ONLY_IN_B: 4,
-    schemas.Change.UNCHANGED: 5,
+    schemas.Change.EDITED: 3,
+    schemas.Change.ONLY_IN_A: 4,
+    schemas.Change.ONLY_IN_B: 5,
+    schemas.Change.UNCHANGED: 6,
 }
 
 
+def _played(snapshot: dict[str, Any]) -> bytes:
+    """What a run of the scenario plays, from its snapshot: the customer context and each
+    turn's message, whether it is required, and its criteria (questions, types, few-shot
+    examples).  Not the ids (saving turns makes new ones) nor the name."""
+    scenario = msgspec.convert(snapshot, Snapshot)
+    return msgspec.json.encode(
+        [
+            scenario.customer_context,
+            [
+                [
+                    turn.user_message,
+                    turn.required,
+                    [[c.question, c.criteria_type, c.few_shot_examples] for c in turn.criteria],
+                ]
+                for turn in scenario.turns
+            ],
+        ]
+    )
+
+
+async def _played_by_scenario(session: AsyncSession, batch_id: UUID) -> dict[UUID, bytes]:
+    rows = await session.execute(
+        select(ScenarioRun.scenario_id, ScenarioRun.snapshot).where(
+            ScenarioRun.batch_run_id == batch_id
+        )
+    )
+    return {scenario_id: _played(snapshot) for scenario_id, snapshot in rows}
+
+
 def _change(
-    a: schemas.BatchRunItemSummary | None, b: schemas.BatchRunItemSummary | None
+    a: schemas.BatchRunItemSummary | None,
+    b: schemas.BatchRunItemSummary | None,
+    edited: bool,
 ) -> schemas.Change:
     if b is None:
         return schemas.Change.ONLY_IN_A
     if a is None:
         return schemas.Change.ONLY_IN_B
+    if edited:
+        return schemas.Change.EDITED
     if (a.status, b.status) == ("passed", "failed"):
         return schemas.Change.REGRESSED
     if (a.status, b.status) == ("failed", "passed"):
@@ -344,19 +380,23 @@ async def compare_batches(
 ) -> schemas.BatchComparison:
     """Two batches of the organization side by side, scenario by scenario (matched by
     ``scenario_id``): regressions (passed in A, failed in B) first, then fixes (failed, then
-    passed), other changes, scenarios run in one batch only, and the unchanged."""
+    passed), other changes, scenarios edited between the two (whatever their outcomes),
+    scenarios run in one batch only, and the unchanged."""
     batch_a = await get_batch(session, access=access, batch_id=a_id)
     batch_b = await get_batch(session, access=access, batch_id=b_id)
     runs_a = {run.scenario_id: run for run in await run_summaries(session, batch_id=batch_a.id)}
     runs_b = {run.scenario_id: run for run in await run_summaries(session, batch_id=batch_b.id)}
+    played_a = await _played_by_scenario(session, batch_a.id)
+    played_b = await _played_by_scenario(session, batch_b.id)
     rows = []
     for scenario_id in runs_a.keys() | runs_b.keys():
         a, b = runs_a.get(scenario_id), runs_b.get(scenario_id)
+        edited = played_a.get(scenario_id) != played_b.get(scenario_id)
         rows.append(
             schemas.ScenarioComparison(
                 scenario_id=scenario_id,
                 scenario_name=(b or a).scenario_name,  # type: ignore[union-attr]
-                change=_change(a, b),
+                change=_change(a, b, edited),
                 a=a,
                 b=b,
             )
@@ -368,4 +408,5 @@ async def compare_batches(
         scenarios=rows,
         regressions=sum(row.change == schemas.Change.REGRESSED for row in rows),
         fixes=sum(row.change == schemas.Change.FIXED for row in rows),
+        edited=sum(row.change == schemas.Change.EDITED for row in rows),
     )

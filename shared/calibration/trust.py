@@ -19,7 +19,8 @@ The bootstrap is work for the ``calibration`` queue, never the request: reading 
 of a batch that is over asks for it once (:func:`request`, guarded in SQL, so two readers
 send one message), the actor stores it on the batch (:func:`compute`), and the detail
 shows ``computing`` until then.  A request lost with its message is made again after
-:data:`REQUEST_STALL`.
+:data:`REQUEST_STALL`.  A batch with no LLM-judged criterion has nothing to work out: its
+report is ``ready`` (and empty) at once, with no message.
 """
 
 from __future__ import annotations
@@ -34,8 +35,8 @@ from uuid import UUID
 
 import dramatiq
 import msgspec
-from sqlalchemy import and_, func, or_, select, update
-from sqlalchemy.dialects.postgresql import distinct_on
+from sqlalchemy import and_, func, literal, or_, select, update
+from sqlalchemy.dialects.postgresql import JSONPATH, distinct_on
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from shared.batches.schemas import BatchStatus
@@ -71,7 +72,8 @@ def read(batch: BatchRun) -> schemas.JudgeTrust | None:
 
 async def request(session: AsyncSession, *, batch: BatchRun, broker: dramatiq.Broker) -> bool:
     """Mark the judge trust of a batch that is over ``computing``, once, and send it to the
-    actor once the caller commits: True when this call did."""
+    actor once the caller commits: True when this call did.  A batch with no LLM-judged
+    criterion is marked ``ready`` (with no criterion) instead, and nothing is sent."""
     if batch.status not in OVER:
         return False
     now = utcnow()
@@ -81,6 +83,11 @@ async def request(session: AsyncSession, *, batch: BatchRun, broker: dramatiq.Br
         or known.get("requested_at", "") >= (now - REQUEST_STALL).isoformat()
     ):
         return False  # as read: nothing to ask (the guarded UPDATE below decides races)
+    judged = await _asks_the_judge(session, batch.id)
+    if judged:
+        report = {"status": "computing", "requested_at": now.isoformat()}
+    else:  # nothing to work out: ready at once, with no criterion
+        report = msgspec.to_builtins(schemas.JudgeTrust(status="ready", computed_at=now))
     trust = BatchRun.judge_trust
     asked = await session.scalar(
         update(BatchRun)
@@ -94,13 +101,27 @@ async def request(session: AsyncSession, *, batch: BatchRun, broker: dramatiq.Br
                 ),
             ),
         )
-        .values(judge_trust={"status": "computing", "requested_at": now.isoformat()})
+        .values(judge_trust=report)
         .returning(BatchRun.id)
     )
-    if asked is None:
+    if asked is None or not judged:
         return False
     send_after_commit(session, broker, JUDGE_TRUST, str(batch.id))
     return True
+
+
+# A snapshot (shared.scenarios.records.Snapshot) holding a criterion the LLM judge decides.
+_JUDGED = '$.turns[*].criteria[*] ? (@.criteria_type == "llm_evaluated")'
+
+
+async def _asks_the_judge(session: AsyncSession, batch_id: UUID) -> bool:
+    """Whether any run of the batch has an LLM-judged criterion (the only ones judge trust
+    reports on)."""
+    judged = select(ScenarioRun.id).where(
+        ScenarioRun.batch_run_id == batch_id,
+        func.jsonb_path_exists(ScenarioRun.snapshot, literal(_JUDGED, JSONPATH)),
+    )
+    return bool(await session.scalar(select(judged.exists())))
 
 
 def text_key(question: str, few_shot_examples: Any) -> str:

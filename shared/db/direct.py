@@ -92,7 +92,9 @@ class Statement:
             raise TypeError(f"missing statement parameters: {', '.join(sorted(missing))}")
         params = {**self._constants, **given}
         for name in self._json & given.keys():
-            params[name] = Jsonb(given[name], dumps=json_text)
+            # None is SQL NULL, as for any other parameter (not the JSON value null).
+            if given[name] is not None:
+                params[name] = Jsonb(given[name], dumps=json_text)
         return params
 
     async def rows(self, connection: AsyncConnection[Any], **given: Any) -> Sequence[Any]:

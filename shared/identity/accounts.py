@@ -37,12 +37,24 @@ def check_timezone(name: str, loc: tuple[str, ...] = ("body", "timezone")) -> st
 
 
 async def _issue_user_token(
-    session: AsyncSession, settings: Settings, user_id: UUID
+    session: AsyncSession,
+    settings: Settings,
+    user_id: UUID,
+    *,
+    browser: bool = False,
+    not_after: datetime | None = None,
 ) -> tuple[str, datetime]:
     token = security.new_token(security.USER_TOKEN_PREFIX)
     expires_at = utcnow() + timedelta(seconds=settings.user_token_ttl_s)
+    if not_after is not None:
+        expires_at = min(expires_at, not_after)
     session.add(
-        UserToken(user_id=user_id, token_digest=security.token_digest(token), expires_at=expires_at)
+        UserToken(
+            user_id=user_id,
+            token_digest=security.token_digest(token),
+            expires_at=expires_at,
+            browser_session=browser,
+        )
     )
     await session.flush()
     return token, expires_at
@@ -106,6 +118,42 @@ async def login(
         raise Unauthorized("invalid email or password")  # the attempt stays counted
     await throttle.succeeded(attempt)
     return await _issue_user_token(session, settings, user.id)
+
+
+async def browser_session(
+    session: AsyncSession, *, settings: Settings, principal: Principal
+) -> str:
+    """A session token of the principal's user for one browser (the results UI's sign-in,
+    given the user's token): a token of its own, marked so, which signing that browser out
+    (:func:`end_browser_session`) revokes, and not the token it was made from, which a CLI
+    profile or a script may hold.  It expires when that token does, or sooner."""
+    if not principal.is_user:
+        raise PermissionDenied("only a user's token makes a browser session")
+    expires = await session.scalar(
+        select(UserToken.expires_at).where(UserToken.id == principal.token_id)
+    )
+    token, _ = await _issue_user_token(
+        session,
+        settings,
+        principal.user_id,  # type: ignore[arg-type]
+        browser=True,
+        not_after=expires,
+    )
+    return token
+
+
+async def end_browser_session(session: AsyncSession, *, principal: Principal) -> None:
+    """Revoke the principal's token if it is a browser session (:func:`browser_session`);
+    any other token (login's, a platform token) is left alone."""
+    await session.execute(
+        update(UserToken)
+        .where(
+            UserToken.id == principal.token_id,
+            UserToken.browser_session,
+            UserToken.revoked_at.is_(None),
+        )
+        .values(revoked_at=utcnow())
+    )
 
 
 async def logout(session: AsyncSession, *, principal: Principal) -> None:

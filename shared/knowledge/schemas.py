@@ -1,7 +1,8 @@
 """Request and response bodies of knowledge (spec 17-20, DESIGN §3 and §5.4).
 
-Knowledge fields are camelCase, as the spec writes them; the search request keeps the
-DESIGN's ``collection_ids``.
+Knowledge fields are camelCase, as the spec writes them; the search request takes
+``collectionIds`` too, and still ``collection_ids`` (the DESIGN's spelling, which it took
+first).
 """
 
 from __future__ import annotations
@@ -139,9 +140,25 @@ class BookmarkRead(Output, rename="camel"):
     agent_ids: list[UUID]
 
 
-class SearchBody(Input):
+CollectionIds = Annotated[
+    list[UUID],
+    msgspec.Meta(max_length=100, description="Only chunks of documents in these collections."),
+]
+
+
+class SearchBody(Input, rename="camel"):
     query: Annotated[str, text(1, 1000)]
-    collection_ids: Annotated[list[UUID], msgspec.Meta(max_length=100)] | None = None
+    collection_ids: CollectionIds | None = None
+    # The spelling the search took first, kept working: the same as collectionIds.
+    collection_ids_as_before: (
+        Annotated[
+            list[UUID],
+            msgspec.Meta(
+                max_length=100, description="The same as `collectionIds` (an older spelling)."
+            ),
+        ]
+        | None
+    ) = msgspec.field(default=None, name="collection_ids")
     limit: Annotated[int, msgspec.Meta(ge=1, le=50)] = 10
 
 

@@ -337,12 +337,15 @@ async def search_configs(session: AsyncSession, *, org_id: UUID) -> list[str]:
 async def search(
     session: AsyncSession, *, access: OrgAccess, body: schemas.SearchBody
 ) -> schemas.SearchResults:
+    collection_ids = body.collection_ids
+    if body.collection_ids_as_before is not None:
+        if collection_ids is not None:
+            raise InvalidInput(
+                ("body", "collection_ids"), "give collectionIds or collection_ids, not both"
+            )
+        collection_ids = body.collection_ids_as_before
     await all_in_org(
-        session,
-        KnowledgeCollection,
-        access.organization_id,
-        body.collection_ids or (),
-        "collection",
+        session, KnowledgeCollection, access.organization_id, collection_ids or (), "collection"
     )
     configs = await search_configs(session, org_id=access.organization_id)
     rows = await session.execute(
@@ -351,7 +354,7 @@ async def search(
             body.query,
             configs,
             limit=body.limit,
-            collection_ids=body.collection_ids,
+            collection_ids=collection_ids,
         )
     )
     return schemas.SearchResults(

@@ -122,6 +122,17 @@ class CriterionRecord(msgspec.Struct, frozen=True):
     output_tokens: int = 0
 
 
+class ErrorTurn(msgspec.Struct, frozen=True):
+    """The turn a run ended in error on, as written to ``scenario_runs.error_turn``: the
+    message sent to the agent (``None`` when it could not be rendered, so none was sent)
+    and the agent's reply (``None`` unless it answered before the error: a judge or a check
+    that failed on it), redacted as a turn's reply is."""
+
+    turn_index: int
+    user_message: str | None = None
+    response_content: str | None = None
+
+
 class DoneTurn(msgspec.Struct, frozen=True):
     """A turn committed before this delivery: the conversation so far, and whether it passed."""
 

@@ -48,6 +48,7 @@ from shared.scenarios.records import (
     CostSummary,
     CriterionRecord,
     DoneTurn,
+    ErrorTurn,
     Snapshot,
     SnapshotCriterion,
     SnapshotTurn,
@@ -61,7 +62,16 @@ log = logging.getLogger("spar.runs")
 
 
 class RunAborted(Exception):
-    """The run cannot go on; it ends as ``error`` with this message."""
+    """The run cannot go on; it ends as ``error`` with this message (and the turn it ended
+    on, when a turn was being played)."""
+
+    def __init__(self, message: str, turn: ErrorTurn | None = None) -> None:
+        super().__init__(message)
+        self.turn = turn
+
+    def on(self, turn: ErrorTurn) -> RunAborted:
+        """The same end, on ``turn``."""
+        return RunAborted(str(self), turn)
 
 
 async def render_message(template: str, customer_context: dict[str, Any], turn: int) -> str:
@@ -186,11 +196,12 @@ async def finish(
     run_id: UUID,
     status: RunStatus,
     error: str | None = None,
+    error_turn: ErrorTurn | None = None,
 ) -> list[UUID] | None:
     """Move a non-terminal run to ``status``, counted in its batch with the run that takes
     its place handed out (:func:`shared.scenarios.store.end`): ``None`` when the run was
     already terminal, else the successors to send."""
-    successors = await store.end(database, run_id, status, error)
+    successors = await store.end(database, run_id, status, error, error_turn)
     if successors is not None:
         run_finished(status)
     return successors
@@ -220,7 +231,7 @@ async def execute_run(
             return await _run_turns(database, context, run.done)
         except RunAborted as exc:
             log.info("run %s ends in error: %s", run_id, exc)
-            return await finish(database, run_id, RunStatus.ERROR, str(exc))
+            return await finish(database, run_id, RunStatus.ERROR, str(exc), exc.turn)
 
     async def give_up(reason: str) -> list[UUID] | None:
         return await finish(database, run_id, RunStatus.ERROR, reason)
@@ -298,7 +309,10 @@ class _Played:
 async def _play(context: _Context, turn: SnapshotTurn, history: list[dict[str, str]]) -> _Played:
     """Render the turn's message, send it to the agent, judge every criterion at once."""
     customer_context = context.snapshot.customer_context or {}
-    message = await render_message(turn.user_message, customer_context, turn.order_index + 1)
+    try:
+        message = await render_message(turn.user_message, customer_context, turn.order_index + 1)
+    except RunAborted as exc:
+        raise exc.on(ErrorTurn(turn.order_index)) from None
     system_context, given = None, None
     if context.knowledge is not None:
         system_context, given = await context.knowledge.for_message(message)
@@ -314,15 +328,18 @@ async def _play(context: _Context, turn: SnapshotTurn, history: list[dict[str, s
             system_context=system_context,
         )
     except EgressError as exc:
-        raise RunAborted(f"agent: {exc}") from None
+        raise RunAborted(f"agent: {exc}", ErrorTurn(turn.order_index, message)) from None
     conversation = [
         *history,
         {"role": "user", "content": message},
         {"role": "assistant", "content": reply.content},
     ]
-    verdicts = await asyncio.gather(
-        *(_evaluate(context, c, conversation, reply) for c in turn.criteria)
-    )
+    try:
+        verdicts = await asyncio.gather(
+            *(_evaluate(context, c, conversation, reply) for c in turn.criteria)
+        )
+    except RunAborted as exc:  # a check or the judge: the agent had answered
+        raise exc.on(ErrorTurn(turn.order_index, message, reply.content)) from None
     passed = all(v.verdict == "PASS" for v in verdicts)
     record = TurnRecord(
         id=uuid.uuid4(),

@@ -155,6 +155,10 @@ class RunCreate(Input):
 class CriterionResultRead(Output):
     id: UUID
     criteria_id: UUID
+    # What was asked, as the run's snapshot holds the criterion: the scenario may have
+    # been edited or deleted since.
+    question: str
+    criteria_type: CriteriaType
     verdict: Verdict
     critique: str
     evidence: str
@@ -183,6 +187,17 @@ class ScenarioTurnResultRead(Output):
     refusal: bool = False
 
 
+class ErrorTurnRead(Output):
+    """The turn a run ended in error on (never one of its ``turn_results``)."""
+
+    turn_index: int
+    # The message sent to the agent; null when it could not be rendered (none was sent).
+    user_message: str | None
+    # The agent's reply, when it answered before the error (a judge or a check that
+    # failed on it); null otherwise.
+    response_content: str | None
+
+
 class ScenarioRunRead(Output):
     id: UUID
     scenario_id: UUID
@@ -197,6 +212,8 @@ class ScenarioRunRead(Output):
     error_message: str | None = None
     batch_run_id: UUID | None = None  # the batch the run belongs to; null for a single run
     turn_results: list[ScenarioTurnResultRead] | UnsetType = UNSET
+    # A run that ended in error while playing a turn: that turn, with what was sent.
+    error_turn: ErrorTurnRead | None = None
 
 
 class ScenarioRunList(Output):

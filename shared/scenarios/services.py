@@ -7,6 +7,7 @@ from typing import Any
 from uuid import UUID
 
 import dramatiq
+import msgspec
 from sqlalchemy import (
     CTE,
     ColumnElement,
@@ -335,11 +336,24 @@ def run_read(run: ScenarioRun, *, with_results: bool) -> schemas.ScenarioRunRead
     """The run's body; with ``with_results``, its turns' results (loaded with the run)."""
     results: list[schemas.ScenarioTurnResultRead] | schemas.UnsetType = schemas.UNSET
     if with_results:
+        asked = {
+            UUID(c.id): c
+            for turn in msgspec.convert(run.snapshot, Snapshot).turns
+            for c in turn.criteria
+        }
         results = [
             schemas.ScenarioTurnResultRead.from_row(
                 turn,
                 status="skipped" if turn.skipped else "passed" if turn.passed else "failed",
                 redacted_keys=turn.redacted_keys or [],
+                criteria_results=[
+                    schemas.CriterionResultRead.from_row(
+                        result,
+                        question=asked[result.criteria_id].question,
+                        criteria_type=asked[result.criteria_id].criteria_type,
+                    )
+                    for result in turn.criteria_results
+                ],
             )
             for turn in run.turn_results
         ]

@@ -55,6 +55,7 @@ from shared.scenarios.records import (
     CostSummary,
     CriterionRecord,
     DoneTurn,
+    ErrorTurn,
     TurnRecord,
 )
 from shared.scenarios.schemas import OPEN_STATUSES, RunStatus
@@ -145,6 +146,7 @@ _END = (
         completed_at=NOW,
         updated_at=NOW,
         error_message=bindparam("p_error"),
+        error_turn=bindparam("p_error_turn", type_=_runs.c.error_turn.type),
     )
     .returning(_runs.c.id, _runs.c.batch_run_id, _runs.c.status)
 )
@@ -266,13 +268,21 @@ async def end(
     run_id: UUID,
     status: RunStatus,
     error: str | None,
+    error_turn: ErrorTurn | None = None,
 ) -> list[UUID] | None:
-    """Move a ``pending`` or ``running`` run to ``status`` and, atomically with it, count it
-    in its batch and hand out the run that takes its place.
+    """Move a ``pending`` or ``running`` run to ``status`` (with the ``error`` and the
+    ``error_turn`` it ended on, for ``error``) and, atomically with it, count it in its
+    batch and hand out the run that takes its place.
 
     ``None`` when this changed nothing (the run was already terminal); otherwise the
     successors to send (none outside a batch, or when nothing is left to hand out)."""
-    params = {"p_run": run_id, "p_status": status, "p_error": error, "now": utcnow()}
+    params = {
+        "p_run": run_id,
+        "p_status": status,
+        "p_error": error,
+        "p_error_turn": error_turn,
+        "now": utcnow(),
+    }
     (ended,) = await _write(database, _END_IN_ONE, params)
     if not ended.changed:
         return None
@@ -295,4 +305,6 @@ async def rehearse(connection: AsyncConnection[Any]) -> None:
     await _CLAIM.structs(connection, Claimed, **nobody, p_stale=now)
     await _RECORD_IN_ONE.rows(connection, **turn)
     await _RECORD_AND_END_IN_ONE.rows(connection, **turn, p_status=RunStatus.PASSED, p_skipped=[])
-    await _END_IN_ONE.rows(connection, **nobody, p_status=RunStatus.ERROR, p_error=None)
+    await _END_IN_ONE.rows(
+        connection, **nobody, p_status=RunStatus.ERROR, p_error=None, p_error_turn=None
+    )

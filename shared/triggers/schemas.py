@@ -50,7 +50,8 @@ Message = Annotated[
         1,
         100_000,
         description="Sent to the agent: a sandboxed Jinja template with `trigger`, `now` and "
-        "(webhooks, manual fires) `payload`.",
+        "(webhooks, manual fires) `payload`.  Required for the `message` action; a "
+        "`batch_run` trigger sends none.",
     ),
 ]
 CronExpression = Annotated[
@@ -71,7 +72,9 @@ class TriggerCreate(Input):
     name: Name255
     trigger_type: TriggerType
     agent_id: UUID
-    message: Message
+    # Required for the ``message`` action (checked with the other fields); stored as ""
+    # for a ``batch_run`` trigger given none.
+    message: Message | None = None
     cron_expression: CronExpression | None = None
     timezone: TimezoneName | None = None
     action: TriggerAction = "message"
@@ -81,7 +84,9 @@ class TriggerCreate(Input):
 
     def stored(self) -> dict[str, Any]:
         """The trigger's fields as a row holds them."""
-        return stored_lists(msgspec.structs.asdict(self))
+        fields = stored_lists(msgspec.structs.asdict(self))
+        fields["message"] = self.message or ""
+        return fields
 
 
 class TriggerUpdate(Input):
@@ -118,7 +123,7 @@ class TriggerRead(Output):
     trigger_type: TriggerType
     status: TriggerStatus
     agent_id: UUID
-    message: str
+    message: str  # "" for a batch_run trigger given none
     cron_expression: str | None
     timezone: str | None
     action: TriggerAction

@@ -140,6 +140,12 @@ async def _check(session: AsyncSession, trigger: Trigger) -> None:
             "scenario_ids and tags are only for batch_run triggers",
             input=trigger.action,
         )
+    if not trigger.message:
+        if trigger.action == "message":
+            raise InvalidInput(
+                ("body", "message"), "message is required for message triggers", type="missing"
+            )
+        return  # a batch_run trigger sends no message
     context = {"trigger": template_trigger(trigger), "now": "", "payload": None}
     problem = templates.problem(trigger.message, context)
     if problem is not None:

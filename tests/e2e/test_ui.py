@@ -10,6 +10,7 @@ to the same server.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import re
 from collections import deque
@@ -31,6 +32,10 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from api.app import create_app
 from api.ui.controllers import BATCH_PAGE
 from api.ui.session import COOKIE
+from client.api import Api, Target
+from client.batch import outcomes
+from client.reports import json_report, junit_xml
+from shared.batches.schemas import BatchRunRead
 from shared.batches.window import dispatch_committed
 from shared.calibration.schemas import (
     Interval,
@@ -52,7 +57,7 @@ from tests.support.batches import (
     passing_turn,
 )
 from tests.support.factories import create_org, create_token, tenant
-from tests.support.fakes import FakeAgent
+from tests.support.fakes import FakeAgent, Reply
 from tests.support.live_server import LiveServer
 
 # Debian's package (.ci/run installs it); SPAR_TEST_CHROMIUM names another Chromium or Chrome.
@@ -130,6 +135,12 @@ async def test_a_user_signs_in_watches_a_batch_move_reads_a_failure_and_finds_a_
     listed = page.locator(f'tr[data-batch="{first["id"]}"]')
     await expect(listed).to_contain_text("bot")
     await expect(listed).to_contain_text("0 / 3")
+    # Whose batches these are, and Spar's own icon.
+    await expect(page.locator("header #org-name")).to_have_text("Acme")
+    await expect(page).to_have_title(re.compile(r"· Acme · Spar$"))
+    icon = await page.get_attribute('link[rel="icon"]', "href")
+    fetched = await page.request.get(f"{server.url}{icon}")
+    assert fetched.status == 200 and fetched.headers["content-type"] == "image/svg+xml"
 
     # A link followed from another site ("localhost" is not "127.0.0.1") arrives without
     # the SameSite=Strict cookie, yet opens the page, not the sign-in form.
@@ -158,12 +169,19 @@ async def test_a_user_signs_in_watches_a_batch_move_reads_a_failure_and_finds_a_
         row = page.locator(f'tr[data-run="{run_id}"] [data-field="status"]')
         await expect(row).to_have_text(re.compile("^(passed|failed)$"))
         if done < 3:  # the last run ends the batch, and the page reloads for its final state
+            ended = page.locator(f'tr[data-run="{run_id}"] [data-field="completed_at"]')
+            await expect(ended).to_have_text(re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC$"))
+            await expect(page.locator('#batch [data-field="status"]')).to_have_text("running")
             assert await page.evaluate("window.sameDocument === true")
             assert await page.eval_on_selector("#progress", "bar => bar.value") == done
     assert done == 3
-    await expect(page.locator('#batch [data-field="status"]')).to_have_text("completed")
+    # Completed, but not all passed: the badge says so, not in green; the failure first.
+    badge = page.locator('#batch [data-field="status"]')
+    await expect(badge).to_have_text("completed: 1 failed")
+    await expect(badge).to_have_class("status status-failed")
     await expect(page.locator("#passed")).to_have_text("2")
     await expect(page.locator("#failed")).to_have_text("1")
+    await expect(page.locator("#runs tbody tr").first).to_contain_text("refuses")
 
     # The failed run's transcript: the turn, the reply, the criterion's verdict and critique.
     failed = page.locator("tr[data-run]", has_text="refuses")
@@ -177,10 +195,12 @@ async def test_a_user_signs_in_watches_a_batch_move_reads_a_failure_and_finds_a_
     await expect(criterion.locator(".verdict")).to_have_text("FAIL")
     await expect(criterion.locator(".critique")).to_have_text("reply does not contain 'never-said'")
 
-    # "greets" now fails: a second batch of the same scenarios, compared with the first.
+    # The agent now fails "greets" (a regression), and "thanks" is edited so that it fails
+    # too (not the agent's doing): a second batch of the same scenarios, against the first.
+    agent.reply = lambda body: "Hi" if body["message"] == "hello 1" else f"Echo: {body['message']}"
     edited = await client.put(
-        f"/v1/orgs/{w.t.id}/scenarios/{greets['id']}",
-        json={"turns": [failing_turn(1)]},
+        f"/v1/orgs/{w.t.id}/scenarios/{thanks['id']}",
+        json={"turns": [failing_turn(3)]},
         headers=w.headers,
     )
     assert edited.status_code == 200, edited.text
@@ -195,15 +215,25 @@ async def test_a_user_signs_in_watches_a_batch_move_reads_a_failure_and_finds_a_
     await page.get_by_role("button", name="Compare A with B").click()
     await expect(page).to_have_url(re.compile(r"/batches/compare\?"))
     assert sorted(page.url.split("?")[1].split("&")) == [f"a={first['id']}", f"b={second['id']}"]
-    await expect(page.locator("#summary")).to_contain_text("1 regression, 0 fixes")
+    await expect(page.locator("#summary")).to_contain_text(
+        "1 regression, 0 fixes, 1 scenario edited between A and B"
+    )
     rows = page.locator("#scenarios tbody tr")
     await expect(rows).to_have_count(3)
     regression = rows.first
     await expect(regression).to_have_attribute("data-change", "regressed")
     await expect(regression).to_contain_text("greets")
     await expect(regression).to_contain_text("Regression (pass → fail)")
-    for other in (rows.nth(1), rows.nth(2)):
-        await expect(other).to_have_attribute("data-change", "unchanged")
+    # The edited scenario is not put down to the agent: its runs played different turns.
+    await expect(rows.nth(1)).to_have_attribute("data-change", "edited")
+    await expect(rows.nth(1)).to_contain_text("thanks")
+    await expect(rows.nth(1)).to_contain_text("Scenario edited between A and B")
+    await expect(rows.nth(2)).to_have_attribute("data-change", "unchanged")
+    compared = await client.get(
+        f"{w.batches}/compare", params={"a": first["id"], "b": second["id"]}, headers=w.headers
+    )
+    body = compared.json()
+    assert (body["regressions"], body["fixes"], body["edited"]) == (1, 0, 1), body
     links = regression.get_by_role("link")
     assert [await link.get_attribute("href") for link in await links.all()] == [
         f"/ui/orgs/{w.t.id}/runs/{run_a}",
@@ -212,6 +242,15 @@ async def test_a_user_signs_in_watches_a_batch_move_reads_a_failure_and_finds_a_
     await links.nth(1).click()
     await expect(page.locator("h1")).to_have_text("greets")
     await expect(page.locator("tr.criterion .verdict")).to_have_text("FAIL")
+
+    # Signing out (a form's POST) ends this browser's session only: the pages ask to sign
+    # in again, and the token pasted to sign in still works.
+    await page.get_by_role("button", name="Sign out").click()
+    await expect(page).to_have_url(f"{server.url}/ui/login")
+    assert await page.context.cookies() == []
+    await page.goto(batches)
+    await expect(page).to_have_url(re.compile(r"/ui/login\?next="))
+    assert (await client.get("/v1/auth/me", headers=w.headers)).status_code == 200
 
 
 # --- over plain HTTP ---------------------------------------------------------------------------
@@ -271,7 +310,8 @@ async def test_signing_in_checks_the_token_keeps_it_in_a_strict_cookie_and_never
         )
         assert old_browser.status_code == 403 and "set-cookie" not in old_browser.headers
 
-        # A valid token: the cookie, and back to a page of the UI (never another site).
+        # A valid token: a session of this browser's own in the cookie (never the token
+        # pasted, which may be a CLI's), and back to a page of the UI (never another site).
         signed_in = await browser_like.post(
             "/ui/login", data={"token": t.owner.token, "next": "https://evil.example/ui"}
         )
@@ -280,7 +320,9 @@ async def test_signing_in_checks_the_token_keeps_it_in_a_strict_cookie_and_never
         assert t.owner.token not in signed_in.text
         cookie = signed_in.headers["set-cookie"]
         attributes = {part.strip().lower() for part in cookie.split(";")}
-        assert cookie.startswith(f"{COOKIE}={t.owner.token};")
+        session = browser_like.cookies[COOKIE]
+        assert session.startswith("ust_") and session != t.owner.token
+        assert t.owner.token not in cookie
         assert {"httponly", "samesite=strict", "path=/ui"} <= attributes
         assert "secure" not in attributes  # plain http here; https requests get Secure
 
@@ -300,12 +342,42 @@ async def test_signing_in_checks_the_token_keeps_it_in_a_strict_cookie_and_never
         assert f'href="/ui/orgs/{t.id}/batches">Acme</a>' in picker.text
         assert "Beta &amp; Co" in picker.text
 
-        signed_out = await browser_like.get("/ui/logout")
+        # Signing out is a POST from Spar's own pages: a link (GET) or another site's form
+        # signs nobody out.
+        assert (await browser_like.get("/ui/logout")).status_code == 405
+        forged = await browser_like.post("/ui/logout", headers={"Sec-Fetch-Site": "cross-site"})
+        assert forged.status_code == 403 and "set-cookie" not in forged.headers
+        assert (await browser_like.get("/ui")).status_code == 200  # still signed in
+        same_site = {"Sec-Fetch-Site": "same-origin"}
+        signed_out = await browser_like.post("/ui/logout", headers=same_site)
         assert signed_out.status_code == 303
         assert signed_out.headers["location"] == "/ui/login"
         assert "max-age=0" in signed_out.headers["set-cookie"].lower()
-        assert (await browser_like.get("/ui")).status_code == 303  # signed out: to sign-in
+        assert COOKIE not in browser_like.cookies
         assert (await browser_like.get("/ui")).headers["location"].startswith("/ui/login")
+
+    # It revoked this browser's session, and nothing else: the token pasted still works.
+    async with http(server, session) as replayed:
+        assert (await replayed.get("/ui")).headers["location"].startswith("/ui/login")
+    assert (await client.get("/v1/auth/me", headers=t.owner.headers)).status_code == 200
+    # Even a cookie holding login's token itself (an older sign-in kept the token pasted)
+    # is only forgotten: sign-out revokes browser sessions alone.
+    async with http(server, t.owner.token) as older:
+        forgotten = await older.post("/ui/logout")
+        assert forgotten.status_code == 303
+        assert "max-age=0" in forgotten.headers["set-cookie"].lower()
+    assert (await client.get("/v1/auth/me", headers=t.owner.headers)).status_code == 200
+
+    # A platform token signs the browser in as itself (there is no user to make a session
+    # of); signing out forgets it and does not revoke it: CI may be using it.
+    pat = await create_token(client, t.owner, t.id, ["scenarios:read"])
+    async with http(server) as browser_like:
+        await browser_like.post("/ui/login", data={"token": pat.token, "next": "/ui"})
+        assert browser_like.cookies[COOKIE] == pat.token
+        signed_out = await browser_like.post("/ui/logout")
+        assert signed_out.status_code == 303 and COOKIE not in browser_like.cookies
+    listed = await client.get(f"/v1/orgs/{t.id}/scenarios", headers=pat.headers)
+    assert listed.status_code == 200
 
 
 async def test_the_batch_list_pages_back_through_older_batches(
@@ -341,6 +413,64 @@ async def test_the_batch_list_pages_back_through_older_batches(
         assert older.text.count("data-batch=") == 1 and newest["id"] not in older.text
         assert 'id="older"' not in older.text and f'href="{mine}?offset=0"' in older.text
         assert (await browser_like.get(f"{mine}?offset=-1")).status_code == 400
+
+
+async def test_a_batch_badge_says_what_happened_and_is_green_only_when_all_passed(
+    client: AsyncTestClient, agent: FakeAgent, server: LiveServer, db: AsyncSession
+) -> None:
+    """A completed batch is not shown green when some of its runs failed or errored: the
+    badge on the list, the batch's page and the comparison says what happened."""
+    w = await make_world(client, agent)
+    made = {}
+    base = datetime.now(UTC) - timedelta(days=1)
+    for n, (status, passed, failed, errors) in enumerate(
+        [
+            ("completed", 3, 0, 0),
+            ("completed", 1, 2, 0),
+            ("completed", 1, 1, 1),
+            ("error", 0, 0, 3),  # cancelled: the batch itself ended in error
+            ("running", 0, 0, 0),
+        ]
+    ):
+        done = passed + failed + errors
+        made[n] = uuid4()
+        db.add(
+            BatchRun(
+                id=made[n],
+                organization_id=UUID(w.t.id),
+                agent_id=UUID(w.agent_id),
+                agent_name="bot",
+                status=status,
+                total_scenarios=3,
+                completed_scenarios=done,
+                passed_scenarios=passed,
+                failed_scenarios=failed,
+                error_scenarios=errors,
+                dispatched_scenarios=done,
+                created_at=base - timedelta(minutes=n),
+                updated_at=base,
+            )
+        )
+    await db.commit()
+    expected = {
+        0: ("passed", "all passed"),
+        1: ("failed", "completed: 2 failed"),
+        2: ("error", "completed: 1 failed, 1 error"),
+        3: ("error", "error: 3 errors"),
+        4: ("running", "running"),
+    }
+    badge = re.compile(r'<span class="status status-(\w+)"[^>]*>([^<]*)</span>')
+    mine = f"/ui/orgs/{w.t.id}/batches"
+    async with http(server, w.t.owner.token) as owner:
+        listing = (await owner.get(mine)).text
+        for n, shown in expected.items():
+            row = listing[listing.index(f'data-batch="{made[n]}"') :]
+            assert badge.search(row).groups() == shown, (n, row[:600])  # type: ignore[union-attr]
+            page = (await owner.get(f"{mine}/{made[n]}")).text
+            batch = page[page.index('id="batch"') :]
+            assert badge.search(batch).groups() == shown, n  # type: ignore[union-attr]
+        compared = (await owner.get(f"{mine}/compare?a={made[0]}&b={made[1]}")).text
+        assert [m.groups() for m in badge.finditer(compared)][:2] == [expected[0], expected[1]]
 
 
 async def test_pages_follow_the_apis_isolation_and_permissions(
@@ -431,6 +561,88 @@ async def test_pages_escape_what_users_wrote_and_stay_out_of_the_api_schema(
     assert not [path for path in schema["paths"] if path.startswith("/ui")]
 
 
+async def test_the_page_and_the_cli_name_each_criterion_as_its_run_asked_it(
+    client: AsyncTestClient,
+    app: Litestar,
+    settings: Settings,
+    agent: FakeAgent,
+    server: LiveServer,
+) -> None:
+    """After the scenario is edited (its criteria replaced), a run still names the
+    criterion it was judged on: the API's criterion result carries the question and type
+    from the run's snapshot, and the results page and the CLI's report read it there."""
+    w = await make_world(client, agent)
+    scenario = await make_scenario(client, w, "refuses", turns=[failing_turn(1)])
+    batch = await create_batch(client, w, scenario_ids=[scenario["id"]])
+    await drain(app, settings, batch["id"])
+    edited = await client.put(
+        f"/v1/orgs/{w.t.id}/scenarios/{scenario['id']}",
+        json={"turns": [passing_turn(1)]},
+        headers=w.headers,
+    )
+    assert edited.status_code == 200, edited.text
+    (run_id,) = (await runs_by_scenario(client, w, batch["id"])).values()
+    old_id = scenario["turns"][0]["criteria"][0]["id"]
+
+    async with http(server, w.t.owner.token) as owner:
+        page = (await owner.get(f"/ui/orgs/{w.t.id}/runs/{run_id}")).text
+    assert "never-said" in page and "(contains)" in page and "removed" not in page
+
+    api = Api(Target(url=server.url, token=w.t.owner.token, org=w.t.id))
+    try:
+        detail = api.read(api.path(f"scenarios/batch-runs/{batch['id']}"), BatchRunRead)
+        (outcome,) = await asyncio.to_thread(outcomes, api, detail)
+    finally:
+        api.close()
+    (turn,) = outcome.failed
+    assert turn.criteria == [("never-said", "FAIL", "reply does not contain 'never-said'")]
+    report = junit_xml(detail, [outcome]).decode() + json_report(detail, [outcome])
+    assert "turn 1: never-said" in report and old_id not in report
+
+
+async def test_an_errored_runs_page_shows_the_turn_it_ended_on_and_what_was_sent(
+    client: AsyncTestClient,
+    app: Litestar,
+    settings: Settings,
+    agent: FakeAgent,
+    server: LiveServer,
+) -> None:
+    """A run that ended in error is not a run that has not started: its page shows the
+    error and the turn it ended on, with the message sent (and the reply, when the agent
+    answered before the judge failed)."""
+    w = await make_world(client, agent)
+    broken = await make_scenario(
+        client, w, "broken", turns=[passing_turn(1), {**passing_turn(2), "required": True}]
+    )
+    unjudged = await make_scenario(
+        client,
+        w,
+        "unjudged",
+        turns=[{"user_message": "judge me", "criteria": [{"question": "Was it polite?"}]}],
+    )
+    batch = await create_batch(client, w, scenario_ids=[broken["id"]], max_concurrency=1)
+    agent.enqueue(Reply(json={"content": "Echo: hello 1"}), Reply(status=400, json={}))
+    await drain(app, settings, batch["id"])
+    judged = await create_batch(client, w, scenario_ids=[unjudged["id"]])
+    await drain(app, settings, judged["id"])
+    (broken_run,) = (await runs_by_scenario(client, w, batch["id"])).values()
+    (unjudged_run,) = (await runs_by_scenario(client, w, judged["id"])).values()
+
+    async with http(server, w.t.owner.token) as owner:
+        page = (await owner.get(f"/ui/orgs/{w.t.id}/runs/{broken_run}")).text
+        assert "No turn has been played yet" not in page
+        assert "agent: " in page  # the run's error
+        ended = page[page.index('data-error-turn="1"') :]
+        assert "Turn 2" in ended and "hello 2" in ended and "No reply" in ended
+        assert "hello 1" in page[: page.index('data-error-turn="1"')]  # the turn that passed
+
+        page = (await owner.get(f"/ui/orgs/{w.t.id}/runs/{unjudged_run}")).text
+        assert "No turn has been played yet" not in page
+        ended = page[page.index('data-error-turn="0"') :]
+        assert "judge me" in ended and "Echo: judge me" in ended
+        assert "judge: no judge provider" in page
+
+
 async def test_a_batch_that_is_over_shows_its_judge_trust(
     client: AsyncTestClient,
     app: Litestar,
@@ -440,7 +652,11 @@ async def test_a_batch_that_is_over_shows_its_judge_trust(
     server: LiveServer,
 ) -> None:
     w = await make_world(client, agent)
-    scenario = await make_scenario(client, w, "greets")
+    checked = await make_scenario(client, w, "greets")  # a deterministic check only
+    scenario = await make_scenario(
+        client, w, "polite", turns=[{"user_message": "hi", "criteria": [{"question": "Polite?"}]}]
+    )
+    unjudged = await create_batch(client, w, scenario_ids=[checked["id"]])
     batch = await create_batch(client, w, scenario_ids=[scenario["id"]])
     path = f"/ui/orgs/{w.t.id}/batches/{batch['id']}"
     async with http(server, w.t.owner.token) as owner:
@@ -451,6 +667,12 @@ async def test_a_batch_that_is_over_shows_its_judge_trust(
         over = await owner.get(path)
         assert "data-progress-url" not in over.text  # nothing left to watch
         assert "Computing: the pass rates" in over.text  # asked of the calibration queue
+
+        # No criterion for the judge: nothing to compute, and the page says so at once.
+        await drain(app, settings, unjudged["id"])
+        page = (await owner.get(f"/ui/orgs/{w.t.id}/batches/{unjudged['id']}")).text
+        assert "Computing" not in page
+        assert "No criterion of this batch was judged by the LLM judge." in page
 
         criterion = {"criteria_ids": [uuid4()], "scenarios": 4, "judged": 8, "passed": 4}
         report = JudgeTrust(

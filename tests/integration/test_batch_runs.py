@@ -497,16 +497,26 @@ async def test_two_batches_compare_scenario_by_scenario_regressions_first(
 ) -> None:
     w = await make_world(client, agent)
     steady = await make_scenario(client, w, name="steady", turns=[passing_turn()], tags=["s"])
-    flaky = await make_scenario(client, w, name="flaky", turns=[passing_turn()], tags=["s"])
+    await make_scenario(client, w, name="flaky", turns=[passing_turn(1)], tags=["s"])
+    reworded = await make_scenario(client, w, name="reworded", turns=[passing_turn(2)], tags=["s"])
+    renamed = await make_scenario(client, w, name="renamed", turns=[passing_turn(3)], tags=["s"])
     before = await create_batch(client, w, tags=["s"])
     await drain(app, settings, before["id"])
-    # The second batch: "flaky" now fails, and a new scenario runs only there.
-    replaced = await client.put(
-        f"/v1/orgs/{w.t.id}/scenarios/{flaky['id']}",
-        json={"turns": [failing_turn()]},
-        headers=w.headers,
-    )
-    assert replaced.status_code == 200, replaced.text
+    # The second batch: the agent now fails "flaky"; "reworded" was edited so that it fails
+    # (not the agent's doing); "renamed" only changed its name and description (what it
+    # plays is the same), and a new scenario runs only there.
+    agent.reply = lambda body: "Hi" if body["message"] == "hello 1" else f"Echo: {body['message']}"
+    for scenario, change in (
+        (reworded, {"turns": [failing_turn(2)]}),
+        (
+            renamed,
+            {"name": "renamed again", "description": "the same turns", "turns": [passing_turn(3)]},
+        ),
+    ):
+        edited = await client.put(
+            f"/v1/orgs/{w.t.id}/scenarios/{scenario['id']}", json=change, headers=w.headers
+        )
+        assert edited.status_code == 200, edited.text
     await make_scenario(client, w, name="new", turns=[passing_turn()], tags=["s"])
     after = await create_batch(client, w, tags=["s"])
     await drain(app, settings, after["id"])
@@ -517,18 +527,25 @@ async def test_two_batches_compare_scenario_by_scenario_regressions_first(
     assert response.status_code == 200, response.text
     body = response.json()
     assert (body["a"]["id"], body["b"]["id"]) == (before["id"], after["id"])
-    assert (body["regressions"], body["fixes"]) == (1, 0)
+    assert (body["regressions"], body["fixes"], body["edited"]) == (1, 0, 1)
     rows = [(r["scenario_name"], r["change"]) for r in body["scenarios"]]
-    assert rows == [("flaky", "regressed"), ("new", "only_in_b"), ("steady", "unchanged")]
-    regressed = body["scenarios"][0]
+    assert rows == [
+        ("flaky", "regressed"),
+        ("reworded", "edited"),  # passed, then failed: the edit's doing, not a regression
+        ("new", "only_in_b"),
+        ("renamed again", "unchanged"),
+        ("steady", "unchanged"),
+    ]
+    regressed, edited = body["scenarios"][:2]
     assert (regressed["a"]["status"], regressed["b"]["status"]) == ("passed", "failed")
-    assert body["scenarios"][1]["a"] is None
-    assert body["scenarios"][2]["scenario_id"] == steady["id"]
-    # The other way round, the regression is a fix.
+    assert (edited["a"]["status"], edited["b"]["status"]) == ("passed", "failed")
+    assert body["scenarios"][2]["a"] is None
+    assert body["scenarios"][4]["scenario_id"] == steady["id"]
+    # The other way round, the regression is a fix; the edit is an edit.
     back = await client.get(
         f"{w.batches}/compare?a={after['id']}&b={before['id']}", headers=w.headers
     )
-    assert (back.json()["regressions"], back.json()["fixes"]) == (0, 1)
+    assert (back.json()["regressions"], back.json()["fixes"], back.json()["edited"]) == (0, 1, 1)
     missing = await client.get(f"{w.batches}/compare?a={before['id']}", headers=w.headers)
     assert single_validation_entry(missing)["loc"] == ["query", "b"]
 

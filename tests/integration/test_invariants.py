@@ -91,6 +91,12 @@ BREAKS: list[tuple[str, dict[str, Any], str]] = [
     ("criteria", {"criteria_type": "vibes"}, "ck_criteria_criteria_type"),
     ("scenario_runs", {"status": "paused"}, "ck_scenario_runs_status"),
     ("scenario_runs", {"attempts": -1}, "ck_scenario_runs_attempts_not_negative"),
+    # Only a run in error has the turn it ended on.
+    (
+        "scenario_runs",
+        {"status": "passed", "error_turn": {"turn_index": 0}},
+        "ck_scenario_runs_error_turn_of_error",
+    ),
     ("turn_results", {"turn_index": -1}, "ck_turn_results_turn_index_not_negative"),
     ("criterion_results", {"verdict": "MAYBE"}, "ck_criterion_results_verdict"),
     ("criterion_results", {"input_tokens": -1}, "ck_criterion_results_counts_not_negative"),

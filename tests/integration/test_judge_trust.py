@@ -124,6 +124,25 @@ def broker(app: Litestar) -> Iterator[Any]:
     app.state.broker = real
 
 
+async def test_a_batch_without_an_llm_judged_criterion_is_ready_at_once(
+    client: AsyncTestClient, app: Litestar, settings: Settings, agent: FakeAgent, broker: Any
+) -> None:
+    """Nothing for the judge-trust actor to work out: the batch's detail says so once it is
+    over (never ``computing``), and no message goes to the calibration queue."""
+    t = await tenant(client)
+    setup = await outbound_setup(client, t, agent.url)
+    await create_scenario(
+        client, t, tags=["smoke"], turns=[turn("hello", criterion("Echo", "contains"))]
+    )
+    batch_id = await play_batch(client, app, settings, t, setup.agent_id, "smoke")
+    one = f"/v1/orgs/{t.id}/scenarios/batch-runs/{batch_id}"
+    for _ in range(2):
+        report = (await client.get(one, headers=t.owner.headers)).json()["judge_trust"]
+        assert report["status"] == "ready" and report["computed_at"], report
+        assert (report["criteria"], report["uncalibrated"]) == ([], [])
+    assert judge_trust_messages(broker) == []
+
+
 async def test_a_batch_reports_corrected_pass_rates_per_calibrated_criterion(
     client: AsyncTestClient,
     app: Litestar,

@@ -379,13 +379,23 @@ async def test_named_queries_rank_their_document_first_in_a_32_document_corpus(
     # Limit, collection filter, another organization's collection.
     assert len(await search(client, t, "the", limit=1)) <= 1
     other_cid = await collection(client, t, "empty")
-    assert await search(client, t, "refund", collection_ids=[other_cid]) == []
-    response = await client.post(
+    # The collections, spelled collectionIds like the rest of the knowledge API, or
+    # collection_ids as before.
+    for spelling in ("collectionIds", "collection_ids"):
+        assert await search(client, t, "refund", **{spelling: [other_cid]}) == [], spelling
+        assert await search(client, t, "refund", **{spelling: [cid]}), spelling
+        response = await client.post(
+            kb(t, "search"), json={"query": "refund", spelling: [theirs]}, headers=t.owner.headers
+        )
+        assert response.status_code == 404
+    both = await client.post(
         kb(t, "search"),
-        json={"query": "refund", "collection_ids": [theirs]},
+        json={"query": "refund", "collectionIds": [cid], "collection_ids": [cid]},
         headers=t.owner.headers,
     )
-    assert response.status_code == 404
+    assert single_validation_entry(both)["loc"] == ["body", "collection_ids"]
+    document = (await client.get("/schema/openapi.json")).json()
+    assert "collectionIds" in document["components"]["schemas"]["SearchBody"]["properties"]
     for bad in [{"query": ""}, {"query": "x", "limit": 0}, {"query": "x", "limit": 51}]:
         response = await client.post(kb(t, "search"), json=bad, headers=t.owner.headers)
         assert response.status_code == 422

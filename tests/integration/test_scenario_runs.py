@@ -60,6 +60,7 @@ RUN_FIELDS = {
     "error_message",
     "batch_run_id",
     "turn_results",
+    "error_turn",
 }
 TURN_RESULT_FIELDS = {
     "id",
@@ -628,6 +629,8 @@ async def test_a_bad_template_ends_the_run_in_error_before_the_agent(
     assert done["completed_at"] is not None
     assert done["turn_results"] == []
     assert agent.requests == [], "the agent got nothing"
+    # The turn it ended on, with no message: none could be rendered, so none was sent.
+    assert done["error_turn"] == {"turn_index": 0, "user_message": None, "response_content": None}
 
 
 async def test_every_top_level_key_of_the_context_is_a_template_variable(
@@ -763,6 +766,9 @@ async def test_agent_answering_500_ends_in_error(
     assert done["completed_at"] is not None
     assert done["turn_results"] == []
     assert len(agent.requests) >= 2, "a 500 is retried"
+    # The turn it ended on keeps the message that was sent; no reply came.
+    sent = agent.requests[0].json["message"]
+    assert done["error_turn"] == {"turn_index": 0, "user_message": sent, "response_content": None}
 
 
 async def test_agent_reply_outside_the_protocol_ends_in_error(
@@ -897,6 +903,9 @@ async def test_llm_criterion_without_a_judge_provider_is_an_error(
     assert done["status"] == "error", done
     assert "judge" in done["error_message"], done["error_message"]
     assert done["turn_results"] == []
+    # The agent answered before the judge could not: the message and the reply are kept.
+    reply = "Echo: one"
+    assert done["error_turn"] == {"turn_index": 0, "user_message": "one", "response_content": reply}
 
 
 async def test_agent_deleted_after_the_run_was_created(
@@ -1115,10 +1124,11 @@ async def test_the_run_executes_its_snapshot_not_later_edits(
     assert done["status"] == "passed", done
     assert [r.json["message"] for r in agent.requests] == ["first Ada", "second"]
     assert [r["turn_index"] for r in done["turn_results"]] == [0, 1]
-    assert (
-        done["turn_results"][0]["criteria_results"][0]["criteria_id"]
-        == (scenario["turns"][0]["criteria"][0]["id"])
-    )
+    # Each criterion result says what it asked, as the run's snapshot holds it: the
+    # question and type it was judged on, not the scenario's after the edit.
+    (result,) = done["turn_results"][0]["criteria_results"]
+    assert result["criteria_id"] == scenario["turns"][0]["criteria"][0]["id"]
+    assert (result["question"], result["criteria_type"]) == ("first", "contains")
 
     # Deleting the scenario does not strand its runs either.
     response = await client.delete(

@@ -29,6 +29,7 @@ from litestar import Litestar
 from litestar.testing import AsyncTestClient
 from sqlalchemy import make_url
 
+from api.ui.session import COOKIE
 from shared.batches.window import dispatch_committed
 from shared.outbound.egress import DomainRule, EgressPolicy
 from shared.outbound.redact import PLACEHOLDER
@@ -360,7 +361,7 @@ async def test_a_credential_echoed_as_base64_of_json_and_as_html_is_redacted_in_
         await client.get(runs, headers=t.owner.headers),
         await client.get(
             f"/ui/orgs/{t.id}/runs/{run['id']}",
-            headers={"Cookie": f"spar_ui_token={t.owner.token}"},
+            headers={"Cookie": f"{COOKIE}={t.owner.token}"},
         ),
     ]
     assert [r.status_code for r in shown] == [200, 200, 200]

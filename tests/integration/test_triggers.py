@@ -191,6 +191,40 @@ async def test_invalid_triggers_answer_422_and_store_nothing(
     assert listed.json()["total"] == 0
 
 
+async def test_only_a_message_trigger_needs_a_message(
+    client: AsyncTestClient, agent: FakeAgent
+) -> None:
+    """A ``batch_run`` trigger sends no message: it is created without one (the create
+    body's schema does not require it), while a ``message`` trigger without one, or a
+    trigger turned into one without one, answers 422 naming ``message``."""
+    t = await tenant(client)
+    setup = await outbound_setup(client, t, agent.url)
+    await create_scenario(client, t, tags=["smoke"])
+    suite = scheduled(setup.agent_id, action="batch_run", tags=["smoke"])
+    del suite["message"]
+    created = await create(client, t, suite)
+    assert (created["action"], created["message"]) == ("batch_run", "")
+
+    bare = scheduled(setup.agent_id)
+    del bare["message"]
+    refused = await client.post(path(t), json=bare, headers=t.owner.headers)
+    entry = single_validation_entry(refused)
+    assert (entry["loc"], entry["type"]) == (["body", "message"], "missing"), entry
+    turned = await client.patch(
+        path(t, created["id"]), json={"action": "message", "tags": []}, headers=t.owner.headers
+    )
+    assert single_validation_entry(turned)["loc"] == ["body", "message"]
+    given = await client.patch(
+        path(t, created["id"]),
+        json={"action": "message", "tags": [], "message": "hello"},
+        headers=t.owner.headers,
+    )
+    assert given.status_code == 200, given.text
+
+    schema = (await client.get("/schema/openapi.json")).json()["components"]["schemas"]
+    assert "message" not in schema["TriggerCreate"]["required"]
+
+
 async def test_a_webhook_trigger_refuses_a_cron_expression(
     client: AsyncTestClient, agent: FakeAgent
 ) -> None:

@@ -1,7 +1,8 @@
 // Spar results UI: the live progress of a batch run.  A batch page that is still running
-// names its progress URL (data-progress-url); poll it every second, update the counters,
-// the bar and each run's row, and reload the page once the batch is over (for its final
-// state and judge trust).  Text only (textContent): nothing received is parsed as HTML.
+// names its progress URL (data-progress-url); poll it every second, update the badge, the
+// counters, the bar and each run's row (status, turns passed, when it ended), and reload
+// the page once the batch is over (for its final state, its runs in order and its judge
+// trust).  Text only (textContent): nothing received is parsed as HTML.
 "use strict";
 
 (function () {
@@ -14,14 +15,22 @@
     if (element) element.textContent = String(value);
   }
 
-  function setStatus(element, status) {
+  function setStatus(element, status, tone) {
     if (!element) return;
     element.textContent = status;
-    element.className = "status status-" + status;
+    element.className = "status status-" + (tone || status);
   }
 
-  function show(batch) {
-    setStatus(section.querySelector('[data-field="status"]'), batch.status);
+  // As the server writes a moment (the pages' "when" filter): 2025-01-31 13:45:07 UTC.
+  function when(moment) {
+    if (!moment) return "\u2014";
+    const date = new Date(moment);
+    if (Number.isNaN(date.getTime())) return String(moment);
+    return date.toISOString().slice(0, 19).replace("T", " ") + " UTC";
+  }
+
+  function show(batch, badge) {
+    setStatus(section.querySelector('[data-field="status"]'), badge.text, badge.tone);
     setText(document.getElementById("completed"), batch.completed_scenarios);
     setText(document.getElementById("total"), batch.total_scenarios);
     setText(document.getElementById("passed"), batch.passed_scenarios);
@@ -39,6 +48,7 @@
       if (!row) continue;
       setStatus(row.querySelector('[data-field="status"]'), run.status);
       setText(row.querySelector('[data-field="passed_turns"]'), run.passed_turns);
+      setText(row.querySelector('[data-field="completed_at"]'), when(run.completed_at));
     }
   }
 
@@ -61,7 +71,7 @@
       window.setTimeout(poll, POLL_MS); // the server is unreachable for now: try again
       return;
     }
-    show(body.batch);
+    show(body.batch, body.badge);
     if (body.over) {
       window.location.reload();
       return;

@@ -5,7 +5,17 @@ from __future__ import annotations
 import uuid
 from datetime import datetime
 
-from sqlalchemy import BigInteger, Boolean, ForeignKey, Index, String, Text, UniqueConstraint, text
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    ForeignKey,
+    Index,
+    String,
+    Text,
+    UniqueConstraint,
+    false,
+    text,
+)
 from sqlalchemy.orm import Mapped, mapped_column, relationship
 
 from shared.db.base import Base, IdMixin, JSONType, TimestampMixin, utcnow
@@ -38,6 +48,9 @@ class UserToken(IdMixin, Base):
     expires_at: Mapped[datetime]
     revoked_at: Mapped[datetime | None]
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    # A session the results UI made for one browser (signing that browser out revokes it);
+    # false for the tokens login and register answer.
+    browser_session: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
 
 
 class Organization(IdMixin, TimestampMixin, Base):

@@ -8,6 +8,7 @@ from typing import Any
 
 from sqlalchemy import (
     Boolean,
+    CheckConstraint,
     ForeignKey,
     Index,
     Integer,
@@ -104,6 +105,7 @@ class ScenarioRun(IdMixin, TimestampMixin, Base):
         ),
         one_of("status", RunStatus),
         not_negative("attempts"),
+        CheckConstraint("status = 'error' OR error_turn IS NULL", name="error_turn_of_error"),
     )
 
     organization_id: Mapped[uuid.UUID] = mapped_column(
@@ -117,6 +119,9 @@ class ScenarioRun(IdMixin, TimestampMixin, Base):
     session_id: Mapped[str | None] = mapped_column(String(64))
     cost_summary: Mapped[dict[str, Any]] = mapped_column(JSONType, default=dict)
     error_message: Mapped[str | None] = mapped_column(Text)
+    # A run that ended in error on a turn: the turn, its message and any reply
+    # (shared.scenarios.records.ErrorTurn); never committed as a turn result.
+    error_turn: Mapped[dict[str, Any] | None] = mapped_column(JSONType)
     snapshot: Mapped[dict[str, Any]] = mapped_column(JSONType, default=dict)
     created_by_user_id: Mapped[uuid.UUID | None] = mapped_column(
         ForeignKey("users.id", ondelete="SET NULL")
