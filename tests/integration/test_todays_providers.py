@@ -27,6 +27,7 @@ import pytest
 from litestar import Litestar
 from litestar.testing import AsyncTestClient
 
+from api.ui.session import COOKIE
 from shared.llm.clients import chat
 from shared.llm.judge import VERDICT_SCHEMA, JudgeError, judge
 from shared.outbound import configuration
@@ -592,3 +593,10 @@ async def test_a_refusing_llm_agent_records_its_refusal_as_the_reply(
         True,
     )
     assert (answered["refusal"], answered["passed"]) == (False, True)
+
+    # The results page marks the refusal, on the turn that was refused only.
+    page = await client.get(f"/ui/orgs/{t.id}/runs/{run['id']}", cookies={COOKIE: t.owner.token})
+    assert page.status_code == 200, page.text
+    first, second = page.text.split('data-turn="1"')
+    assert "data-refusal" in first and "help with that request." in first
+    assert "data-refusal" not in second
