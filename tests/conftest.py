@@ -24,7 +24,7 @@ import msgspec
 import pytest
 from litestar import Litestar
 from litestar.testing import AsyncTestClient
-from sqlalchemy import make_url, text
+from sqlalchemy import make_url
 
 from api.app import create_app
 from shared.db.direct import close_direct_pool
@@ -132,14 +132,19 @@ async def _clean_login_throttle(request: pytest.FixtureRequest) -> AsyncIterator
 
 @pytest.fixture(autouse=True)
 async def _clean_database(request: pytest.FixtureRequest) -> AsyncIterator[None]:
-    """Empty every table after each test that touched the database."""
+    """Empty every table after each test that touched the database.
+
+    ``DELETE``, children first, rather than ``TRUNCATE``: a test leaves a few rows, which
+    ``DELETE`` removes in about 3 ms, where ``TRUNCATE`` makes new files for every table
+    and index (about 50 ms on an idle machine, once per test).  No table has a sequence to
+    restart."""
     yield
     if "client" not in request.fixturenames and "db" not in request.fixturenames:
         return
     app: Litestar = request.getfixturevalue("app")
-    tables = ", ".join(f'"{t.name}"' for t in Base.metadata.sorted_tables)
     async with app.state.database.engine.begin() as conn:
-        await conn.execute(text(f"TRUNCATE {tables} RESTART IDENTITY CASCADE"))
+        for table in reversed(Base.metadata.sorted_tables):
+            await conn.execute(table.delete())
 
 
 @pytest.fixture

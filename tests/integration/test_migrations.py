@@ -25,15 +25,30 @@ def test_migrated_schema_matches_the_models(database_url):
     assert diff == []
 
 
-@pytest.fixture
-def empty_database_url(database_url: str) -> Iterator[str]:
-    """A database of its own, with no schema yet, beside the suite's."""
+@pytest.fixture(scope="module")
+def migrations_database_url(database_url: str) -> Iterator[str]:
+    """A database of this module's own beside the suite's, made and dropped once (a drop
+    waits for a checkpoint: seconds on a loaded machine)."""
     url = make_url(database_url)
     fresh = url.set(database=f"{url.database}_migrations").render_as_string(hide_password=False)
     drop = 'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'
     admin_sql(fresh, drop, 'CREATE DATABASE "{name}"')
     yield fresh
     admin_sql(fresh, drop)
+
+
+@pytest.fixture
+def empty_database_url(migrations_database_url: str) -> str:
+    """That database with no schema yet: its ``public`` schema (every table, type and
+    Alembic's version of an earlier test) made anew."""
+    engine = create_engine(migrations_database_url)
+    try:
+        with engine.begin() as connection:
+            connection.execute(text("DROP SCHEMA public CASCADE"))
+            connection.execute(text("CREATE SCHEMA public"))
+    finally:
+        engine.dispose()
+    return migrations_database_url
 
 
 def test_the_window_counter_is_backfilled_from_the_runs_handed_out(empty_database_url):
