@@ -595,7 +595,9 @@ async def test_a_refusing_llm_agent_records_its_refusal_as_the_reply(
     assert (answered["refusal"], answered["passed"]) == (False, True)
 
     # The results page marks the refusal, on the turn that was refused only.
-    page = await client.get(f"/ui/orgs/{t.id}/runs/{run['id']}", cookies={COOKIE: t.owner.token})
+    page = await client.get(
+        f"/ui/orgs/{t.id}/runs/{run['id']}", headers={"Cookie": f"{COOKIE}={t.owner.token}"}
+    )
     assert page.status_code == 200, page.text
     first, second = page.text.split('data-turn="1"')
     assert "data-refusal" in first and "help with that request." in first
