@@ -1,5 +1,6 @@
 """The benchmark's loopback fakes: Spar's agent protocol and OpenAI chat completions, each
-answering after a fixed latency, in an asyncio process of their own.
+answering after a fixed latency, in an asyncio process of their own; the judge optionally
+behind a token bucket that answers 429 with a Retry-After past its rate.
 
 They stand for services on other machines, so they must cost the machine under test as
 little as possible and keep their latency exact: one event loop, ``asyncio.sleep`` for
@@ -7,7 +8,7 @@ the latency, and a minimal HTTP/1.1 server (keep-alive, ``Content-Length`` bodie
 Spar's client sends) written on asyncio's protocol layer — a framework's routing and
 request objects would take a good share of a CPU that the benchmark is measuring Spar on.
 
-Run by ``bench/batch.py``; on its own::
+Run by ``bench/batch.py`` and ``bench/ratelimit.py``; on its own::
 
     python bench/fakes.py   # prints {"agent": <port>, "judge": <port>} once listening
 
@@ -15,7 +16,12 @@ Run by ``bench/batch.py``; on its own::
 * ``POST http://127.0.0.1:<judge>/v1/chat/completions`` — a chat completion whose content
   is a PASS verdict, as the judge asks;
 * ``POST http://127.0.0.1:<judge>/_latency`` ``{"agent_s", "judge_s"}`` sets the latency;
-* ``GET http://127.0.0.1:<judge>/_stats`` answers the requests served so far.
+* ``POST http://127.0.0.1:<judge>/_limit`` ``{"rate", "burst", "retry_after"}`` puts the
+  judge's chat completions behind a token bucket (:class:`TokenBucket`): ``rate`` requests
+  a second, bursts of ``burst``; past it a 429 at once, its wait in the form
+  ``retry_after`` names (:data:`RETRY_AFTER_FORMS`); ``{"rate": null}`` lifts it;
+* ``GET http://127.0.0.1:<judge>/_stats`` answers the requests served so far, the judge's
+  429s and the peak of its concurrent calls (admitted and not yet answered).
 """
 
 from __future__ import annotations
@@ -23,21 +29,70 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import math
 import time
 from collections.abc import Callable
+from email.utils import formatdate
 from typing import Any
+
+# status, body, latency in seconds, and any headers of the answer
+Reply = tuple[int, Any, float] | tuple[int, Any, float, dict[str, str]]
+Handler = Callable[[str, str, Any], Reply]
 
 VERDICT = json.dumps({"verdict": "PASS", "critique": "fine", "evidence": "ok"})
 _ids = itertools.count(1)
+
+
+# How a 429 says when to come back: ``Retry-After`` in whole seconds (RFC 9110), as an
+# HTTP date (whole seconds too), or OpenAI's ``retry-after-ms`` alone.
+RETRY_AFTER_FORMS = ("seconds", "http-date", "ms")
+
+
+class TokenBucket:
+    """``rate`` tokens a second, at most ``burst`` held; a request takes one or is refused
+    with the seconds until the next one."""
+
+    def __init__(self, rate: float, burst: int) -> None:
+        self.rate, self.burst = rate, burst
+        self._tokens = float(burst)
+        self._at = time.monotonic()
+
+    def take(self) -> float:
+        """0 if a token was taken, else the wait in seconds until one is there."""
+        now = time.monotonic()
+        self._tokens = min(self.burst, self._tokens + (now - self._at) * self.rate)
+        self._at = now
+        if self._tokens >= 1:
+            self._tokens -= 1
+            return 0.0
+        return (1 - self._tokens) / self.rate
+
+
+def retry_after(wait_s: float, form: str) -> dict[str, str]:
+    """The header a 429 carries for a wait of ``wait_s``, rounded up to the form's unit."""
+    if form == "ms":
+        return {"retry-after-ms": str(math.ceil(wait_s * 1000))}
+    if form == "http-date":
+        return {"Retry-After": formatdate(math.ceil(time.time() + wait_s), usegmt=True)}
+    return {"Retry-After": str(max(1, math.ceil(wait_s)))}
 
 
 class State:
     agent_s = 0.0
     judge_s = 0.0
     served = {"agent": 0, "judge": 0}
+    bucket: TokenBucket | None = None
+    retry_after = "seconds"
+    refused = 0  # the judge's 429s
+    in_flight = 0  # judge calls admitted and not yet answered
+    peak = 0
 
 
-def agent(method: str, path: str, body: Any) -> tuple[int, Any, float]:
+def _judge_done() -> None:
+    State.in_flight -= 1
+
+
+def agent(method: str, path: str, body: Any) -> Reply:
     if method != "POST" or not isinstance(body, dict) or "message" not in body:
         return 400, {"error": "expected a spar agent request"}, 0.0
     State.served["agent"] += 1
@@ -48,15 +103,34 @@ def agent(method: str, path: str, body: Any) -> tuple[int, Any, float]:
     return 200, reply, State.agent_s
 
 
-def judge(method: str, path: str, body: Any) -> tuple[int, Any, float]:
+def judge(method: str, path: str, body: Any) -> Reply:
     if method == "POST" and path == "/_latency":
         State.agent_s, State.judge_s = float(body["agent_s"]), float(body["judge_s"])
         return 200, {"agent_s": State.agent_s, "judge_s": State.judge_s}, 0.0
+    if method == "POST" and path == "/_limit":
+        rate = body.get("rate")
+        State.bucket = TokenBucket(float(rate), int(body.get("burst", 1))) if rate else None
+        State.retry_after = str(body.get("retry_after", "seconds"))
+        State.refused, State.peak = 0, State.in_flight
+        return 200, {"rate": rate, "retry_after": State.retry_after}, 0.0
     if method == "GET" and path == "/_stats":
-        return 200, State.served, 0.0
+        return 200, {**State.served, "judge_429": State.refused, "judge_peak": State.peak}, 0.0
     if method != "POST" or not path.endswith("/chat/completions") or not isinstance(body, dict):
         return 404, {"error": {"message": f"no route {method} {path}"}}, 0.0
+    if State.bucket is not None and (wait := State.bucket.take()):
+        State.refused += 1
+        refusal = {
+            "error": {
+                "message": "Rate limit reached for requests",
+                "type": "requests",
+                "code": "rate_limit_exceeded",
+            }
+        }
+        return 429, refusal, 0.0, retry_after(wait, State.retry_after)
     State.served["judge"] += 1
+    State.in_flight += 1
+    State.peak = max(State.peak, State.in_flight)
+    asyncio.get_running_loop().call_later(State.judge_s, _judge_done)
     completion = {
         "id": f"chatcmpl-bench{next(_ids)}",
         "object": "chat.completion",
@@ -74,8 +148,7 @@ def judge(method: str, path: str, body: Any) -> tuple[int, Any, float]:
     return 200, completion, State.judge_s
 
 
-Handler = Callable[[str, str, Any], tuple[int, Any, float]]
-_REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found"}
+_REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 429: "Too Many Requests"}
 
 
 class _HTTP(asyncio.Protocol):
@@ -119,10 +192,11 @@ class _HTTP(asyncio.Protocol):
             body = json.loads(raw) if raw else None
         except ValueError:
             body = None
-        status, payload, delay = self._handler(method, path, body)
+        status, payload, delay, *headers = self._handler(method, path, body)
         content = json.dumps(payload).encode()
+        extra = "".join(f"{name}: {value}\r\n" for name, value in (headers or [{}])[0].items())
         response = (
-            f"HTTP/1.1 {status} {_REASONS.get(status, 'Error')}\r\n"
+            f"HTTP/1.1 {status} {_REASONS.get(status, 'Error')}\r\n{extra}"
             f"Content-Type: application/json\r\nContent-Length: {len(content)}\r\n\r\n"
         ).encode() + content
         loop = asyncio.get_running_loop()

@@ -6,7 +6,7 @@
   logs in a temporary directory (their tails printed if the benchmark fails), and an
   owner with an organization made over REST;
 * :func:`loopback_fakes`: the agent and judge fakes of ``bench/fakes.py`` in a process of
-  their own, with their latency under control;
+  their own, with their latency (and the judge's rate limit) under control;
 * :func:`percentiles` of timed samples, and the small REST and database helpers.
 
 A benchmark is run as a script (``python bench/X.py``): it puts the repository root on
@@ -226,7 +226,7 @@ def wait_for_workers(redis_url: str, count: int, timeout_s: float) -> None:
 
 class Fakes:
     """``bench/fakes.py`` in a process of its own: the agent's and the judge's URLs, and
-    control over their latency."""
+    control over their latency and the judge's rate limit."""
 
     def __init__(self) -> None:
         self._process = subprocess.Popen(
@@ -243,6 +243,13 @@ class Fakes:
 
     def set_latency(self, agent_s: float, judge_s: float) -> None:
         httpx.post(f"{self.judge_url}/_latency", json={"agent_s": agent_s, "judge_s": judge_s})
+
+    def set_limit(self, rate: float | None, burst: int = 1, retry_after: str = "seconds") -> None:
+        """The judge behind a token bucket of ``rate`` requests a second (``None``: none)."""
+        httpx.post(
+            f"{self.judge_url}/_limit",
+            json={"rate": rate, "burst": burst, "retry_after": retry_after},
+        ).raise_for_status()
 
     def served(self) -> dict[str, int]:
         return httpx.get(f"{self.judge_url}/_stats").json()
