@@ -17,15 +17,14 @@ organization of a profile.
 
 from __future__ import annotations
 
-import json
 import os
-import re
 import tempfile
 import tomllib
 from pathlib import Path
 from typing import Any
 
 import click
+import tomli_w
 
 from client.api import Target, UsageProblem
 
@@ -109,9 +108,7 @@ def save_profile(name: str, **fields: str | None) -> Path:
             profile.pop(key, None)
         else:
             profile[key] = value
-    text = _toml(document)
-    if tomllib.loads(text) != document:  # a value this writer cannot spell: touch nothing
-        raise UsageProblem(f"{path}: cannot rewrite this file; edit it by hand")
+    text = tomli_w.dumps(document)
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=".config-", suffix=".toml")
     try:
@@ -122,40 +119,3 @@ def save_profile(name: str, **fields: str | None) -> Path:
         Path(temporary).unlink(missing_ok=True)
         raise
     return path
-
-
-# --- a TOML writer for what the file holds: tables of strings, numbers and booleans -------------
-
-_BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
-
-
-def _key(key: str) -> str:
-    return key if _BARE_KEY.fullmatch(key) else _string(key)
-
-
-def _string(value: str) -> str:
-    # A JSON string with only ASCII is a TOML basic string, once DEL is escaped too.
-    return json.dumps(value).replace("\x7f", "\\u007f")
-
-
-def _value(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int | float):
-        return repr(value)
-    if isinstance(value, str):
-        return _string(value)
-    if isinstance(value, list):
-        return "[" + ", ".join(_value(item) for item in value) + "]"
-    return _string(str(value))  # anything else: caught by the round trip in save_profile
-
-
-def _toml(document: dict[str, Any], prefix: tuple[str, ...] = ()) -> str:
-    scalars = [(k, v) for k, v in document.items() if not isinstance(v, dict)]
-    tables = [(k, v) for k, v in document.items() if isinstance(v, dict)]
-    lines = [f"[{'.'.join(map(_key, prefix))}]"] if prefix and (scalars or not tables) else []
-    lines += [f"{_key(k)} = {_value(v)}" for k, v in scalars]
-    text = "\n".join(lines) + ("\n\n" if lines else "")
-    for key, table in tables:
-        text += _toml(table, (*prefix, key))
-    return text
