@@ -192,15 +192,6 @@ OUTBOUND_RATE_LIMITED = Counter(
 )
 
 
-def start_outbound_limits(max_concurrency: int) -> None:
-    """Show every destination kind from the start: the limit at its start value, no call
-    waiting, no refusal counted."""
-    for kind in LIMIT_KINDS:
-        OUTBOUND_LIMIT.labels(kind).set(max_concurrency)
-        OUTBOUND_WAITING.labels(kind).inc(0)
-        OUTBOUND_RATE_LIMITED.labels(kind).inc(0)
-
-
 # What the run engine records wherever it runs: the workers (and ``spar dev``) export them.
 RUN_ENGINE: tuple[MetricWrapperBase, ...] = (
     RUNS_IN_FLIGHT,

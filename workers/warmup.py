@@ -19,7 +19,6 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from shared.batches.window import dispatch_committed
 from shared.db.engine import Database
 from shared.errors import NotFound
-from shared.metrics import start_outbound_limits
 from shared.outbound import configuration as outbound
 from shared.runtime import Runtime
 from shared.scenarios import sandbox, store
@@ -33,7 +32,6 @@ async def warm_up(runtime: Runtime) -> None:
     await sandbox.warm_up()  # a renderer for message templates, started in this loop
     runtime.http  # noqa: B018 - the process's egress session, made in this loop
     runtime.limiter  # noqa: B018 - and its outbound limiter
-    start_outbound_limits(runtime.settings.outbound_max_concurrency)
 
 
 async def _open_engine_pool(engine: AsyncEngine, size: int) -> None:

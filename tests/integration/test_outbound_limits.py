@@ -184,6 +184,7 @@ async def test_runs_under_a_token_bucket_judge_end_without_error(
     assert judge.refused > 0
     assert set(judge.forms) == set(FORMS), judge.forms
     assert rate_limited_count("judge") - refused_before == judge.refused
+    assert metrics.OUTBOUND_WAITING.labels("judge")._value.get() == 0  # none left waiting
 
 
 async def test_a_provider_refusing_past_the_wait_ends_the_run_in_error_naming_it(
