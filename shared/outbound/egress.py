@@ -189,7 +189,7 @@ class ProviderConfig:
 # --- addresses -------------------------------------------------------------------------------
 
 
-def _normalize_host(host: str) -> str:
+def normalize_host(host: str) -> str:
     host = host.strip("[]").lower().rstrip(".")
     try:
         return str(ipaddress.ip_address(host))
@@ -573,7 +573,7 @@ class EgressClient:
             raise EgressError(f"not an absolute http(s) URL: {url!r}")
         if parts.username or parts.password:
             raise EgressError("URLs with user info are refused")
-        host = _normalize_host(parts.hostname)
+        host = normalize_host(parts.hostname)
         port = parts.port or (443 if parts.scheme == "https" else 80)
         rule = self.policy.rule_for(host)
         if rule is None:

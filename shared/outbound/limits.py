@@ -20,6 +20,9 @@ Two implementations of one interface (:class:`DestinationLimiter`): :class:`Redi
 (every worker process shares the limits, each step one atomic Lua script) and
 :class:`LocalLimiter` (one process: ``spar dev``'s in-memory broker, no Redis).  Which one
 is chosen where the runtime is built (:func:`limiter_for`), never by callers.
+:meth:`DestinationLimiter.held_back` tells which of some destinations is refusing now (a
+hold in force, or a refusal in the last :data:`RECENT_S`) and since when: a batch's
+detail shows it.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ from shared.settings import Settings
 KINDS = metrics.LIMIT_KINDS  # agent, judge, simulator
 THROTTLE_STATUSES = frozenset({429, 503, 529})
 DEFAULT_HOLD_S = 1.0  # a refusal that names no wait holds its destination this long
+RECENT_S = 30.0  # a destination that refused this recently is holding its callers back
 IDLE_S = 3600.0  # a destination's state untouched this long is forgotten (back to the start)
 POLL_S = 0.05  # how often a call waiting for a full destination looks again
 KEY_PREFIX = "spar:outbound:"
@@ -137,8 +141,24 @@ class DestinationLimiter:
         limit = await self._settle(lease, outcome, hold_s)
         metrics.OUTBOUND_LIMIT.labels(lease.destination.kind).set(limit)
 
+    async def held_back(self, destinations: list[Destination]) -> tuple[Destination, float] | None:
+        """Of ``destinations``, the one refusing for the longest now, and since when
+        (epoch seconds: the first refusal after a quiet spell of :data:`RECENT_S`)."""
+        now = _now_ms()
+        found: tuple[Destination, float] | None = None
+        for destination in destinations:
+            since, refused, hold = await self._refusals(destination)
+            refusing = since and (hold > now or now - refused <= _ms(RECENT_S))
+            if refusing and (found is None or since / 1000 < found[1]):
+                found = (destination, since / 1000)
+        return found
+
     async def close(self) -> None:
         return None
+
+    async def _refusals(self, destination: Destination) -> tuple[int, int, int]:
+        """(streak started, last refusal, hold until), epoch ms, 0 when none."""
+        raise NotImplementedError
 
     async def _try(self, destination: Destination, token: str) -> _Tried:
         raise NotImplementedError
@@ -169,7 +189,8 @@ end
 return {0, 0, tostring(limit), now}
 """
 
-# ARGV: token, outcome (ok / throttled / other), hold_ms, acquired_ms, max, idle_ms -> limit
+# ARGV: token, outcome (ok / throttled / other), hold_ms, acquired_ms, max, idle_ms,
+# recent_ms -> limit
 _RELEASE = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -181,6 +202,10 @@ if ARGV[2] == 'throttled' then
     limit = math.max(1, math.floor(limit / 2))
     redis.call('HSET', KEYS[1], 'cut', now)
   end
+  if now - tonumber(redis.call('HGET', KEYS[1], 'refused') or '0') > tonumber(ARGV[7]) then
+    redis.call('HSET', KEYS[1], 'since', now)
+  end
+  redis.call('HSET', KEYS[1], 'refused', now)
   local hold = tonumber(redis.call('HGET', KEYS[1], 'hold') or '0')
   redis.call('HSET', KEYS[1], 'hold', math.max(hold, now + tonumber(ARGV[3])))
 elseif ARGV[2] == 'ok' then
@@ -224,9 +249,15 @@ class RedisLimiter(DestinationLimiter):
                 lease.acquired_ms,
                 self.max_concurrency,
                 _ms(IDLE_S),
+                _ms(RECENT_S),
             ],
         )
         return float(limit)
+
+    async def _refusals(self, destination: Destination) -> tuple[int, int, int]:
+        values = await self._redis.hmget(destination.key, ["since", "refused", "hold"])
+        since, refused, hold = (int(float(v)) if v else 0 for v in values)
+        return since, refused, hold
 
     async def close(self) -> None:
         await self._redis.aclose()
@@ -240,17 +271,23 @@ class _State:
     limit: float
     hold_ms: int = 0
     cut_ms: int = 0
+    since_ms: int = 0
+    refused_ms: int = 0
     holders: dict[str, int] = field(default_factory=dict)  # token -> lease end
     touched_ms: int = 0
 
 
+_PROCESS_STATES: dict[str, _State] = {}
+
+
 class LocalLimiter(DestinationLimiter):
-    """The same rule in one process (``spar dev``): state in a dict, steps run in one event
-    loop without awaiting, so each is atomic."""
+    """The same rule in one process (``spar dev``): the process's states in a dict (the
+    API's limiter reads what the in-process workers' wrote), each step run without
+    awaiting, so atomic in its event loop."""
 
     def __init__(self, **kwargs: float) -> None:
         super().__init__(**kwargs)  # type: ignore[arg-type]
-        self._states: dict[str, _State] = {}
+        self._states = _PROCESS_STATES
 
     def _state(self, destination: Destination, now: int) -> _State:
         state = self._states.get(destination.key)
@@ -277,6 +314,9 @@ class LocalLimiter(DestinationLimiter):
         state = self._state(lease.destination, now)
         state.holders.pop(lease.token, None)
         if outcome == "throttled":
+            if now - state.refused_ms > _ms(RECENT_S):
+                state.since_ms = now
+            state.refused_ms = now
             if lease.acquired_ms > state.cut_ms:
                 state.limit = max(1, math.floor(state.limit / 2))
                 state.cut_ms = now
@@ -284,6 +324,12 @@ class LocalLimiter(DestinationLimiter):
         elif outcome == "ok":
             state.limit = min(self.max_concurrency, state.limit + 1 / state.limit)
         return state.limit
+
+    async def _refusals(self, destination: Destination) -> tuple[int, int, int]:
+        state = self._states.get(destination.key)
+        if state is None:
+            return 0, 0, 0
+        return state.since_ms, state.refused_ms, state.hold_ms
 
 
 def _now_ms() -> int:

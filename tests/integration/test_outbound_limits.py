@@ -7,13 +7,17 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Iterator
+from datetime import UTC, datetime
 from uuid import UUID, uuid4
 
 import pytest
 from litestar import Litestar
 from litestar.testing import AsyncTestClient
+from rich.console import Console
 
+from client.reports import progress_bar
 from shared import metrics
+from shared.batches.schemas import BatchRunRead, BatchStatus, RateLimitedRead
 from shared.outbound.egress import DomainRule, EgressClient, EgressPolicy
 from shared.outbound.limits import (
     Destination,
@@ -24,6 +28,7 @@ from shared.outbound.limits import (
 )
 from shared.scenarios.runner import execute_run
 from shared.settings import Settings
+from tests.support.batches import create_batch, get_batch, make_scenario, make_world
 from tests.support.factories import tenant
 from tests.support.fakes import FakeAgent, FakeServer, Reply
 from tests.support.ratelimited import FORMS, TokenBucketOpenAI
@@ -255,3 +260,65 @@ async def test_a_call_held_past_the_wait_raises_rate_limited(
             await asyncio.wait_for(made.acquire(where, refused_since=None), 2)
     finally:
         await made.close()
+
+
+# --- visible: the batch detail and `spar batch run` ---------------------------------------------
+
+
+async def test_the_batch_detail_names_the_destination_holding_it_back(
+    client: AsyncTestClient, settings: Settings, agent: FakeAgent
+) -> None:
+    """While a running batch's agent host refuses (as a worker records it in Redis), the
+    detail says which destination and since when; another organization's batch of an agent
+    on the same host is not held back by it."""
+    w = await make_world(client, agent)
+    other = await make_world(client, agent)
+    mine = await make_scenario(client, w)
+    theirs = await make_scenario(client, other)
+    batch = await create_batch(client, w, scenario_ids=[mine["id"]])
+    others = await create_batch(client, other, scenario_ids=[theirs["id"]])
+    assert (await get_batch(client, w, batch["id"]))["rate_limited"] is None
+
+    worker_limiter = make_limiter("redis", settings, max_concurrency=8)
+    try:
+        where = Destination(str(w.t.id), "agent", "127.0.0.1")
+        lease = await worker_limiter.acquire(where, refused_since=None)
+        await worker_limiter.release(lease, status=429, retry_after_s=5)
+    finally:
+        await worker_limiter.close()
+
+    limited = (await get_batch(client, w, batch["id"]))["rate_limited"]
+    assert limited is not None
+    assert (limited["destination"], limited["kind"]) == ("127.0.0.1", "agent")
+    since = datetime.fromisoformat(limited["since"])
+    assert abs((datetime.now(UTC) - since).total_seconds()) < 5
+    assert (await get_batch(client, other, others["id"]))["rate_limited"] is None
+    listed = await client.get(f"{w.batches}/", headers=w.headers)
+    assert "rate_limited" not in listed.json()["batch_runs"][0]  # the detail's only
+
+
+def test_spar_batch_run_says_which_rate_limit_holds_the_batch_back() -> None:
+    now = datetime.now(UTC)
+    batch = BatchRunRead(
+        id=uuid4(),
+        organization_id=uuid4(),
+        agent_id=uuid4(),
+        agent_name="bot",
+        status=BatchStatus.RUNNING,
+        total_scenarios=4,
+        completed_scenarios=1,
+        passed_scenarios=1,
+        failed_scenarios=0,
+        error_scenarios=0,
+        max_concurrency=4,
+        started_at=now,
+        completed_at=None,
+        created_at=now,
+        updated_at=now,
+        rate_limited=RateLimitedRead(destination="api.openai.com", kind="judge", since=now),
+    )
+    console = Console(record=True, width=200, force_terminal=False)
+    with progress_bar(console, 4) as show:
+        show(batch)
+    text = console.export_text()
+    assert "held back by the rate limit of api.openai.com (judge calls) since" in text, text
