@@ -28,6 +28,7 @@ detail shows it.
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 import random
 import time
@@ -35,6 +36,7 @@ import uuid
 from dataclasses import dataclass, field
 
 import redis.asyncio as aioredis
+from redis.exceptions import RedisError
 
 from shared import metrics
 from shared.settings import Settings
@@ -46,6 +48,8 @@ RECENT_S = 30.0  # a destination that refused this recently is holding its calle
 IDLE_S = 3600.0  # a destination's state untouched this long is forgotten (back to the start)
 POLL_S = 0.05  # how often a call waiting for a full destination looks again
 KEY_PREFIX = "spar:outbound:"
+
+log = logging.getLogger("spar.outbound")
 
 
 @dataclass(frozen=True, slots=True)
@@ -233,13 +237,26 @@ class RedisLimiter(DestinationLimiter):
         return [destination.key, destination.key + ":holders"]
 
     async def _try(self, destination: Destination, token: str) -> _Tried:
-        granted, wait_ms, limit, now = await self._acquire(
-            self._keys(destination),
-            [token, _ms(self.lease_s), self.max_concurrency, _ms(IDLE_S)],
-        )
+        try:
+            granted, wait_ms, limit, now = await self._acquire(
+                self._keys(destination),
+                [token, _ms(self.lease_s), self.max_concurrency, _ms(IDLE_S)],
+            )
+        except RedisError:
+            # Redis away: the call goes, unlimited, rather than fail (logged); the limits
+            # start again from the top once it is back (docs/operations.md).
+            log.warning("outbound limits unavailable (Redis): calling unlimited", exc_info=True)
+            return _Tried(True, 0.0, float(self.max_concurrency), _now_ms())
         return _Tried(bool(granted), int(wait_ms) / 1000, float(limit), int(now))
 
     async def _settle(self, lease: Lease, outcome: str, hold_s: float) -> float:
+        try:
+            return await self._settle_in_redis(lease, outcome, hold_s)
+        except RedisError:  # the slot's lease ends it
+            log.warning("outbound limits unavailable (Redis): slot not released", exc_info=True)
+            return float(self.max_concurrency)
+
+    async def _settle_in_redis(self, lease: Lease, outcome: str, hold_s: float) -> float:
         limit = await self._release(
             self._keys(lease.destination),
             [
@@ -255,7 +272,11 @@ class RedisLimiter(DestinationLimiter):
         return float(limit)
 
     async def _refusals(self, destination: Destination) -> tuple[int, int, int]:
-        values = await self._redis.hmget(destination.key, ["since", "refused", "hold"])
+        try:
+            values = await self._redis.hmget(destination.key, ["since", "refused", "hold"])
+        except RedisError:  # a batch's detail still answers, without it
+            log.warning("outbound limits unavailable (Redis)", exc_info=True)
+            return 0, 0, 0
         since, refused, hold = (int(float(v)) if v else 0 for v in values)
         return since, refused, hold
 

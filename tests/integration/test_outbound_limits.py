@@ -31,6 +31,7 @@ from shared.settings import Settings
 from tests.support.batches import create_batch, get_batch, make_scenario, make_world
 from tests.support.factories import tenant
 from tests.support.fakes import FakeAgent, FakeServer, Reply
+from tests.support.processes import free_port
 from tests.support.ratelimited import FORMS, TokenBucketOpenAI
 from tests.support.scenario_setup import (
     create_scenario,
@@ -322,3 +323,17 @@ def test_spar_batch_run_says_which_rate_limit_holds_the_batch_back() -> None:
         show(batch)
     text = console.export_text()
     assert "held back by the rate limit of api.openai.com (judge calls) since" in text, text
+
+
+async def test_without_redis_calls_go_out_unlimited_rather_than_fail() -> None:
+    unreachable = RedisLimiter(
+        f"redis://127.0.0.1:{free_port()}/0", max_concurrency=1, wait_s=30.0, lease_s=30.0
+    )
+    try:
+        where = destination()
+        leases = [await unreachable.acquire(where, refused_since=None) for _ in range(3)]
+        for lease in leases:
+            await unreachable.release(lease, status=429, retry_after_s=30)
+        assert await unreachable.held_back([where]) is None
+    finally:
+        await unreachable.close()
