@@ -31,6 +31,7 @@ import asyncio
 import logging
 import math
 import random
+import threading
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -299,18 +300,24 @@ class _State:
 
 
 _PROCESS_STATES: dict[str, _State] = {}
+_PROCESS_LOCK = threading.Lock()  # the API's and the workers' event loops may differ
 
 
 class LocalLimiter(DestinationLimiter):
     """The same rule in one process (``spar dev``): the process's states in a dict (the
-    API's limiter reads what the in-process workers' wrote), each step run without
-    awaiting, so atomic in its event loop."""
+    API's limiter reads what the in-process workers' wrote), each step one critical
+    section that never awaits."""
 
     def __init__(self, **kwargs: float) -> None:
         super().__init__(**kwargs)  # type: ignore[arg-type]
         self._states = _PROCESS_STATES
 
+    _SWEEP_ABOVE = 10_000
+
     def _state(self, destination: Destination, now: int) -> _State:
+        if len(self._states) > self._SWEEP_ABOVE:  # forget the idle ones
+            for key in [k for k, v in self._states.items() if now - v.touched_ms > _ms(IDLE_S)]:
+                del self._states[key]
         state = self._states.get(destination.key)
         if state is None or now - state.touched_ms > _ms(IDLE_S):
             state = self._states[destination.key] = _State(limit=self.max_concurrency)
@@ -319,6 +326,10 @@ class LocalLimiter(DestinationLimiter):
         return state
 
     async def _try(self, destination: Destination, token: str) -> _Tried:
+        with _PROCESS_LOCK:
+            return self._try_now(destination, token)
+
+    def _try_now(self, destination: Destination, token: str) -> _Tried:
         now = _now_ms()
         state = self._state(destination, now)
         for holder in [t for t, end in state.holders.items() if end <= now]:
@@ -331,6 +342,10 @@ class LocalLimiter(DestinationLimiter):
         return _Tried(False, 0.0, state.limit, now)
 
     async def _settle(self, lease: Lease, outcome: str, hold_s: float) -> float:
+        with _PROCESS_LOCK:
+            return self._settle_now(lease, outcome, hold_s)
+
+    def _settle_now(self, lease: Lease, outcome: str, hold_s: float) -> float:
         now = _now_ms()
         state = self._state(lease.destination, now)
         state.holders.pop(lease.token, None)
@@ -347,10 +362,11 @@ class LocalLimiter(DestinationLimiter):
         return state.limit
 
     async def _refusals(self, destination: Destination) -> tuple[int, int, int]:
-        state = self._states.get(destination.key)
-        if state is None:
-            return 0, 0, 0
-        return state.since_ms, state.refused_ms, state.hold_ms
+        with _PROCESS_LOCK:
+            state = self._states.get(destination.key)
+            if state is None:
+                return 0, 0, 0
+            return state.since_ms, state.refused_ms, state.hold_ms
 
 
 def _now_ms() -> int:
