@@ -10,10 +10,13 @@ from collections.abc import AsyncIterator, Iterator
 from datetime import UTC, datetime
 from uuid import UUID, uuid4
 
+import msgspec
 import pytest
 from litestar import Litestar
 from litestar.testing import AsyncTestClient
 from rich.console import Console
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncSession
 
 from client.reports import progress_bar
 from shared import metrics
@@ -337,3 +340,35 @@ async def test_without_redis_calls_go_out_unlimited_rather_than_fail() -> None:
         assert await unreachable.held_back([where]) is None
     finally:
         await unreachable.close()
+
+
+async def test_a_run_waiting_for_its_destination_keeps_its_heartbeat(
+    client: AsyncTestClient, app: Litestar, settings: Settings, agent: FakeAgent, db: AsyncSession
+) -> None:
+    """Waiting is not death: while its judge holds it back, the run's heartbeat moves on
+    (every 0.5 s here), so the sweeper never takes it for a dead worker's."""
+    beating = msgspec.structs.replace(settings, run_heartbeat_timeout_s=3.0)
+    made_limiter = make_limiter("local", settings, max_concurrency=4)
+    with TokenBucketOpenAI(rate=1000, burst=1000) as judge:
+        judge.enqueue(*[Reply(status=429, headers={"retry-after-ms": "400"})] * 4)
+        t = await tenant(client)
+        made = await outbound_setup(client, t, agent.url, judge.url)
+        scenario = await create_scenario(client, t, turns=[turn("Hi", criterion("Polite?"))])
+        run = await start_run(client, t, scenario["id"], made.agent_id)
+        playing = asyncio.create_task(
+            execute_run(app.state.database, beating, UUID(run["id"]), limiter=made_limiter)
+        )
+        beats = set()
+        while not playing.done():
+            beat = await db.scalar(
+                text("SELECT heartbeat_at FROM scenario_runs WHERE id = :id"), {"id": run["id"]}
+            )
+            await db.commit()
+            if beat is not None:
+                beats.add(beat)
+            await asyncio.sleep(0.1)
+        await playing
+        ended = await get_run(client, t, run["id"])
+    assert ended["status"] == "passed", ended
+    assert len(judge.requests) == 5  # four refusals, then the answer
+    assert len(beats) >= 3, beats  # claimed, then beating while it waited
