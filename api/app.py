@@ -29,6 +29,7 @@ from api.ui.controllers import TEMPLATES, ui_assets, ui_router
 from shared.db.engine import Database, create_engine
 from shared.identity.throttle import LoginThrottle
 from shared.metrics import mark_process_dead
+from shared.outbound.limits import limiter_for
 from shared.queue import get_broker
 from shared.settings import Settings, get_settings
 
@@ -71,9 +72,12 @@ def create_app(settings: Settings | None = None) -> Litestar:
         app.state.database = Database(create_engine(settings))
         app.state.broker = get_broker(settings)
         app.state.login_throttle = LoginThrottle.from_settings(settings)
+        # What the batch detail reads of the outbound limits (the workers' write them).
+        app.state.limiter = limiter_for(settings)
 
     async def close_database(app: Litestar) -> None:
         await app.state.login_throttle.close()
+        await app.state.limiter.close()
         await app.state.database.dispose()
 
     app = Litestar(

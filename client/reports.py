@@ -22,12 +22,13 @@ from xml.etree import ElementTree as ET
 
 import msgspec
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from rich.text import Text
 
 from client.terminal import say
-from shared.batches.schemas import BatchRunRead
+from shared.batches.schemas import BatchRunRead, RateLimitedRead
 from shared.calibration.schemas import JudgeTrust
 
 # --- what a scenario's run came to ---------------------------------------------------------------
@@ -219,6 +220,13 @@ def progress_bar(console: Console, total: int) -> Iterator[Callable[[BatchRunRea
                 f"[green]{now.passed_scenarios} passed[/] [red]{now.failed_scenarios} "
                 f"failed[/] [magenta]{now.error_scenarios} error[/]"
             )
+            limited = now.rate_limited
+            if isinstance(limited, RateLimitedRead):  # the API says so while it lasts
+                since = limited.since.astimezone().strftime("%H:%M:%S")
+                tally += (
+                    f" [yellow]held back by the rate limit of {escape(limited.destination)} "
+                    f"({limited.kind} calls) since {since}[/]"
+                )
             progress.update(
                 task, completed=now.completed_scenarios, description=now.status, tally=tally
             )

@@ -10,6 +10,8 @@ queues read at scrape time in :mod:`api.metrics`, the workers' messages in
 * knowledge documents processed, by outcome;
 * units of work given up (:mod:`shared.work`);
 * agent and judge calls: latency and errors by kind and provider (:func:`observed_call`);
+* outbound limits (:mod:`shared.outbound.limits`): each destination kind's current limit,
+  the calls waiting for their destination, and the rate-limit refusals;
 * what a process exposes (:func:`exposition`), and its live gauges dropped as it exits.
 
 Labels never hold organization ids, raw paths, secrets or any other unbounded value.
@@ -167,6 +169,29 @@ def observed_call(
     return decorate
 
 
+# --- outbound limits (shared.outbound.limits) ----------------------------------------------
+
+LIMIT_KINDS = ("agent", "judge", "simulator")
+OUTBOUND_LIMIT = Gauge(
+    "spar_outbound_limit",
+    "The concurrency limit last seen for a destination of this kind (agent, judge, "
+    "simulator): SPAR_OUTBOUND_MAX_CONCURRENCY until a rate limit halves it.",
+    ["kind"],
+    multiprocess_mode="mostrecent",
+)
+OUTBOUND_WAITING = Gauge(
+    "spar_outbound_calls_waiting",
+    "Calls waiting for their destination (a full limit or a Retry-After hold), by kind.",
+    ["kind"],
+    multiprocess_mode="livesum",
+)
+OUTBOUND_RATE_LIMITED = Counter(
+    "spar_outbound_rate_limited_total",
+    "Answers 429, 503 or 529 that halved or held a destination's limit, by kind.",
+    ["kind"],
+)
+
+
 # What the run engine records wherever it runs: the workers (and ``spar dev``) export them.
 RUN_ENGINE: tuple[MetricWrapperBase, ...] = (
     RUNS_IN_FLIGHT,
@@ -175,6 +200,9 @@ RUN_ENGINE: tuple[MetricWrapperBase, ...] = (
     WORK_GIVEN_UP,
     OUTBOUND_DURATION,
     OUTBOUND_ERRORS,
+    OUTBOUND_LIMIT,
+    OUTBOUND_WAITING,
+    OUTBOUND_RATE_LIMITED,
 )
 
 

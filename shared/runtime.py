@@ -2,7 +2,8 @@
 
 Created lazily on first use, inside the process and event loop that uses them (never at
 import time in a parent that forks): settings, the database (:class:`shared.db.engine.Database`),
-and one pooled HTTP session for egress.
+one pooled HTTP session for egress, and the outbound limiter (:mod:`shared.outbound.limits`:
+Redis when ``SPAR_REDIS_URL`` is set, else in-process).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import aiohttp
 from shared.db.direct import direct_pool
 from shared.db.engine import Database, create_engine
 from shared.outbound.egress import new_http_session
+from shared.outbound.limits import DestinationLimiter, limiter_for
 from shared.settings import Settings, get_settings
 
 
@@ -22,6 +24,7 @@ class Runtime:
     settings: Settings
     database: Database
     _http: aiohttp.ClientSession | None = field(default=None, repr=False)
+    _limiter: DestinationLimiter | None = field(default=None, repr=False)
 
     @property
     def http(self) -> aiohttp.ClientSession:
@@ -29,6 +32,13 @@ class Runtime:
         if self._http is None:
             self._http = new_http_session()
         return self._http
+
+    @property
+    def limiter(self) -> DestinationLimiter:
+        """The process's outbound limiter, made on first use in the running event loop."""
+        if self._limiter is None:
+            self._limiter = limiter_for(self.settings)
+        return self._limiter
 
     async def warm_up(self, timeout_s: float = 30.0) -> None:
         """Open now what the first messages would otherwise wait for: the connections of the
@@ -40,6 +50,8 @@ class Runtime:
     async def close(self) -> None:
         if self._http is not None:
             await self._http.close()
+        if self._limiter is not None:
+            await self._limiter.close()
         await self.database.dispose()
 
 

@@ -41,6 +41,10 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     calibration_max_examples: int = 1000
     calibration_concurrency: int = 8
     egress_timeout_s: float = 60.0
+    # Outbound limits (shared.outbound.limits): each destination's concurrency starts at
+    # and never exceeds this; a call refused by rate limits this long ends in error.
+    outbound_max_concurrency: int = 100
+    rate_limit_wait_s: float = 600.0
     sweep_interval_s: float = 15.0
     # Work whose message made no progress for this long is sent again (a lost message)...
     run_stall_s: float = 300.0
@@ -134,6 +138,8 @@ _VARIABLES = {
     "SPAR_CALIBRATION_MAX_EXAMPLES": ("calibration_max_examples", _positive_int),
     "SPAR_CALIBRATION_CONCURRENCY": ("calibration_concurrency", _positive_int),
     "SPAR_EGRESS_TIMEOUT_S": ("egress_timeout_s", _positive_float),
+    "SPAR_OUTBOUND_MAX_CONCURRENCY": ("outbound_max_concurrency", _positive_int),
+    "SPAR_RATE_LIMIT_WAIT_S": ("rate_limit_wait_s", _positive_float),
     "SPAR_SWEEP_INTERVAL_S": ("sweep_interval_s", _positive_float),
     "SPAR_RUN_STALL_S": ("run_stall_s", _positive_float),
     "SPAR_RUN_HEARTBEAT_TIMEOUT_S": ("run_heartbeat_timeout_s", _positive_float),

@@ -27,7 +27,11 @@ from workers.broker import unit_actor
 async def calibrate(calibration_id: str) -> None:
     runtime = get_runtime()
     await judge_examples(
-        runtime.database, runtime.settings, UUID(calibration_id), http=runtime.http
+        runtime.database,
+        runtime.settings,
+        UUID(calibration_id),
+        http=runtime.http,
+        limiter=runtime.limiter,
     )
 
 

@@ -18,6 +18,10 @@ from shared import work
 from shared.metrics import (
     DOCUMENT_STATUSES,
     DOCUMENTS_PROCESSED,
+    LIMIT_KINDS,
+    OUTBOUND_LIMIT,
+    OUTBOUND_RATE_LIMITED,
+    OUTBOUND_WAITING,
     RUN_ENGINE,
     RUN_STATUSES,
     RUNS_FINISHED,
@@ -71,7 +75,8 @@ FAMILIES = (
 def count_from_zero(broker: dramatiq.Broker, queues: Collection[str] | None) -> None:
     """Every counter at 0 for the label values known before any message: each actor of
     the queues this worker takes (all when ``queues`` is None), the units of work those
-    queues play, and the statuses a run or a document ends in."""
+    queues play, the statuses a run or a document ends in, and each destination kind of
+    the outbound limits."""
 
     def taken(queue: str) -> bool:
         return queues is None or queue in queues
@@ -92,6 +97,11 @@ def count_from_zero(broker: dramatiq.Broker, queues: Collection[str] | None) -> 
     if taken(work.DOCUMENTS.message[0]):
         for status in DOCUMENT_STATUSES:
             DOCUMENTS_PROCESSED.labels(status)
+    if any(taken(unit.message[0]) for unit in work.KINDS if unit is not work.DOCUMENTS):
+        for kind in LIMIT_KINDS:  # the outbound limits (0: no destination seen yet)
+            OUTBOUND_LIMIT.labels(kind)
+            OUTBOUND_WAITING.labels(kind)
+            OUTBOUND_RATE_LIMITED.labels(kind)
 
 
 def serve_worker_metrics() -> None:

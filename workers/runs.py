@@ -28,7 +28,14 @@ async def run_scenario(run_id: str) -> None:
     runtime = get_runtime()
     # The runs that took this one's place in its batch's window are committed: send them.
     for successor in (
-        await execute_run(runtime.database, runtime.settings, UUID(run_id), http=runtime.http) or ()
+        await execute_run(
+            runtime.database,
+            runtime.settings,
+            UUID(run_id),
+            http=runtime.http,
+            limiter=runtime.limiter,
+        )
+        or ()
     ):
         send(broker, RUN_SCENARIO, str(successor))
 

@@ -27,4 +27,5 @@ async def run_trigger_execution(execution_id: str) -> None:
         UUID(execution_id),
         broker=broker,
         http=runtime.http,
+        limiter=runtime.limiter,
     )

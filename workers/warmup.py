@@ -31,6 +31,7 @@ async def warm_up(runtime: Runtime) -> None:
     await _rehearse_sessions(runtime)
     await sandbox.warm_up()  # a renderer for message templates, started in this loop
     runtime.http  # noqa: B018 - the process's egress session, made in this loop
+    runtime.limiter  # noqa: B018 - and its outbound limiter
 
 
 async def _open_engine_pool(engine: AsyncEngine, size: int) -> None:

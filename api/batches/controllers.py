@@ -25,7 +25,8 @@ RECENT = timedelta(seconds=30)
 EVENTS = (
     "Server-Sent Events: for each, an `event: <name>` line, a `data: <JSON object>` line "
     "and a blank line.  `progress`: the batch (a `BatchRunRead` without `runs` and "
-    "`judge_trust`), at once and then on every change of a counter or of the status.  "
+    "`judge_trust`, with `rate_limited`), at once and then on every change of a counter, "
+    "of the status or of `rate_limited`.  "
     "`run`: a run that ended (a `BatchRunItemSummary`: scenario, status, passed and total "
     "turns), once per run.  `end`: the batch once it is over and every run is counted (the "
     "last `progress` again); the stream then closes."
@@ -91,9 +92,15 @@ class BatchRunController(Controller):
     ) -> schemas.BatchRunRead:
         """The batch with its counters, a summary of every run and, once it is over, its
         judge trust: each LLM-judged criterion's pass rate with the judge's measured error
-        taken out (`computing` at first: the `calibration` queue works it out)."""
+        taken out (`computing` at first: the `calibration` queue works it out).  While it
+        runs, `rate_limited` names the destination (host, and `agent` or `judge`) whose rate
+        limit holds its calls back now, and since when; else null."""
         return await services.batch_detail(
-            db_session, access=access, batch_id=batch_run_id, broker=state.broker
+            db_session,
+            access=access,
+            batch_id=batch_run_id,
+            broker=state.broker,
+            limiter=state.limiter,
         )
 
     @post(
@@ -151,6 +158,7 @@ async def _progress(
                 access=access,
                 batch_id=batch_id,
                 ended_since=since - RECENT if since is not None else None,
+                limiter=state.limiter,
             )
         for run in now.ended:
             if run.id not in seen:
@@ -159,7 +167,7 @@ async def _progress(
                     since = max(since, run.completed_at) if since else run.completed_at
                 # The batch detail's run summary: scenario name, passed and total turns.
                 yield ServerSentEventMessage(event="run", data=msgspec.json.encode(run).decode())
-        progress = msgspec.json.encode(services.batch_read(now.batch))
+        progress = msgspec.json.encode(services.batch_read(now.batch, limited=now.rate_limited))
         if progress != last:
             last = progress
             yield ServerSentEventMessage(event="progress", data=progress.decode())

@@ -269,7 +269,11 @@ class BatchController(Controller):
         batch_id: PathId,
     ) -> Template:
         batch = await batches.batch_detail(
-            db_session, access=access, batch_id=batch_id, broker=state.broker
+            db_session,
+            access=access,
+            batch_id=batch_id,
+            broker=state.broker,
+            limiter=state.limiter,
         )
         return page(
             "batch.html",
@@ -285,7 +289,11 @@ class BatchController(Controller):
         self, db_session: DbSession, state: State, access: Access, batch_id: PathId
     ) -> LiveProgress:
         batch = await batches.batch_detail(
-            db_session, access=access, batch_id=batch_id, broker=state.broker
+            db_session,
+            access=access,
+            batch_id=batch_id,
+            broker=state.broker,
+            limiter=state.limiter,
         )
         return LiveProgress(
             batch=batch, badge=ui_services.badge(batch), over=batches.is_over(batch)

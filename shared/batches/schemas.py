@@ -45,6 +45,14 @@ class BatchRunItemSummary(Output):
     started_at: datetime | None = None
 
 
+class RateLimitedRead(Output):
+    """A destination whose rate limit holds a running batch's calls back."""
+
+    destination: str  # the host
+    kind: str  # whose calls: agent or judge
+    since: datetime  # its first refusal of this spell
+
+
 class BatchRunRead(Output):
     id: UUID
     organization_id: UUID
@@ -66,6 +74,10 @@ class BatchRunRead(Output):
     # The detail only: null while the batch runs; once it is over, each LLM-judged
     # criterion's raw pass rate and, where calibrated, the corrected one.
     judge_trust: JudgeTrust | None | msgspec.UnsetType = msgspec.UNSET
+    # The detail and the event stream's progress only: while the batch runs, the
+    # destination (its agent's or its judge's host) refusing its calls now (a 429, 503 or
+    # 529 in the last 30 s, or a Retry-After in force), else null.
+    rate_limited: RateLimitedRead | None | msgspec.UnsetType = msgspec.UNSET
 
 
 class BatchRunList(Output):

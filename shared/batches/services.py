@@ -14,7 +14,7 @@ committed row.
 from __future__ import annotations
 
 import uuid
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 from uuid import UUID
 
@@ -44,6 +44,8 @@ from shared.db.models import BatchRun, Scenario, ScenarioRun, TurnResult
 from shared.db.queries import one_in_org
 from shared.errors import Conflict, InvalidInput, NotFound
 from shared.identity.access import OrgAccess
+from shared.outbound.configuration import destinations_of
+from shared.outbound.limits import DestinationLimiter
 from shared.outbound.services import agent_in_org
 from shared.paging import Paging, paginate
 from shared.queue import DISPATCH_BATCH, send_after_commit
@@ -201,14 +203,42 @@ async def list_batches(
 
 
 async def batch_detail(
-    session: AsyncSession, *, access: OrgAccess, batch_id: UUID, broker: dramatiq.Broker
+    session: AsyncSession,
+    *,
+    access: OrgAccess,
+    batch_id: UUID,
+    broker: dramatiq.Broker,
+    limiter: DestinationLimiter,
 ) -> schemas.BatchRunRead:
-    """The batch with its counters, a summary of every run and, once it is over, its judge
-    trust: asked of the ``calibration`` queue (after commit) the first time it is read."""
+    """The batch with its counters, a summary of every run, the rate limit holding it back
+    if one does and, once it is over, its judge trust: asked of the ``calibration`` queue
+    (after commit) the first time it is read."""
     batch = await get_batch(session, access=access, batch_id=batch_id)
     runs = await run_summaries(session, batch_id=batch.id)
     await trust.request(session, batch=batch, broker=broker)
-    return batch_read(batch, runs, detail=True)
+    limited = await rate_limited(session, batch=batch, limiter=limiter)
+    return batch_read(batch, runs, detail=True, limited=limited)
+
+
+async def rate_limited(
+    session: AsyncSession, *, batch: BatchRun, limiter: DestinationLimiter
+) -> schemas.RateLimitedRead | None:
+    """The destination of the batch's agent or judge refusing its calls now (the one
+    refusing longest), while the batch runs."""
+    if is_over(batch) or batch.agent_id is None:
+        return None
+    destinations = await destinations_of(
+        session, org_id=batch.organization_id, agent_id=batch.agent_id
+    )
+    found = await limiter.held_back(destinations)
+    if found is None:
+        return None
+    destination, since = found
+    return schemas.RateLimitedRead(
+        destination=destination.host,
+        kind=destination.kind,
+        since=datetime.fromtimestamp(since, UTC),
+    )
 
 
 async def run_summaries(
@@ -281,6 +311,7 @@ class Progress(msgspec.Struct, frozen=True):
     batch: BatchRun
     ended: list[schemas.BatchRunItemSummary]
     over: bool
+    rate_limited: schemas.RateLimitedRead | None = None
 
 
 async def progress(
@@ -289,6 +320,7 @@ async def progress(
     access: OrgAccess,
     batch_id: UUID,
     ended_since: datetime | None,
+    limiter: DestinationLimiter,
 ) -> Progress:
     """The batch and its runs that ended at ``ended_since`` or later (all of them without
     it, and always all of them once the batch is over, so no run is ever missed)."""
@@ -297,7 +329,8 @@ async def progress(
     ended = await run_summaries(
         session, batch_id=batch_id, ended=True, ended_since=None if over else ended_since
     )
-    return Progress(batch=batch, ended=ended, over=over)
+    limited = await rate_limited(session, batch=batch, limiter=limiter)
+    return Progress(batch=batch, ended=ended, over=over, rate_limited=limited)
 
 
 def batch_read(
@@ -305,12 +338,15 @@ def batch_read(
     runs: list[schemas.BatchRunItemSummary] | None = None,
     *,
     detail: bool = False,
+    limited: schemas.RateLimitedRead | None | msgspec.UnsetType = msgspec.UNSET,
 ) -> schemas.BatchRunRead:
-    """The batch's body; the detail's also holds its ``runs`` and its judge trust."""
+    """The batch's body; the detail's also holds its ``runs`` and its judge trust, and the
+    detail's and the progress events' the rate limit holding it back (``limited``)."""
     return schemas.BatchRunRead.from_row(
         batch,
         runs=runs if runs is not None else msgspec.UNSET,
         judge_trust=trust.read(batch) if detail else msgspec.UNSET,
+        rate_limited=limited,
     )
 
 

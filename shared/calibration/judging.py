@@ -30,6 +30,7 @@ from shared.identity.access import OrgAccess
 from shared.llm.judge import JudgeError, judge
 from shared.outbound.configuration import load_outbound
 from shared.outbound.egress import EgressClient, EgressError
+from shared.outbound.limits import DestinationLimiter
 from shared.settings import Settings
 from shared.work import CALIBRATIONS
 
@@ -115,6 +116,7 @@ async def judge_examples(
     calibration_id: UUID,
     *,
     http: aiohttp.ClientSession | None = None,
+    limiter: DestinationLimiter | None = None,
 ) -> None:
     """Judge every example (at most ``SPAR_CALIBRATION_CONCURRENCY`` at once) with the
     agent's judge and store the metrics.  Idempotent: an ended calibration is left alone,
@@ -134,7 +136,13 @@ async def judge_examples(
         calibration_id,
         calibration.attempts,
         play=lambda: _judge(
-            database, settings, calibration, business_information, version, http=http
+            database,
+            settings,
+            calibration,
+            business_information,
+            version,
+            http=http,
+            limiter=limiter,
         ),
         give_up=give_up,
     )
@@ -148,6 +156,7 @@ async def _judge(
     version: int,
     *,
     http: aiohttp.ClientSession | None,
+    limiter: DestinationLimiter | None,
 ) -> None:
     calibration_id = calibration.id
     if calibration.agent_id is None:
@@ -171,7 +180,13 @@ async def _judge(
         )
         return
     examples = msgspec.convert(calibration.examples, list[schemas.StoredExample])
-    egress = EgressClient(outbound.policy, http=http, timeout_s=settings.egress_timeout_s)
+    egress = EgressClient(
+        outbound.policy,
+        http=http,
+        timeout_s=settings.egress_timeout_s,
+        limiter=limiter,
+        organization_id=calibration.organization_id,
+    )
     gate = asyncio.Semaphore(settings.calibration_concurrency)
 
     async def one(example: schemas.StoredExample) -> tuple[str | None, str]:

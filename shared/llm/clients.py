@@ -56,18 +56,29 @@ async def chat(
     json_schema: dict[str, Any] | None = None,
     max_tokens: int = DEFAULT_MAX_TOKENS,
     temperature: float = 0.0,
+    kind: str = "agent",
 ) -> ChatResult:
     """One completion.  ``messages`` are ``{"role": "user"|"assistant", "content"}``;
     ``json_schema`` asks for structured output where the provider supports it.
-    ``max_tokens`` and ``temperature`` are for the models that take them."""
+    ``max_tokens`` and ``temperature`` are for the models that take them; ``kind`` is whose
+    call it is (agent, judge, simulator: the destination of outbound limits)."""
     model = model or provider.default_model
     known = traits(provider.provider, model)
     if provider.provider == "anthropic":
         return await _anthropic(
-            egress, provider, messages, model, known, system, json_schema, max_tokens, temperature
+            egress,
+            provider,
+            messages,
+            model,
+            known,
+            system,
+            json_schema,
+            max_tokens,
+            temperature,
+            kind,
         )
     return await _openai(
-        egress, provider, messages, model, known, system, json_schema, max_tokens, temperature
+        egress, provider, messages, model, known, system, json_schema, max_tokens, temperature, kind
     )
 
 
@@ -133,6 +144,7 @@ async def _openai(
     json_schema: dict[str, Any] | None,
     max_tokens: int,
     temperature: float,
+    kind: str,
 ) -> ChatResult:
     body = with_options(
         _limits(known, max_tokens, temperature, "max_completion_tokens"), provider.request_options
@@ -146,7 +158,7 @@ async def _openai(
         }
     headers = {"Authorization": f"Bearer {provider.api_key}"} if provider.api_key else {}
     url = provider.base_url.rstrip("/") + "/chat/completions"
-    response = await egress.request("POST", url, json=body, headers=headers)
+    response = await egress.request("POST", url, json=body, headers=headers, kind=kind)
     data = _ok_json(response, f"LLM provider {provider.provider}")
     try:
         content, refused = openai_reply(data["choices"][0]["message"])
@@ -167,6 +179,7 @@ async def _anthropic(
     json_schema: dict[str, Any] | None,
     max_tokens: int,
     temperature: float,
+    kind: str,
 ) -> ChatResult:
     body = with_options(
         _limits(known, max_tokens, temperature, "max_tokens"), provider.request_options
@@ -192,7 +205,7 @@ async def _anthropic(
     if provider.api_key:
         headers["x-api-key"] = provider.api_key
     url = provider.base_url.rstrip("/") + "/v1/messages"
-    response = await egress.request("POST", url, json=body, headers=headers)
+    response = await egress.request("POST", url, json=body, headers=headers, kind=kind)
     data = _ok_json(response, "LLM provider anthropic")
     try:
         blocks = data["content"]

@@ -125,6 +125,7 @@ async def judge(
             system=SYSTEM_PROMPT,
             json_schema=VERDICT_SCHEMA,
             max_tokens=512,
+            kind="judge",
         )
         input_tokens += result.input_tokens
         output_tokens += result.output_tokens

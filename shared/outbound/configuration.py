@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 from collections import OrderedDict
 from dataclasses import dataclass
+from urllib.parse import urlsplit
 from uuid import UUID
 
 from sqlalchemy import select
@@ -21,9 +22,10 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from shared.crypto import secret_box
 from shared.db.engine import Database
-from shared.db.models import AllowedDomain, Credential, LLMProvider
+from shared.db.models import Agent, AllowedDomain, Credential, LLMProvider
 from shared.outbound.agents import AgentConfig
-from shared.outbound.egress import DomainRule, EgressPolicy, ProviderConfig
+from shared.outbound.egress import DomainRule, EgressPolicy, ProviderConfig, normalize_host
+from shared.outbound.limits import Destination
 from shared.outbound.services import agent_in_org, provider_in_org
 from shared.settings import Settings
 
@@ -119,6 +121,32 @@ async def judge_provider_of(
     """The judge an agent uses: its own ``judge_provider_id``, else the organization's
     default judge; ``None`` when there is neither."""
     return own or await default_judge_provider_id(session, org_id=org_id)
+
+
+async def destinations_of(
+    session: AsyncSession, *, org_id: UUID, agent_id: UUID
+) -> list[Destination]:
+    """Where a run of the agent calls out (:mod:`shared.outbound.limits`): its endpoint's
+    or its LLM provider's host (``agent``) and its judge's (``judge``)."""
+    agent = await session.get(Agent, agent_id)
+    if agent is None or agent.organization_id != org_id:
+        return []
+    urls: list[tuple[str, str | None]] = [("agent", agent.endpoint_url)]
+    if agent.llm_provider_id is not None:
+        urls.append(("agent", await _base_url(session, agent.llm_provider_id)))
+    judge_id = await judge_provider_of(session, org_id=org_id, own=agent.judge_provider_id)
+    if judge_id is not None:
+        urls.append(("judge", await _base_url(session, judge_id)))
+    found = []
+    for kind, url in urls:
+        host = urlsplit(url).hostname if url else None
+        if host:
+            found.append(Destination(str(org_id), kind, normalize_host(host)))
+    return found
+
+
+async def _base_url(session: AsyncSession, provider_id: UUID) -> str | None:
+    return await session.scalar(select(LLMProvider.base_url).where(LLMProvider.id == provider_id))
 
 
 @dataclass(frozen=True, slots=True)

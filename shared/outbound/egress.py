@@ -18,6 +18,14 @@ For each request (and each redirect hop):
    re-checked from 1.  The timeout bounds the whole call: every attempt, wait and
    redirect; a wait that would end past it is not started, and the answer that asked for
    it is the call's.
+   With a :class:`~shared.outbound.limits.DestinationLimiter` (every run's calls), each
+   attempt first takes a slot of its destination (the organization's agent, judge or
+   simulator calls to that host), and a 429, 503 or 529 is not an attempt: it halves the
+   destination's limit and holds it for its Retry-After, and the call tries again once
+   the hold has passed, without spending its bounded retries, until it has been refused or
+   held back for ``SPAR_RATE_LIMIT_WAIT_S`` (then it fails, naming the host).  Time spent
+   waiting for the destination or being refused does not count against the timeout,
+   which bounds the call's other attempts and waits.
 
 The HTTP engine is one pooled ``aiohttp`` session per process (:func:`new_http_session`):
 its connection pool hands out a kept-alive connection in constant time, where httpx's
@@ -56,6 +64,13 @@ import aiohttp
 import msgspec
 from multidict import CIMultiDict
 
+from shared.outbound.limits import (
+    THROTTLE_STATUSES,
+    Destination,
+    DestinationLimiter,
+    Lease,
+    RateLimited,
+)
 from shared.outbound.redact import Redactor, redactor_for, secret_of_header
 
 CREDENTIAL_REF = re.compile(r"\{\{\s*credentials\.([A-Za-z0-9_.-]{1,128})\s*\}\}")
@@ -174,7 +189,7 @@ class ProviderConfig:
 # --- addresses -------------------------------------------------------------------------------
 
 
-def _normalize_host(host: str) -> str:
+def normalize_host(host: str) -> str:
     host = host.strip("[]").lower().rstrip(".")
     try:
         return str(ipaddress.ip_address(host))
@@ -384,8 +399,13 @@ class EgressClient:
         backoff_s: float = 0.5,
         max_redirects: int = 3,
         max_response_bytes: int = MAX_RESPONSE_BYTES,
+        limiter: DestinationLimiter | None = None,
+        organization_id: UUID | str | None = None,
     ) -> None:
         self.policy = policy
+        # Per destination, shared by the fleet; organization_id scopes the destinations.
+        self._limiter = limiter
+        self._organization_id = str(organization_id or "")
         self._http = http
         self._resolver = resolver
         self._timeout_s = timeout_s  # the whole call's: attempts, waits and redirects
@@ -404,19 +424,23 @@ class EgressClient:
         *,
         json: Any = None,
         headers: Mapping[str, str] | None = None,
+        kind: str = "agent",
     ) -> EgressResponse:
+        """``kind``: whose call this is (agent, judge, simulator), the destination's kind."""
         redactor = self.policy.redactor(*_sent_secrets(headers or {}))
-        deadline = time.monotonic() + self._timeout_s
         try:
             try:
                 # Each attempt ends itself at the deadline (and says after how many); this
                 # ends what no attempt bounds, such as a name slow to resolve.
-                async with asyncio.timeout(self._timeout_s + _GRACE_S):
-                    return await self._request(method, url, json, headers, redactor, deadline)
+                async with asyncio.timeout(self._timeout_s + _GRACE_S) as bound:
+                    deadline = _Deadline(time.monotonic() + self._timeout_s, bound)
+                    return await self._request(method, url, json, headers, redactor, deadline, kind)
             except TimeoutError:
                 raise EgressTransportError(
                     f"timed out calling {_display(url)}: no answer within {self._timeout_s:g} s"
                 ) from None
+        except RateLimited as exc:
+            raise EgressError(str(exc)) from None
         except EgressError as exc:
             exc.args = tuple(
                 redactor.text(storable(a)) if isinstance(a, str) else a for a in exc.args
@@ -430,13 +454,14 @@ class EgressClient:
         json: Any,
         headers: Mapping[str, str] | None,
         redactor: Redactor,
-        deadline: float,
+        deadline: _Deadline,
+        kind: str,
     ) -> EgressResponse:
         started = time.perf_counter()
         attempts = 0
         for _hop in range(self._max_redirects + 1):
             response, used = await self._send_with_retries(
-                method, url, json, headers or {}, deadline
+                method, url, json, headers or {}, deadline, kind
             )
             attempts += used
             if response.status not in REDIRECT_STATUSES or "location" not in response.headers:
@@ -462,36 +487,58 @@ class EgressClient:
         raise EgressError(f"too many redirects (more than {self._max_redirects})")
 
     async def _send_with_retries(
-        self, method: str, url: str, json: Any, headers: Mapping[str, str], deadline: float
+        self,
+        method: str,
+        url: str,
+        json: Any,
+        headers: Mapping[str, str],
+        deadline: _Deadline,
+        kind: str,
     ) -> tuple[_Received, int]:
         key = (url, tuple(headers.items()))
         prepared = self._prepared.get(key)
         if prepared is None:
             prepared = self._prepared[key] = await self._prepare(url, headers)
-        for attempt in range(1, self._max_attempts + 1):
-            last = attempt == self._max_attempts
+        destination = Destination(self._organization_id, kind, prepared.host)
+        refused_since: float | None = None
+        attempt = 0
+        while True:
+            lease = await self._wait_for(destination, refused_since, deadline)
+            sent_at = time.monotonic()
             answer: _Received | None = None
+            failure: Exception | None = None
             try:
-                answer = await self._send(method, prepared, json, deadline)
-            except TimeoutError as exc:  # aiohttp's timeouts are TimeoutErrors
-                if last or time.monotonic() >= deadline:
+                answer = await self._send(method, prepared, json, deadline.at)
+            except (TimeoutError, aiohttp.ClientError) as exc:  # aiohttp's timeouts too
+                failure = exc
+            finally:
+                if lease is not None:
+                    await self._release(lease, answer)
+            if lease is not None and answer is not None and _throttled(answer):
+                # Not an attempt: the destination is held; the call waits its turn again.
+                refused_since = lease.refused_since or sent_at
+                deadline.extend(time.monotonic() - sent_at)
+                continue
+            attempt += 1
+            last = attempt == self._max_attempts
+            if isinstance(failure, TimeoutError):
+                if last or time.monotonic() >= deadline.at:
                     raise EgressTransportError(
                         f"timed out calling {prepared.display} after {_attempts(attempt)} "
                         f"(the whole call may take {self._timeout_s:g} s)"
-                    ) from exc
-            except aiohttp.ClientError as exc:
+                    ) from failure
+            elif failure is not None:
                 if last:
                     raise EgressTransportError(
                         f"could not reach {prepared.display} after {_attempts(attempt)}: "
-                        f"{type(exc).__name__}"
-                    ) from exc
-            else:
-                if last or not _should_retry(answer):
-                    return answer, attempt
+                        f"{type(failure).__name__}"
+                    ) from failure
+            elif answer is not None and (last or not _should_retry(answer)):
+                return answer, attempt
             delay = _retry_after_s(answer.headers) if answer is not None else None
             if delay is None:
                 delay = self._backoff_s * 2 ** (attempt - 1) * (0.5 + random.random())  # noqa: S311
-            if time.monotonic() + delay >= deadline:
+            if time.monotonic() + delay >= deadline.at:
                 # The wait would outlast the call: what this attempt got is the call's answer.
                 if answer is not None:
                     return answer, attempt
@@ -500,7 +547,25 @@ class EgressClient:
                     f"the call's {self._timeout_s:g} s"
                 )
             await asyncio.sleep(delay)
-        raise AssertionError("unreachable")  # pragma: no cover
+
+    async def _wait_for(
+        self, destination: Destination, refused_since: float | None, deadline: _Deadline
+    ) -> Lease | None:
+        """A slot of ``destination`` (``None`` without a limiter); the wait is added to the
+        call's deadline: waiting for the destination is not the call's time."""
+        if self._limiter is None:
+            return None
+        started = time.monotonic()
+        try:
+            return await self._limiter.acquire(destination, refused_since=refused_since)
+        finally:
+            deadline.extend(time.monotonic() - started)
+
+    async def _release(self, lease: Lease, answer: _Received | None) -> None:
+        assert self._limiter is not None
+        status = answer.status if answer is not None else None
+        retry_after = _retry_after_s(answer.headers) if answer is not None else None
+        await self._limiter.release(lease, status=status, retry_after_s=retry_after)
 
     async def _prepare(self, url: str, extra_headers: Mapping[str, str]) -> _Prepared:
         parts = urlsplit(url)
@@ -508,7 +573,7 @@ class EgressClient:
             raise EgressError(f"not an absolute http(s) URL: {url!r}")
         if parts.username or parts.password:
             raise EgressError("URLs with user info are refused")
-        host = _normalize_host(parts.hostname)
+        host = normalize_host(parts.hostname)
         port = parts.port or (443 if parts.scheme == "https" else 80)
         rule = self.policy.rule_for(host)
         if rule is None:
@@ -542,6 +607,7 @@ class EgressClient:
                 )
         return _Prepared(
             url=pinned,
+            host=host,
             headers=headers,
             sni_hostname=parts.hostname if parts.scheme == "https" else None,
             display=f"{parts.scheme}://{parts.hostname}:{port}{parts.path}",
@@ -617,6 +683,27 @@ class EgressClient:
         )
 
 
+def _throttled(answer: _Received) -> bool:
+    """A rate limit's refusal: 429, 503 or 529 (unless ``x-should-retry: false``)."""
+    told = answer.headers.get("x-should-retry")
+    return answer.status in THROTTLE_STATUSES and told != "false"
+
+
+class _Deadline:
+    """When the call must end (monotonic), and the timeout that enforces it; time spent
+    waiting for the destination moves both."""
+
+    def __init__(self, at: float, bound: asyncio.Timeout) -> None:
+        self.at = at
+        self._bound = bound
+
+    def extend(self, seconds: float) -> None:
+        self.at += seconds
+        when = self._bound.when()
+        if when is not None:
+            self._bound.reschedule(when + seconds)
+
+
 def _display(url: str) -> str:
     """A URL as errors name it: scheme, host, port and path (no query: it may hold keys)."""
     parts = urlsplit(url)
@@ -630,6 +717,7 @@ def _attempts(count: int) -> str:
 @dataclass(frozen=True, slots=True)
 class _Prepared:
     url: str
+    host: str  # normalized: the destination of outbound limits
     headers: dict[str, str] = field(repr=False)
     sni_hostname: str | None
     display: str

@@ -41,6 +41,7 @@ from shared.metrics import RUNS_IN_FLIGHT, in_flight, run_finished
 from shared.outbound.agents import AgentConfig, AgentReply, call_agent
 from shared.outbound.configuration import load_outbound
 from shared.outbound.egress import EgressClient, EgressError, ProviderConfig
+from shared.outbound.limits import DestinationLimiter
 from shared.scenarios import checks, sandbox, store
 from shared.scenarios.records import (
     CallCost,
@@ -111,6 +112,7 @@ async def _load(
     run_id: UUID,
     run: Claimed,
     http: aiohttp.ClientSession | None,
+    limiter: DestinationLimiter | None,
 ) -> _Context:
     """What playing the claimed run needs: the agent, the egress policy, the judge, an llm
     agent's knowledge."""
@@ -133,7 +135,13 @@ async def _load(
         session_id=run.session_id or f"spar-{run_id}",
         snapshot=run.snapshot,
         agent=outbound.agent,
-        egress=EgressClient(outbound.policy, http=http, timeout_s=settings.egress_timeout_s),
+        egress=EgressClient(
+            outbound.policy,
+            http=http,
+            timeout_s=settings.egress_timeout_s,
+            limiter=limiter,
+            organization_id=run.organization_id,
+        ),
         judge_provider=outbound.judge,
         judge_model=outbound.agent.judge_model,
         business_information=run.business_information,
@@ -214,6 +222,7 @@ async def execute_run(
     run_id: UUID,
     *,
     http: aiohttp.ClientSession | None = None,
+    limiter: DestinationLimiter | None = None,
 ) -> list[UUID] | None:
     """Play the run to a terminal state (or leave it to the delivery that owns it).
 
@@ -227,7 +236,7 @@ async def execute_run(
 
     async def play() -> list[UUID] | None:
         try:
-            context = await _load(database, settings, run_id, run, http)
+            context = await _load(database, settings, run_id, run, http, limiter)
             return await _run_turns(database, context, run.done)
         except RunAborted as exc:
             log.info("run %s ends in error: %s", run_id, exc)

@@ -36,6 +36,7 @@ from shared.errors import InvalidInput, NotFound
 from shared.outbound.agents import call_agent
 from shared.outbound.configuration import load_outbound
 from shared.outbound.egress import EgressClient, EgressError
+from shared.outbound.limits import DestinationLimiter
 from shared.scenarios import sandbox
 from shared.settings import Settings
 from shared.triggers.schemas import ExecutionStatus
@@ -81,6 +82,7 @@ async def execute(
     *,
     broker: Any,
     http: aiohttp.ClientSession | None = None,
+    limiter: DestinationLimiter | None = None,
 ) -> None:
     """Carry out the execution ``execution_id`` (the ``triggers`` actor's body), claimed,
     kept alive and given up on as every unit of work is (:mod:`shared.work`)."""
@@ -92,7 +94,7 @@ async def execute(
         if claimed.trigger.action == "batch_run":
             await _start_suite(database, claimed, broker=broker)
         else:
-            await _send_message(database, settings, claimed, http=http)
+            await _send_message(database, settings, claimed, http=http, limiter=limiter)
 
     async def give_up(reason: str) -> None:
         await work.finish(
@@ -116,6 +118,7 @@ async def _send_message(
     claimed: _Claimed,
     *,
     http: aiohttp.ClientSession | None,
+    limiter: DestinationLimiter | None,
 ) -> None:
     execution, trigger = claimed.execution, claimed.trigger
     try:
@@ -140,7 +143,13 @@ async def _send_message(
         outbound = await load_outbound(
             database, settings, trigger.organization_id, trigger.agent_id, claimed.outbound_version
         )
-        egress = EgressClient(outbound.policy, http=http, timeout_s=settings.egress_timeout_s)
+        egress = EgressClient(
+            outbound.policy,
+            http=http,
+            timeout_s=settings.egress_timeout_s,
+            limiter=limiter,
+            organization_id=trigger.organization_id,
+        )
         reply = await call_agent(
             egress,
             outbound.agent,

@@ -157,11 +157,13 @@ async def test_create_by_ids_answers_201_queued_and_get_shows_the_runs(
     assert batch["error_message"] is None
 
     read = await get_batch(client, w, batch["id"])
-    assert set(read) == BATCH_FIELDS | {"runs", "judge_trust"}
+    assert set(read) == BATCH_FIELDS | {"runs", "judge_trust", "rate_limited"}
     assert read["judge_trust"] is None  # not over yet
-    assert {k: v for k, v in read.items() if k not in {"runs", "updated_at", "judge_trust"}} == {
-        k: v for k, v in batch.items() if k not in {"runs", "updated_at"}
-    }
+    assert {
+        k: v
+        for k, v in read.items()
+        if k not in {"runs", "updated_at", "judge_trust", "rate_limited"}
+    } == {k: v for k, v in batch.items() if k not in {"runs", "updated_at"}}
     runs = read["runs"]
     assert all(set(r) == SUMMARY_FIELDS for r in runs), runs
     assert [(r["scenario_id"], r["scenario_name"]) for r in runs] == [

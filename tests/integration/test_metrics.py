@@ -34,6 +34,7 @@ from tests.support.scenario_setup import (
     start_run,
     turn,
 )
+from workers.metrics import count_from_zero
 from workers.observability import observe_messages
 
 PASS = '{"verdict": "PASS", "critique": "polite", "evidence": "Hello"}'
@@ -308,6 +309,15 @@ def test_a_worker_starts_the_counters_of_the_actors_it_takes_at_zero() -> None:
         REGISTRY.get_sample_value("spar_actor_messages_dead_lettered_total", elsewhere_labels)
         is None
     )
+
+
+def test_a_worker_that_calls_out_starts_the_outbound_limit_series_of_every_kind() -> None:
+    count_from_zero(get_broker.__wrapped__(Settings()), {"runs"})
+    for kind in ("agent", "judge", "simulator"):
+        labels = {"kind": kind}
+        assert REGISTRY.get_sample_value("spar_outbound_rate_limited_total", labels) is not None
+        assert REGISTRY.get_sample_value("spar_outbound_calls_waiting", labels) is not None
+        assert REGISTRY.get_sample_value("spar_outbound_limit", labels) is not None
 
 
 # --- runs and outbound calls ----------------------------------------------------------------------

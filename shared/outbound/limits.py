@@ -1,0 +1,390 @@
+"""One adaptive concurrency limit per outbound destination, shared by every worker.
+
+A destination is an organization's agent, judge or simulator calls to one host (the host of
+an agent endpoint or of a provider's ``base_url``): a throttled judge never slows the
+agent's calls, even on the same host.  Its limit follows AIMD:
+
+* a 429, 503 or 529 answer halves it (never below 1; once per burst: refusals of calls
+  that started before the last cut do not cut again) and holds every new call to the
+  destination until the answer's Retry-After has passed (``retry-after-ms``, seconds or an
+  HTTP date; :data:`DEFAULT_HOLD_S` when it names none);
+* each other answer adds ``1 / limit``, up to ``SPAR_OUTBOUND_MAX_CONCURRENCY``, where a
+  destination also starts (and starts again once its state has been idle for
+  :data:`IDLE_S`, or Redis lost it): the first refusal corrects it.
+
+A call waits for a free slot of its destination before each attempt; a slot is a lease
+that expires (``lease_s``: the call's own timeout and a margin), so a killed process cannot
+leak one for longer than that.  Waiting is not an attempt (:mod:`shared.outbound.egress`).
+
+Two implementations of one interface (:class:`DestinationLimiter`): :class:`RedisLimiter`
+(every worker process shares the limits, each step one atomic Lua script) and
+:class:`LocalLimiter` (one process: ``spar dev``'s in-memory broker, no Redis).  Which one
+is chosen where the runtime is built (:func:`limiter_for`), never by callers.
+:meth:`DestinationLimiter.held_back` tells which of some destinations is refusing now (a
+hold in force, or a refusal in the last :data:`RECENT_S`) and since when: a batch's
+detail shows it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import random
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+
+import redis.asyncio as aioredis
+from redis.exceptions import RedisError
+
+from shared import metrics
+from shared.settings import Settings
+
+KINDS = metrics.LIMIT_KINDS  # agent, judge, simulator
+THROTTLE_STATUSES = frozenset({429, 503, 529})
+DEFAULT_HOLD_S = 1.0  # a refusal that names no wait holds its destination this long
+RECENT_S = 30.0  # a destination that refused this recently is holding its callers back
+IDLE_S = 3600.0  # a destination's state untouched this long is forgotten (back to the start)
+POLL_S = 0.05  # how often a call waiting for a full destination looks again
+KEY_PREFIX = "spar:outbound:"
+
+log = logging.getLogger("spar.outbound")
+
+
+@dataclass(frozen=True, slots=True)
+class Destination:
+    organization_id: str
+    kind: str  # agent, judge or simulator
+    host: str
+
+    @property
+    def key(self) -> str:
+        return f"{KEY_PREFIX}{self.organization_id}:{self.kind}:{self.host}"
+
+
+@dataclass(slots=True)
+class Lease:
+    """A slot of a destination, held for one attempt."""
+
+    destination: Destination
+    token: str
+    acquired_ms: int  # the limiter's clock, for "once per burst"
+    # When the call was first held back by a rate limit (monotonic), else None.
+    refused_since: float | None = None
+
+
+class RateLimited(Exception):
+    """A destination kept refusing for longer than ``SPAR_RATE_LIMIT_WAIT_S``."""
+
+    def __init__(self, destination: Destination, waited_s: float) -> None:
+        super().__init__(
+            f"rate limited by {destination.host} ({destination.kind} calls): refused or held "
+            f"back for {waited_s:.0f} s, past the {destination.kind} call's limit of waiting "
+            "(SPAR_RATE_LIMIT_WAIT_S)"
+        )
+        self.destination = destination
+
+
+@dataclass(frozen=True, slots=True)
+class _Tried:
+    granted: bool
+    wait_s: float  # > 0: the destination is held this much longer
+    limit: float
+    acquired_ms: int = 0
+
+
+class DestinationLimiter:
+    """The interface: :meth:`acquire` a slot before an attempt, :meth:`release` it with the
+    attempt's outcome.  Subclasses hold the state (:meth:`_try`, :meth:`_settle`)."""
+
+    def __init__(self, *, max_concurrency: int, wait_s: float, lease_s: float) -> None:
+        self.max_concurrency = max_concurrency
+        self.wait_s = wait_s  # SPAR_RATE_LIMIT_WAIT_S
+        self.lease_s = lease_s
+
+    async def acquire(self, destination: Destination, *, refused_since: float | None) -> Lease:
+        """Wait for a slot of ``destination``.  ``refused_since``: when this call was first
+        refused or held back (monotonic), if it was; raises :class:`RateLimited` once that
+        is ``wait_s`` ago."""
+        token = uuid.uuid4().hex
+        waiting = False
+        try:
+            while True:
+                tried = await self._try(destination, token)
+                metrics.OUTBOUND_LIMIT.labels(destination.kind).set(tried.limit)
+                if tried.granted:
+                    return Lease(destination, token, tried.acquired_ms, refused_since)
+                now = time.monotonic()
+                if tried.wait_s > 0 and refused_since is None:
+                    refused_since = now  # held back by another call's refusal
+                if refused_since is not None and now - refused_since >= self.wait_s:
+                    raise RateLimited(destination, now - refused_since)
+                if not waiting:
+                    waiting = True
+                    metrics.OUTBOUND_WAITING.labels(destination.kind).inc()
+                pause = tried.wait_s if tried.wait_s > 0 else POLL_S
+                if refused_since is not None:
+                    pause = min(pause, max(refused_since + self.wait_s - now, 0.0) + 0.001)
+                # Spread out: the calls a hold stopped must not all come back at once.
+                await asyncio.sleep(pause + random.uniform(0, POLL_S))  # noqa: S311
+        finally:
+            if waiting:
+                metrics.OUTBOUND_WAITING.labels(destination.kind).dec()
+
+    async def release(
+        self, lease: Lease, *, status: int | None, retry_after_s: float | None
+    ) -> None:
+        """Give the slot back: ``status`` the attempt's answer (``None``: no answer)."""
+        if status in THROTTLE_STATUSES:
+            outcome = "throttled"
+            metrics.OUTBOUND_RATE_LIMITED.labels(lease.destination.kind).inc()
+        else:
+            outcome = "ok" if status is not None and status < 500 else "other"
+        hold_s = retry_after_s if retry_after_s is not None else DEFAULT_HOLD_S
+        limit = await self._settle(lease, outcome, hold_s)
+        metrics.OUTBOUND_LIMIT.labels(lease.destination.kind).set(limit)
+
+    async def held_back(self, destinations: list[Destination]) -> tuple[Destination, float] | None:
+        """Of ``destinations``, the one refusing for the longest now, and since when
+        (epoch seconds: the first refusal after a quiet spell of :data:`RECENT_S`)."""
+        now = _now_ms()
+        found: tuple[Destination, float] | None = None
+        for destination in destinations:
+            since, refused, hold = await self._refusals(destination)
+            refusing = since and (hold > now or now - refused <= _ms(RECENT_S))
+            if refusing and (found is None or since / 1000 < found[1]):
+                found = (destination, since / 1000)
+        return found
+
+    async def close(self) -> None:
+        return None
+
+    async def _refusals(self, destination: Destination) -> tuple[int, int, int]:
+        """(streak started, last refusal, hold until), epoch ms, 0 when none."""
+        raise NotImplementedError
+
+    async def _try(self, destination: Destination, token: str) -> _Tried:
+        raise NotImplementedError
+
+    async def _settle(self, lease: Lease, outcome: str, hold_s: float) -> float:
+        raise NotImplementedError
+
+
+# --- Redis: every process shares the limits --------------------------------------------------
+
+# KEYS: state hash (limit, hold, cut), holders zset (token -> lease end, ms).
+# ARGV: token, lease_ms, max, idle_ms.  -> {granted, wait_ms, limit, now}
+_ACQUIRE = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local max = tonumber(ARGV[3])
+redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
+local limit = math.min(tonumber(redis.call('HGET', KEYS[1], 'limit') or max), max)
+local hold = tonumber(redis.call('HGET', KEYS[1], 'hold') or '0')
+if hold > now then return {0, hold - now, tostring(limit), now} end
+if redis.call('ZCARD', KEYS[2]) < math.max(1, math.floor(limit)) then
+  redis.call('ZADD', KEYS[2], now + tonumber(ARGV[2]), ARGV[1])
+  redis.call('HSET', KEYS[1], 'limit', tostring(limit))
+  redis.call('PEXPIRE', KEYS[1], ARGV[4])
+  redis.call('PEXPIRE', KEYS[2], ARGV[4])
+  return {1, 0, tostring(limit), now}
+end
+return {0, 0, tostring(limit), now}
+"""
+
+# ARGV: token, outcome (ok / throttled / other), hold_ms, acquired_ms, max, idle_ms,
+# recent_ms -> limit
+_RELEASE = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local max = tonumber(ARGV[5])
+redis.call('ZREM', KEYS[2], ARGV[1])
+local limit = math.min(tonumber(redis.call('HGET', KEYS[1], 'limit') or max), max)
+if ARGV[2] == 'throttled' then
+  if tonumber(ARGV[4]) > tonumber(redis.call('HGET', KEYS[1], 'cut') or '0') then
+    limit = math.max(1, math.floor(limit / 2))
+    redis.call('HSET', KEYS[1], 'cut', now)
+  end
+  if now - tonumber(redis.call('HGET', KEYS[1], 'refused') or '0') > tonumber(ARGV[7]) then
+    redis.call('HSET', KEYS[1], 'since', now)
+  end
+  redis.call('HSET', KEYS[1], 'refused', now)
+  local hold = tonumber(redis.call('HGET', KEYS[1], 'hold') or '0')
+  redis.call('HSET', KEYS[1], 'hold', math.max(hold, now + tonumber(ARGV[3])))
+elseif ARGV[2] == 'ok' then
+  limit = math.min(max, limit + 1 / limit)
+end
+redis.call('HSET', KEYS[1], 'limit', tostring(limit))
+redis.call('PEXPIRE', KEYS[1], ARGV[6])
+redis.call('PEXPIRE', KEYS[2], ARGV[6])
+return tostring(limit)
+"""
+
+
+class RedisLimiter(DestinationLimiter):
+    """Limits in Redis, shared by every process: each step one Lua script (Redis's clock).
+    The client belongs to the event loop that first uses it (a worker process has one)."""
+
+    def __init__(self, url: str, **kwargs: float) -> None:
+        super().__init__(**kwargs)  # type: ignore[arg-type]
+        self._redis = aioredis.Redis.from_url(url, socket_timeout=5, socket_connect_timeout=5)
+        self._acquire = self._redis.register_script(_ACQUIRE)
+        self._release = self._redis.register_script(_RELEASE)
+
+    @staticmethod
+    def _keys(destination: Destination) -> list[str]:
+        return [destination.key, destination.key + ":holders"]
+
+    async def _try(self, destination: Destination, token: str) -> _Tried:
+        try:
+            granted, wait_ms, limit, now = await self._acquire(
+                self._keys(destination),
+                [token, _ms(self.lease_s), self.max_concurrency, _ms(IDLE_S)],
+            )
+        except RedisError:
+            # Redis away: the call goes, unlimited, rather than fail (logged); the limits
+            # start again from the top once it is back (docs/operations.md).
+            log.warning("outbound limits unavailable (Redis): calling unlimited", exc_info=True)
+            return _Tried(True, 0.0, float(self.max_concurrency), _now_ms())
+        return _Tried(bool(granted), int(wait_ms) / 1000, float(limit), int(now))
+
+    async def _settle(self, lease: Lease, outcome: str, hold_s: float) -> float:
+        try:
+            return await self._settle_in_redis(lease, outcome, hold_s)
+        except RedisError:  # the slot's lease ends it
+            log.warning("outbound limits unavailable (Redis): slot not released", exc_info=True)
+            return float(self.max_concurrency)
+
+    async def _settle_in_redis(self, lease: Lease, outcome: str, hold_s: float) -> float:
+        limit = await self._release(
+            self._keys(lease.destination),
+            [
+                lease.token,
+                outcome,
+                _ms(hold_s),
+                lease.acquired_ms,
+                self.max_concurrency,
+                _ms(IDLE_S),
+                _ms(RECENT_S),
+            ],
+        )
+        return float(limit)
+
+    async def _refusals(self, destination: Destination) -> tuple[int, int, int]:
+        try:
+            values = await self._redis.hmget(destination.key, ["since", "refused", "hold"])
+        except RedisError:  # a batch's detail still answers, without it
+            log.warning("outbound limits unavailable (Redis)", exc_info=True)
+            return 0, 0, 0
+        since, refused, hold = (int(float(v)) if v else 0 for v in values)
+        return since, refused, hold
+
+    async def close(self) -> None:
+        await self._redis.aclose()
+
+
+# --- one process -----------------------------------------------------------------------------
+
+
+@dataclass
+class _State:
+    limit: float
+    hold_ms: int = 0
+    cut_ms: int = 0
+    since_ms: int = 0
+    refused_ms: int = 0
+    holders: dict[str, int] = field(default_factory=dict)  # token -> lease end
+    touched_ms: int = 0
+
+
+_PROCESS_STATES: dict[str, _State] = {}
+_PROCESS_LOCK = threading.Lock()  # the API's and the workers' event loops may differ
+
+
+class LocalLimiter(DestinationLimiter):
+    """The same rule in one process (``spar dev``): the process's states in a dict (the
+    API's limiter reads what the in-process workers' wrote), each step one critical
+    section that never awaits."""
+
+    def __init__(self, **kwargs: float) -> None:
+        super().__init__(**kwargs)  # type: ignore[arg-type]
+        self._states = _PROCESS_STATES
+
+    _SWEEP_ABOVE = 10_000
+
+    def _state(self, destination: Destination, now: int) -> _State:
+        if len(self._states) > self._SWEEP_ABOVE:  # forget the idle ones
+            for key in [k for k, v in self._states.items() if now - v.touched_ms > _ms(IDLE_S)]:
+                del self._states[key]
+        state = self._states.get(destination.key)
+        if state is None or now - state.touched_ms > _ms(IDLE_S):
+            state = self._states[destination.key] = _State(limit=self.max_concurrency)
+        state.limit = min(state.limit, self.max_concurrency)
+        state.touched_ms = now
+        return state
+
+    async def _try(self, destination: Destination, token: str) -> _Tried:
+        with _PROCESS_LOCK:
+            return self._try_now(destination, token)
+
+    def _try_now(self, destination: Destination, token: str) -> _Tried:
+        now = _now_ms()
+        state = self._state(destination, now)
+        for holder in [t for t, end in state.holders.items() if end <= now]:
+            del state.holders[holder]
+        if state.hold_ms > now:
+            return _Tried(False, (state.hold_ms - now) / 1000, state.limit, now)
+        if len(state.holders) < max(1, math.floor(state.limit)):
+            state.holders[token] = now + _ms(self.lease_s)
+            return _Tried(True, 0.0, state.limit, now)
+        return _Tried(False, 0.0, state.limit, now)
+
+    async def _settle(self, lease: Lease, outcome: str, hold_s: float) -> float:
+        with _PROCESS_LOCK:
+            return self._settle_now(lease, outcome, hold_s)
+
+    def _settle_now(self, lease: Lease, outcome: str, hold_s: float) -> float:
+        now = _now_ms()
+        state = self._state(lease.destination, now)
+        state.holders.pop(lease.token, None)
+        if outcome == "throttled":
+            if now - state.refused_ms > _ms(RECENT_S):
+                state.since_ms = now
+            state.refused_ms = now
+            if lease.acquired_ms > state.cut_ms:
+                state.limit = max(1, math.floor(state.limit / 2))
+                state.cut_ms = now
+            state.hold_ms = max(state.hold_ms, now + _ms(hold_s))
+        elif outcome == "ok":
+            state.limit = min(self.max_concurrency, state.limit + 1 / state.limit)
+        return state.limit
+
+    async def _refusals(self, destination: Destination) -> tuple[int, int, int]:
+        with _PROCESS_LOCK:
+            state = self._states.get(destination.key)
+            if state is None:
+                return 0, 0, 0
+            return state.since_ms, state.refused_ms, state.hold_ms
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def _ms(seconds: float) -> int:
+    return max(0, round(seconds * 1000))
+
+
+def limiter_for(settings: Settings) -> DestinationLimiter:
+    """The process's limiter: Redis when ``SPAR_REDIS_URL`` is set, else in-process."""
+    options = {
+        "max_concurrency": settings.outbound_max_concurrency,
+        "wait_s": settings.rate_limit_wait_s,
+        # An attempt lasts at most the call's timeout: a dead holder's slot frees after it.
+        "lease_s": settings.egress_timeout_s + 5.0,
+    }
+    if settings.redis_url:
+        return RedisLimiter(settings.redis_url, **options)
+    return LocalLimiter(**options)

@@ -1,0 +1,374 @@
+"""Outbound limits (shared.outbound.limits): one adaptive concurrency limit per destination,
+against a loopback provider that enforces a token bucket and answers 429 with each
+Retry-After form.  Every behaviour is checked on both implementations of the one interface:
+Redis (shared by every process) and in-process (``spar dev``)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Iterator
+from datetime import UTC, datetime
+from uuid import UUID, uuid4
+
+import msgspec
+import pytest
+from litestar import Litestar
+from litestar.testing import AsyncTestClient
+from rich.console import Console
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from client.reports import progress_bar
+from shared import metrics
+from shared.batches.schemas import BatchRunRead, BatchStatus, RateLimitedRead
+from shared.outbound.egress import DomainRule, EgressClient, EgressPolicy
+from shared.outbound.limits import (
+    Destination,
+    DestinationLimiter,
+    LocalLimiter,
+    RateLimited,
+    RedisLimiter,
+)
+from shared.scenarios.runner import execute_run
+from shared.settings import Settings
+from tests.support.batches import create_batch, get_batch, make_scenario, make_world
+from tests.support.factories import tenant
+from tests.support.fakes import FakeAgent, FakeServer, Reply
+from tests.support.processes import free_port
+from tests.support.ratelimited import FORMS, TokenBucketOpenAI
+from tests.support.scenario_setup import (
+    create_scenario,
+    criterion,
+    get_run,
+    outbound_setup,
+    start_run,
+    turn,
+)
+
+IMPLEMENTATIONS = ["redis", "local"]
+
+
+def make_limiter(
+    kind: str, settings: Settings, *, max_concurrency: int, wait_s: float = 30.0
+) -> DestinationLimiter:
+    options = {"max_concurrency": max_concurrency, "wait_s": wait_s, "lease_s": 30.0}
+    if kind == "redis":
+        assert settings.redis_url
+        return RedisLimiter(settings.redis_url, **options)
+    return LocalLimiter(**options)
+
+
+@pytest.fixture(params=IMPLEMENTATIONS)
+def implementation(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture
+async def limiter(implementation: str, settings: Settings) -> AsyncIterator[DestinationLimiter]:
+    made = make_limiter(implementation, settings, max_concurrency=8, wait_s=30.0)
+    yield made
+    await made.close()
+
+
+@pytest.fixture
+def agent() -> Iterator[FakeAgent]:
+    with FakeAgent(reply="Hello, how can I help?") as fake:
+        yield fake
+
+
+def destination(kind: str = "judge") -> Destination:
+    return Destination(str(uuid4()), kind, "api.example.com")
+
+
+def rate_limited_count(kind: str) -> float:
+    return metrics.OUTBOUND_RATE_LIMITED.labels(kind)._value.get()
+
+
+# --- the limit itself ---------------------------------------------------------------------------
+
+
+async def test_a_refusal_halves_the_limit_once_per_burst_and_successes_bring_it_back(
+    limiter: DestinationLimiter,
+) -> None:
+    """AIMD: the refusals of calls already under way when the limit was cut do not cut it
+    again; a refusal holds the destination for its Retry-After; each success adds about
+    1/limit, up to the maximum."""
+    where = destination()
+    leases = [await limiter.acquire(where, refused_since=None) for _ in range(8)]
+    for lease in leases:  # a whole burst refused: one cut
+        await limiter.release(lease, status=429, retry_after_s=0.2)
+    assert metrics.OUTBOUND_LIMIT.labels("judge")._value.get() == 4
+
+    # Held for the Retry-After: a new call waits, and the wait is not lost on it.
+    started = asyncio.get_running_loop().time()
+    lease = await limiter.acquire(where, refused_since=None)
+    assert asyncio.get_running_loop().time() - started >= 0.15
+    assert lease.refused_since is not None  # held back by a rate limit: the clock runs
+
+    # Four slots now, not eight: a fifth call waits until one is given back.
+    more = [await limiter.acquire(where, refused_since=None) for _ in range(3)]
+    fifth = asyncio.create_task(limiter.acquire(where, refused_since=None))
+    await asyncio.sleep(0.15)
+    assert not fifth.done()
+    await limiter.release(lease, status=200, retry_after_s=None)
+    more.append(await asyncio.wait_for(fifth, 2))
+
+    # Recovery: successes bring the limit back to the maximum, never past it.
+    for held in more:
+        await limiter.release(held, status=200, retry_after_s=None)
+    for _ in range(40):
+        held = await limiter.acquire(where, refused_since=None)
+        await limiter.release(held, status=200, retry_after_s=None)
+    assert metrics.OUTBOUND_LIMIT.labels("judge")._value.get() == 8
+
+
+async def test_destinations_of_other_kinds_and_organizations_are_not_held(
+    limiter: DestinationLimiter,
+) -> None:
+    """A throttled judge does not slow the agent's calls, even on the same host, nor
+    another organization's judge."""
+    judge = destination("judge")
+    lease = await limiter.acquire(judge, refused_since=None)
+    await limiter.release(lease, status=429, retry_after_s=30)
+    agent = Destination(judge.organization_id, "agent", judge.host)
+    other = Destination(str(uuid4()), "judge", judge.host)
+    for where in (agent, other):
+        lease = await asyncio.wait_for(limiter.acquire(where, refused_since=None), 1)
+        await limiter.release(lease, status=200, retry_after_s=None)
+    with pytest.raises(TimeoutError):
+        await asyncio.wait_for(limiter.acquire(judge, refused_since=None), 0.3)
+
+
+async def test_a_dead_holders_slot_frees_when_its_lease_ends(
+    implementation: str, settings: Settings
+) -> None:
+    """A process killed mid-call never gives its slot back: the lease ends it."""
+    made = make_limiter(implementation, settings, max_concurrency=1)
+    made.lease_s = 0.3
+    try:
+        where = destination()
+        await made.acquire(where, refused_since=None)  # never released
+        lease = await asyncio.wait_for(made.acquire(where, refused_since=None), 2)
+        await made.release(lease, status=200, retry_after_s=None)
+    finally:
+        await made.close()
+
+
+# --- calls and runs through it ----------------------------------------------------------------
+
+
+async def test_runs_under_a_token_bucket_judge_end_without_error(
+    client: AsyncTestClient,
+    app: Litestar,
+    settings: Settings,
+    agent: FakeAgent,
+    implementation: str,
+) -> None:
+    """A judge at 20 requests/s (bursts of 3) and 8 runs of 2 judged turns at once: every
+    run passes; the judge refused (in each Retry-After form) and the refusals were counted,
+    not spent as attempts."""
+    made_limiter = make_limiter(implementation, settings, max_concurrency=8)
+    refused_before = rate_limited_count("judge")
+    with TokenBucketOpenAI(rate=20, burst=3) as judge:
+        t = await tenant(client)
+        made = await outbound_setup(client, t, agent.url, judge.url)
+        scenario = await create_scenario(
+            client,
+            t,
+            turns=[turn("Hi", criterion("Polite?")), turn("Bye", criterion("Polite?"))],
+        )
+        runs = [await start_run(client, t, scenario["id"], made.agent_id) for _ in range(8)]
+        try:
+            await asyncio.gather(
+                *(
+                    execute_run(app.state.database, settings, UUID(r["id"]), limiter=made_limiter)
+                    for r in runs
+                )
+            )
+        finally:
+            await made_limiter.close()
+        statuses = [(await get_run(client, t, r["id"]))["status"] for r in runs]
+    assert statuses == ["passed"] * 8
+    assert judge.served == 16
+    assert judge.refused > 0
+    assert set(judge.forms) == set(FORMS), judge.forms
+    assert rate_limited_count("judge") - refused_before == judge.refused
+    assert metrics.OUTBOUND_WAITING.labels("judge")._value.get() == 0  # none left waiting
+
+
+async def test_a_provider_refusing_past_the_wait_ends_the_run_in_error_naming_it(
+    client: AsyncTestClient,
+    app: Litestar,
+    settings: Settings,
+    agent: FakeAgent,
+    implementation: str,
+) -> None:
+    made_limiter = make_limiter(implementation, settings, max_concurrency=8, wait_s=0.6)
+    with TokenBucketOpenAI(rate=20, burst=3, refuse_always=True) as judge:
+        t = await tenant(client)
+        made = await outbound_setup(client, t, agent.url, judge.url)
+        scenario = await create_scenario(client, t, turns=[turn("Hi", criterion("Polite?"))])
+        run = await start_run(client, t, scenario["id"], made.agent_id)
+        try:
+            await execute_run(app.state.database, settings, UUID(run["id"]), limiter=made_limiter)
+        finally:
+            await made_limiter.close()
+        ended = await get_run(client, t, run["id"])
+    assert ended["status"] == "error"
+    message = ended["error_message"]
+    assert "rate limited by 127.0.0.1 (judge calls)" in message, message
+    assert "SPAR_RATE_LIMIT_WAIT_S" in message
+    assert judge.refused >= 3  # it kept trying past the three attempts a failure has
+
+
+async def test_a_500_is_still_retried_a_bounded_number_of_times(
+    limiter: DestinationLimiter,
+) -> None:
+    with FakeServer(default=Reply(status=500, json={"error": "boom"})) as fake:
+        egress = EgressClient(
+            EgressPolicy([DomainRule("127.0.0.1")], allow_private=True),
+            backoff_s=0.01,
+            limiter=limiter,
+            organization_id=uuid4(),
+        )
+        response = await egress.request("POST", f"{fake.url}/v1/chat", json={}, kind="judge")
+    assert (response.status_code, response.attempts, len(fake.requests)) == (500, 3, 3)
+
+
+async def test_the_wait_for_the_destination_does_not_use_up_the_calls_timeout(
+    limiter: DestinationLimiter,
+) -> None:
+    """Refused for longer than the call's own timeout, the call still succeeds: waiting is
+    not the call's time (SPAR_RATE_LIMIT_WAIT_S bounds it)."""
+    with FakeServer(default=Reply(json={"ok": True})) as fake:
+        fake.enqueue(*[Reply(status=429, headers={"retry-after-ms": "150"})] * 4)
+        egress = EgressClient(
+            EgressPolicy([DomainRule("127.0.0.1")], allow_private=True),
+            timeout_s=0.4,
+            limiter=limiter,
+            organization_id=uuid4(),
+        )
+        response = await egress.request("POST", f"{fake.url}/v1/chat", json={})
+    assert (response.status_code, response.attempts, len(fake.requests)) == (200, 1, 5)
+
+
+async def test_a_call_held_past_the_wait_raises_rate_limited(
+    implementation: str, settings: Settings
+) -> None:
+    made = make_limiter(implementation, settings, max_concurrency=2, wait_s=0.3)
+    try:
+        where = destination()
+        lease = await made.acquire(where, refused_since=None)
+        await made.release(lease, status=503, retry_after_s=30)
+        with pytest.raises(RateLimited, match=r"rate limited by api\.example\.com"):
+            await asyncio.wait_for(made.acquire(where, refused_since=None), 2)
+    finally:
+        await made.close()
+
+
+# --- visible: the batch detail and `spar batch run` ---------------------------------------------
+
+
+async def test_the_batch_detail_names_the_destination_holding_it_back(
+    client: AsyncTestClient, settings: Settings, agent: FakeAgent
+) -> None:
+    """While a running batch's agent host refuses (as a worker records it in Redis), the
+    detail says which destination and since when; another organization's batch of an agent
+    on the same host is not held back by it."""
+    w = await make_world(client, agent)
+    other = await make_world(client, agent)
+    mine = await make_scenario(client, w)
+    theirs = await make_scenario(client, other)
+    batch = await create_batch(client, w, scenario_ids=[mine["id"]])
+    others = await create_batch(client, other, scenario_ids=[theirs["id"]])
+    assert (await get_batch(client, w, batch["id"]))["rate_limited"] is None
+
+    worker_limiter = make_limiter("redis", settings, max_concurrency=8)
+    try:
+        where = Destination(str(w.t.id), "agent", "127.0.0.1")
+        lease = await worker_limiter.acquire(where, refused_since=None)
+        await worker_limiter.release(lease, status=429, retry_after_s=5)
+    finally:
+        await worker_limiter.close()
+
+    limited = (await get_batch(client, w, batch["id"]))["rate_limited"]
+    assert limited is not None
+    assert (limited["destination"], limited["kind"]) == ("127.0.0.1", "agent")
+    since = datetime.fromisoformat(limited["since"])
+    assert abs((datetime.now(UTC) - since).total_seconds()) < 5
+    assert (await get_batch(client, other, others["id"]))["rate_limited"] is None
+    listed = await client.get(f"{w.batches}/", headers=w.headers)
+    assert "rate_limited" not in listed.json()["batch_runs"][0]  # the detail's only
+
+
+def test_spar_batch_run_says_which_rate_limit_holds_the_batch_back() -> None:
+    now = datetime.now(UTC)
+    batch = BatchRunRead(
+        id=uuid4(),
+        organization_id=uuid4(),
+        agent_id=uuid4(),
+        agent_name="bot",
+        status=BatchStatus.RUNNING,
+        total_scenarios=4,
+        completed_scenarios=1,
+        passed_scenarios=1,
+        failed_scenarios=0,
+        error_scenarios=0,
+        max_concurrency=4,
+        started_at=now,
+        completed_at=None,
+        created_at=now,
+        updated_at=now,
+        rate_limited=RateLimitedRead(destination="api.openai.com", kind="judge", since=now),
+    )
+    console = Console(record=True, width=200, force_terminal=False)
+    with progress_bar(console, 4) as show:
+        show(batch)
+    text = console.export_text()
+    assert "held back by the rate limit of api.openai.com (judge calls) since" in text, text
+
+
+async def test_without_redis_calls_go_out_unlimited_rather_than_fail() -> None:
+    unreachable = RedisLimiter(
+        f"redis://127.0.0.1:{free_port()}/0", max_concurrency=1, wait_s=30.0, lease_s=30.0
+    )
+    try:
+        where = destination()
+        leases = [await unreachable.acquire(where, refused_since=None) for _ in range(3)]
+        for lease in leases:
+            await unreachable.release(lease, status=429, retry_after_s=30)
+        assert await unreachable.held_back([where]) is None
+    finally:
+        await unreachable.close()
+
+
+async def test_a_run_waiting_for_its_destination_keeps_its_heartbeat(
+    client: AsyncTestClient, app: Litestar, settings: Settings, agent: FakeAgent, db: AsyncSession
+) -> None:
+    """Waiting is not death: while its judge holds it back, the run's heartbeat moves on
+    (every 0.5 s here), so the sweeper never takes it for a dead worker's."""
+    beating = msgspec.structs.replace(settings, run_heartbeat_timeout_s=3.0)
+    made_limiter = make_limiter("local", settings, max_concurrency=4)
+    with TokenBucketOpenAI(rate=1000, burst=1000) as judge:
+        judge.enqueue(*[Reply(status=429, headers={"retry-after-ms": "400"})] * 4)
+        t = await tenant(client)
+        made = await outbound_setup(client, t, agent.url, judge.url)
+        scenario = await create_scenario(client, t, turns=[turn("Hi", criterion("Polite?"))])
+        run = await start_run(client, t, scenario["id"], made.agent_id)
+        playing = asyncio.create_task(
+            execute_run(app.state.database, beating, UUID(run["id"]), limiter=made_limiter)
+        )
+        beats = set()
+        while not playing.done():
+            beat = await db.scalar(
+                text("SELECT heartbeat_at FROM scenario_runs WHERE id = :id"), {"id": run["id"]}
+            )
+            await db.commit()
+            if beat is not None:
+                beats.add(beat)
+            await asyncio.sleep(0.1)
+        await playing
+        ended = await get_run(client, t, run["id"])
+    assert ended["status"] == "passed", ended
+    assert len(judge.requests) == 5  # four refusals, then the answer
+    assert len(beats) >= 3, beats  # claimed, then beating while it waited
