@@ -10,7 +10,11 @@ agent's calls, even on the same host.  Its limit follows AIMD:
   HTTP date; :data:`DEFAULT_HOLD_S` when it names none);
 * each other answer adds ``1 / limit``, up to ``SPAR_OUTBOUND_MAX_CONCURRENCY``, where a
   destination also starts (and starts again once its state has been idle for
-  :data:`IDLE_S`, or Redis lost it): the first refusal corrects it.
+  :data:`IDLE_S`, or Redis lost it): the first refusal corrects it.  For
+  :data:`PROBE_S` after a cut, it grows only to one below the limit that was refused:
+  a refusal costs the whole destination its Retry-After (a second, where the provider
+  rounds up), many round trips, so climbing straight back to where it was refused, as
+  plain AIMD does every few round trips, would spend most of the time held.
 
 A call waits for a free slot of its destination before each attempt; a slot is a lease
 that expires (``lease_s``: the call's own timeout and a margin), so a killed process cannot
@@ -48,6 +52,7 @@ DEFAULT_HOLD_S = 1.0  # a refusal that names no wait holds its destination this 
 RECENT_S = 30.0  # a destination that refused this recently is holding its callers back
 IDLE_S = 3600.0  # a destination's state untouched this long is forgotten (back to the start)
 POLL_S = 0.05  # how often a call waiting for a full destination looks again
+PROBE_S = 60.0  # after a cut, the limit stays below the one refused this long (default)
 KEY_PREFIX = "spar:outbound:"
 
 log = logging.getLogger("spar.outbound")
@@ -99,10 +104,13 @@ class DestinationLimiter:
     """The interface: :meth:`acquire` a slot before an attempt, :meth:`release` it with the
     attempt's outcome.  Subclasses hold the state (:meth:`_try`, :meth:`_settle`)."""
 
-    def __init__(self, *, max_concurrency: int, wait_s: float, lease_s: float) -> None:
+    def __init__(
+        self, *, max_concurrency: int, wait_s: float, lease_s: float, probe_s: float = PROBE_S
+    ) -> None:
         self.max_concurrency = max_concurrency
         self.wait_s = wait_s  # SPAR_RATE_LIMIT_WAIT_S
         self.lease_s = lease_s
+        self.probe_s = probe_s  # after a cut, the limit stays below the one refused
 
     async def acquire(self, destination: Destination, *, refused_since: float | None) -> Lease:
         """Wait for a slot of ``destination``.  ``refused_since``: when this call was first
@@ -195,7 +203,7 @@ return {0, 0, tostring(limit), now}
 """
 
 # ARGV: token, outcome (ok / throttled / other), hold_ms, acquired_ms, max, idle_ms,
-# recent_ms -> limit
+# recent_ms, probe_ms -> limit
 _RELEASE = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -204,6 +212,7 @@ redis.call('ZREM', KEYS[2], ARGV[1])
 local limit = math.min(tonumber(redis.call('HGET', KEYS[1], 'limit') or max), max)
 if ARGV[2] == 'throttled' then
   if tonumber(ARGV[4]) > tonumber(redis.call('HGET', KEYS[1], 'cut') or '0') then
+    redis.call('HSET', KEYS[1], 'ceiling', math.max(1, math.floor(limit) - 1))
     limit = math.max(1, math.floor(limit / 2))
     redis.call('HSET', KEYS[1], 'cut', now)
   end
@@ -214,7 +223,11 @@ if ARGV[2] == 'throttled' then
   local hold = tonumber(redis.call('HGET', KEYS[1], 'hold') or '0')
   redis.call('HSET', KEYS[1], 'hold', math.max(hold, now + tonumber(ARGV[3])))
 elseif ARGV[2] == 'ok' then
-  limit = math.min(max, limit + 1 / limit)
+  local top = max
+  if now - tonumber(redis.call('HGET', KEYS[1], 'cut') or '0') < tonumber(ARGV[8]) then
+    top = math.min(max, tonumber(redis.call('HGET', KEYS[1], 'ceiling') or max))
+  end
+  limit = math.max(limit, math.min(top, limit + 1 / limit))
 end
 redis.call('HSET', KEYS[1], 'limit', tostring(limit))
 redis.call('PEXPIRE', KEYS[1], ARGV[6])
@@ -268,6 +281,7 @@ class RedisLimiter(DestinationLimiter):
                 self.max_concurrency,
                 _ms(IDLE_S),
                 _ms(RECENT_S),
+                _ms(self.probe_s),
             ],
         )
         return float(limit)
@@ -293,6 +307,7 @@ class _State:
     limit: float
     hold_ms: int = 0
     cut_ms: int = 0
+    ceiling: float = 0.0  # after a cut, for PROBE_S: one below the limit refused
     since_ms: int = 0
     refused_ms: int = 0
     holders: dict[str, int] = field(default_factory=dict)  # token -> lease end
@@ -354,11 +369,15 @@ class LocalLimiter(DestinationLimiter):
                 state.since_ms = now
             state.refused_ms = now
             if lease.acquired_ms > state.cut_ms:
+                state.ceiling = max(1, math.floor(state.limit) - 1)
                 state.limit = max(1, math.floor(state.limit / 2))
                 state.cut_ms = now
             state.hold_ms = max(state.hold_ms, now + _ms(hold_s))
         elif outcome == "ok":
-            state.limit = min(self.max_concurrency, state.limit + 1 / state.limit)
+            top = self.max_concurrency
+            if now - state.cut_ms < _ms(self.probe_s):
+                top = min(top, state.ceiling)
+            state.limit = max(state.limit, min(top, state.limit + 1 / state.limit))
         return state.limit
 
     async def _refusals(self, destination: Destination) -> tuple[int, int, int]:

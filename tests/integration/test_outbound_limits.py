@@ -23,6 +23,7 @@ from shared import metrics
 from shared.batches.schemas import BatchRunRead, BatchStatus, RateLimitedRead
 from shared.outbound.egress import DomainRule, EgressClient, EgressPolicy
 from shared.outbound.limits import (
+    PROBE_S,
     Destination,
     DestinationLimiter,
     LocalLimiter,
@@ -49,9 +50,19 @@ IMPLEMENTATIONS = ["redis", "local"]
 
 
 def make_limiter(
-    kind: str, settings: Settings, *, max_concurrency: int, wait_s: float = 30.0
+    kind: str,
+    settings: Settings,
+    *,
+    max_concurrency: int,
+    wait_s: float = 30.0,
+    probe_s: float = PROBE_S,
 ) -> DestinationLimiter:
-    options = {"max_concurrency": max_concurrency, "wait_s": wait_s, "lease_s": 30.0}
+    options = {
+        "max_concurrency": max_concurrency,
+        "wait_s": wait_s,
+        "lease_s": 30.0,
+        "probe_s": probe_s,
+    }
     if kind == "redis":
         assert settings.redis_url
         return RedisLimiter(settings.redis_url, **options)
@@ -63,9 +74,14 @@ def implementation(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
 
+PROBE_TEST_S = 1.5  # the tests' probe period: short, so that the end of one is seen
+
+
 @pytest.fixture
 async def limiter(implementation: str, settings: Settings) -> AsyncIterator[DestinationLimiter]:
-    made = make_limiter(implementation, settings, max_concurrency=8, wait_s=30.0)
+    made = make_limiter(
+        implementation, settings, max_concurrency=8, wait_s=30.0, probe_s=PROBE_TEST_S
+    )
     yield made
     await made.close()
 
@@ -92,7 +108,8 @@ async def test_a_refusal_halves_the_limit_once_per_burst_and_successes_bring_it_
 ) -> None:
     """AIMD: the refusals of calls already under way when the limit was cut do not cut it
     again; a refusal holds the destination for its Retry-After; each success adds about
-    1/limit, up to the maximum."""
+    1/limit: for the probe period after a cut up to one below the limit refused, then up
+    to the maximum."""
     where = destination()
     leases = [await limiter.acquire(where, refused_since=None) for _ in range(8)]
     for lease in leases:  # a whole burst refused: one cut
@@ -113,13 +130,21 @@ async def test_a_refusal_halves_the_limit_once_per_burst_and_successes_bring_it_
     await limiter.release(lease, status=200, retry_after_s=None)
     more.append(await asyncio.wait_for(fifth, 2))
 
-    # Recovery: successes bring the limit back to the maximum, never past it.
+    # Recovery: successes bring the limit back, first to one below the limit refused (8)
+    # while the probe period lasts ...
     for held in more:
         await limiter.release(held, status=200, retry_after_s=None)
-    for _ in range(40):
-        held = await limiter.acquire(where, refused_since=None)
-        await limiter.release(held, status=200, retry_after_s=None)
-    assert metrics.OUTBOUND_LIMIT.labels("judge")._value.get() == 8
+
+    async def successes(count: int) -> float:
+        for _ in range(count):
+            held = await limiter.acquire(where, refused_since=None)
+            await limiter.release(held, status=200, retry_after_s=None)
+        return metrics.OUTBOUND_LIMIT.labels("judge")._value.get()
+
+    assert await successes(40) == 7
+    # ... then to the maximum, never past it.
+    await asyncio.sleep(PROBE_TEST_S)
+    assert await successes(40) == 8
 
 
 async def test_destinations_of_other_kinds_and_organizations_are_not_held(
