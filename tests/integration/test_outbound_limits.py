@@ -18,6 +18,7 @@ from rich.console import Console
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from api.ui.session import COOKIE
 from client.reports import progress_bar
 from shared import metrics
 from shared.batches.schemas import BatchRunRead, BatchStatus, RateLimitedRead
@@ -324,6 +325,19 @@ async def test_the_batch_detail_names_the_destination_holding_it_back(
     assert (await get_batch(client, other, others["id"]))["rate_limited"] is None
     listed = await client.get(f"{w.batches}/", headers=w.headers)
     assert "rate_limited" not in listed.json()["batch_runs"][0]  # the detail's only
+
+    # The results page says it too: on the page, and in what its live script polls.
+    cookie = {"Cookie": f"{COOKIE}={w.t.owner.token}"}
+    page = await client.get(f"/ui/orgs/{w.t.id}/batches/{batch['id']}", headers=cookie)
+    assert page.status_code == 200, page.text
+    assert "Held back by the rate limit of 127.0.0.1 (agent calls)" in page.text
+    polled = await client.get(f"/ui/orgs/{w.t.id}/batches/{batch['id']}/progress", headers=cookie)
+    assert polled.json()["batch"]["rate_limited"]["destination"] == "127.0.0.1"
+    page = await client.get(
+        f"/ui/orgs/{other.t.id}/batches/{others['id']}",
+        headers={"Cookie": f"{COOKIE}={other.t.owner.token}"},
+    )
+    assert "Held back by the rate limit" not in page.text
 
 
 def test_spar_batch_run_says_which_rate_limit_holds_the_batch_back() -> None:

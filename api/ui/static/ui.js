@@ -1,6 +1,6 @@
 // Spar results UI: the live progress of a batch run.  A batch page that is still running
 // names its progress URL (data-progress-url); poll it every second, update the badge, the
-// counters, the bar and each run's row (status, turns passed, when it ended), and reload
+// counters, the bar, the rate limit holding it back (if one does) and each run's row (status, turns passed, when it ended), and reload
 // the page once the batch is over (for its final state, its runs in order and its judge
 // trust).  Text only (textContent): nothing received is parsed as HTML.
 "use strict";
@@ -36,6 +36,15 @@
     setText(document.getElementById("passed"), batch.passed_scenarios);
     setText(document.getElementById("failed"), batch.failed_scenarios);
     setText(document.getElementById("errors"), batch.error_scenarios);
+    const limited = document.getElementById("rate-limited");
+    if (limited) {
+      const held = batch.rate_limited;
+      limited.hidden = !held;
+      limited.textContent = held
+        ? "Held back by the rate limit of " + held.destination + " (" + held.kind +
+          " calls) since " + when(held.since)
+        : "";
+    }
     const bar = document.getElementById("progress");
     if (bar) {
       bar.max = batch.total_scenarios;
