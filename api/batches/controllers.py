@@ -19,6 +19,7 @@ from litestar.status_codes import HTTP_200_OK
 from api.deps import Access, DbSession, Page, PathId
 from shared.batches import schemas, services
 from shared.identity.access import OrgAccess, requires
+from shared.outbound.limits import Destination
 
 EVENT_POLL_S = 0.5
 RECENT = timedelta(seconds=30)
@@ -139,12 +140,14 @@ class BatchRunController(Controller):
     ) -> ServerSentEvent:
         """Server-Sent Events: `progress` (counters) on every change, `run` per finished run,
         and a final `end` once the batch is over and every one of its runs is counted."""
-        await services.get_batch(db_session, access=access, batch_id=batch_run_id)  # 404 first
-        return ServerSentEvent(_progress(state, access, batch_run_id))
+        batch = await services.get_batch(db_session, access=access, batch_id=batch_run_id)
+        # Where its runs call out, looked up once: the stream asks the limiter about them.
+        destinations = await services.batch_destinations(db_session, batch=batch)
+        return ServerSentEvent(_progress(state, access, batch_run_id, destinations))
 
 
 async def _progress(
-    state: State, access: OrgAccess, batch_id: UUID
+    state: State, access: OrgAccess, batch_id: UUID, destinations: list[Destination]
 ) -> AsyncIterator[ServerSentEventMessage]:
     seen: set[UUID] = set()
     since: datetime | None = None  # runs ended before this were all reported
@@ -159,6 +162,7 @@ async def _progress(
                 batch_id=batch_id,
                 ended_since=since - RECENT if since is not None else None,
                 limiter=state.limiter,
+                destinations=destinations,
             )
         for run in now.ended:
             if run.id not in seen:

@@ -45,7 +45,7 @@ from shared.db.queries import one_in_org
 from shared.errors import Conflict, InvalidInput, NotFound
 from shared.identity.access import OrgAccess
 from shared.outbound.configuration import destinations_of
-from shared.outbound.limits import DestinationLimiter
+from shared.outbound.limits import Destination, DestinationLimiter
 from shared.outbound.services import agent_in_org
 from shared.paging import Paging, paginate
 from shared.queue import DISPATCH_BATCH, send_after_commit
@@ -216,20 +216,26 @@ async def batch_detail(
     batch = await get_batch(session, access=access, batch_id=batch_id)
     runs = await run_summaries(session, batch_id=batch.id)
     await trust.request(session, batch=batch, broker=broker)
-    limited = await rate_limited(session, batch=batch, limiter=limiter)
+    limited = await rate_limited(
+        batch, limiter=limiter, destinations=await batch_destinations(session, batch=batch)
+    )
     return batch_read(batch, runs, detail=True, limited=limited)
 
 
+async def batch_destinations(session: AsyncSession, *, batch: BatchRun) -> list[Destination]:
+    """Where the batch's runs call out: its agent's and its judge's destinations."""
+    if batch.agent_id is None:
+        return []
+    return await destinations_of(session, org_id=batch.organization_id, agent_id=batch.agent_id)
+
+
 async def rate_limited(
-    session: AsyncSession, *, batch: BatchRun, limiter: DestinationLimiter
+    batch: BatchRun, *, limiter: DestinationLimiter, destinations: list[Destination]
 ) -> schemas.RateLimitedRead | None:
-    """The destination of the batch's agent or judge refusing its calls now (the one
-    refusing longest), while the batch runs."""
-    if is_over(batch) or batch.agent_id is None:
+    """Of ``destinations``, the one refusing the batch's calls now (the one refusing
+    longest), while the batch runs."""
+    if is_over(batch) or not destinations:
         return None
-    destinations = await destinations_of(
-        session, org_id=batch.organization_id, agent_id=batch.agent_id
-    )
     found = await limiter.held_back(destinations)
     if found is None:
         return None
@@ -321,15 +327,18 @@ async def progress(
     batch_id: UUID,
     ended_since: datetime | None,
     limiter: DestinationLimiter,
+    destinations: list[Destination],
 ) -> Progress:
     """The batch and its runs that ended at ``ended_since`` or later (all of them without
-    it, and always all of them once the batch is over, so no run is ever missed)."""
+    it, and always all of them once the batch is over, so no run is ever missed), and which
+    of ``destinations`` (:func:`batch_destinations`, looked up once per stream) holds it
+    back."""
     batch = await get_batch(session, access=access, batch_id=batch_id)
     over = is_over(batch)
     ended = await run_summaries(
         session, batch_id=batch_id, ended=True, ended_since=None if over else ended_since
     )
-    limited = await rate_limited(session, batch=batch, limiter=limiter)
+    limited = await rate_limited(batch, limiter=limiter, destinations=destinations)
     return Progress(batch=batch, ended=ended, over=over, rate_limited=limited)
 
 
