@@ -73,9 +73,7 @@ class SimulationCreate(Input):
 
     persona: SimulationText
     goal: SimulationText
-    max_turns: Annotated[int, msgspec.Meta(ge=1, le=MAX_SIMULATED_TURNS)] = (
-        DEFAULT_SIMULATED_TURNS
-    )
+    max_turns: Annotated[int, msgspec.Meta(ge=1, le=MAX_SIMULATED_TURNS)] = DEFAULT_SIMULATED_TURNS
     # An LLM provider of the organization; else its default simulator, else the agent's judge.
     provider_id: UUID | None = None
     # Else the provider's default_model.
@@ -240,6 +238,9 @@ class ScenarioTurnResultRead(Output):
     redacted_keys: list[str] = []
     # The agent's model refused to answer: ``response_content`` is its refusal.
     refusal: bool = False
+    # ``simulated``: the message was written by the scenario's simulated user (such a turn
+    # has no criteria of its own).
+    source: TurnSource = "scripted"
 
 
 class ErrorTurnRead(Output):

@@ -77,9 +77,7 @@ def upgrade() -> None:
     op.add_column(
         "turn_results", sa.Column("conversation_matches", postgresql.JSONB(), nullable=True)
     )
-    op.add_column(
-        "scenario_runs", sa.Column("simulation_outcome", sa.String(16), nullable=True)
-    )
+    op.add_column("scenario_runs", sa.Column("simulation_outcome", sa.String(16), nullable=True))
     # Spelled as 0015 spells its constraints: the name as it is, no naming convention.
     op.execute(
         "ALTER TABLE criteria ADD CONSTRAINT ck_criteria_one_place"
