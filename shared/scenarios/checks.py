@@ -1,5 +1,6 @@
 """The free deterministic checks of a criterion (DESIGN §5.2): ``contains`` and
-``not_contains`` (case-insensitive substring), and ``regex``.
+``not_contains`` (case-insensitive substring), and ``regex``; on one reply, or, for a
+conversation criterion (DESIGN §5.9), on every reply of the conversation.
 
 A ``regex`` criterion runs the scenario author's pattern on the agent's reply, and a
 pattern can backtrack for longer than the universe has left.  So patterns are compiled
@@ -57,8 +58,10 @@ async def match(kind: str, pattern: str, reply: str) -> str | None:
     return pattern if pattern.casefold() in reply.casefold() else None
 
 
-def _found(kind: str, pattern: str) -> str:
-    return f"matches /{pattern}/" if kind == "regex" else f"contains {pattern!r}"
+def _found(kind: str, pattern: str, *, many: bool = False) -> str:
+    if kind == "regex":
+        return f"{'match' if many else 'matches'} /{pattern}/"
+    return f"{'contain' if many else 'contains'} {pattern!r}"
 
 
 def _missing(kind: str, pattern: str) -> str:
@@ -82,11 +85,13 @@ def over_conversation(
     """(verdict, critique, evidence) of a check judged on a whole conversation, from what it
     ``found`` in each agent reply (``(turn_index, evidence)``, turns counted from 0):
     ``contains`` and ``regex`` pass when some reply matched, ``not_contains`` fails when
-    some reply contained the text.  The critique names the replies (turns from 1)."""
+    some reply contained the text.  The critique names the replies (turns from 1), the
+    evidence is what the first one held."""
     if not found:
         verdict = "PASS" if kind == "not_contains" else "FAIL"
         return verdict, f"no reply {_found(kind, pattern)}", ""
+    many = len(found) > 1
     turns = ", ".join(str(index + 1) for index, _ in found)
-    which = "the reply of turn" if len(found) == 1 else "the replies of turns"
+    which = "the replies of turns" if many else "the reply of turn"
     verdict = "FAIL" if kind == "not_contains" else "PASS"
-    return verdict, f"{which} {turns} {_found(kind, pattern)}", found[0][1]
+    return verdict, f"{which} {turns} {_found(kind, pattern, many=many)}", found[0][1]
