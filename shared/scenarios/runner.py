@@ -141,7 +141,7 @@ async def _load(
     limiter: DestinationLimiter | None,
 ) -> _Context:
     """What playing the claimed run needs: the agent, the egress policy, the judge, an llm
-    agent's knowledge."""
+    agent's knowledge, the simulated user's provider."""
     try:
         outbound = await load_outbound(
             database, settings, run.organization_id, run.agent_id, run.outbound_version
@@ -156,24 +156,6 @@ async def _load(
             )
         except KnowledgeNotReady as exc:
             raise RunAborted(f"cannot start: {exc}") from None
-    simulation = run.snapshot.simulation
-    simulator_provider = None
-    if simulation is not None and run.simulation_outcome is None:
-        simulator_provider = outbound.simulator
-        if simulation.provider_id is not None:
-            try:
-                async with database.transaction() as session:
-                    simulator_provider = await load_provider(
-                        session,
-                        settings=settings,
-                        org_id=run.organization_id,
-                        provider_id=UUID(simulation.provider_id),
-                    )
-            except NotFound:
-                raise RunAborted(
-                    f"simulator: the scenario's simulator provider {simulation.provider_id} "
-                    "no longer exists"
-                ) from None
     return _Context(
         run_id=run_id,
         session_id=run.session_id or f"spar-{run_id}",
@@ -191,9 +173,35 @@ async def _load(
         business_information=run.business_information,
         cost=run.cost_summary,
         knowledge=None if knowledge is None or knowledge.empty else knowledge,
-        simulator=simulator_provider,
+        simulator=await _simulator_of(database, settings, run, outbound.simulator),
         simulation_outcome=run.simulation_outcome,
     )
+
+
+async def _simulator_of(
+    database: Database, settings: Settings, run: Claimed, default: ProviderConfig | None
+) -> ProviderConfig | None:
+    """The provider of the scenario's simulated user, if it is still to play: the one its
+    ``simulation`` names, else ``default`` (the organization's default simulator, else the
+    agent's judge: :class:`shared.outbound.configuration.OutboundConfig`)."""
+    simulation = run.snapshot.simulation
+    if simulation is None or run.simulation_outcome is not None:
+        return None
+    if simulation.provider_id is None:
+        return default
+    try:
+        async with database.transaction() as session:
+            return await load_provider(
+                session,
+                settings=settings,
+                org_id=run.organization_id,
+                provider_id=UUID(simulation.provider_id),
+            )
+    except NotFound:
+        raise RunAborted(
+            f"simulator: the scenario's simulator provider {simulation.provider_id} no longer "
+            "exists"
+        ) from None
 
 
 LLM = "llm_evaluated"
@@ -270,7 +278,7 @@ async def _conversation_matches(context: _Context, reply: AgentReply) -> dict[st
         try:
             found = await checks.match(criterion.criteria_type, criterion.question, reply.received)
         except checks.CheckUndecided as exc:
-            raise RunAborted(f"conversation criterion: {exc}") from None
+            raise RunAborted(f"criterion: {exc}") from None
         if found is not None:
             matches[criterion.id] = redact(found)
     return matches

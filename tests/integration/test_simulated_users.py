@@ -27,6 +27,8 @@ from shared.calibration import trust
 from shared.calibration.judging import judge_examples
 from shared.llm.judge import CONVERSATION_SYSTEM_PROMPT
 from shared.llm.simulator import SYSTEM_PROMPT as SIMULATOR_PROMPT
+from shared.metrics import OUTBOUND_ERRORS
+from shared.outbound.limits import LocalLimiter
 from shared.scenarios.runner import execute_run
 from shared.settings import Settings
 from tests.support.batches import drain
@@ -40,6 +42,7 @@ from tests.support.fakes import (
     openai_completion,
     unused_loopback_url,
 )
+from tests.support.ratelimited import TokenBucketOpenAI
 from tests.support.scenario_setup import (
     OutboundSetup,
     create_judge_provider,
@@ -79,6 +82,16 @@ def judge() -> Iterator[FakeOpenAI]:
 def simulator() -> Iterator[FakeSimulator]:
     with FakeSimulator(done_at=3) as fake:
         yield fake
+
+
+def simulator_errors() -> float:
+    """Failed simulator calls of every kind, as the outbound metrics count them."""
+    return sum(
+        sample.value
+        for metric in OUTBOUND_ERRORS.collect()
+        for sample in metric.samples
+        if sample.name.endswith("_total") and sample.labels["target"] == "simulator"
+    )
 
 
 def simulation(**fields: Any) -> dict[str, Any]:
@@ -523,6 +536,34 @@ async def test_an_unreachable_simulator_ends_the_run_in_error(
     assert done["error_message"].startswith("simulator: could not reach"), done["error_message"]
     assert [r["source"] for r in done["turn_results"]] == ["scripted"]
     assert done["error_turn"] is None
+
+
+async def test_the_simulators_calls_are_a_rate_limited_destination_of_their_own(
+    client: AsyncTestClient,
+    app: Litestar,
+    settings: Settings,
+    agent: FakeAgent,
+    judge: FakeOpenAI,
+) -> None:
+    """Outbound limits: a simulator refusing every call (429) holds back the simulator's
+    calls only, until the wait runs out: the run ends in error, put down to the simulator."""
+    limiter = LocalLimiter(max_concurrency=8, wait_s=0.6, lease_s=30.0, probe_s=1.5)
+    errors_before = simulator_errors()
+    with TokenBucketOpenAI(rate=20, burst=3, refuse_always=True) as refusing:
+        t, out = await world(client, agent, judge, None)
+        await create_simulator(client, t, refusing.url)
+        scenario = await scenario_of(client, t, out, turns=[turn("Hello")], simulation=simulation())
+        run = await start_run(client, t, scenario["id"], out.agent_id)
+        try:
+            await execute_run(app.state.database, settings, UUID(run["id"]), limiter=limiter)
+        finally:
+            await limiter.close()
+        ended = await get_run(client, t, run["id"])
+    assert ended["status"] == "error"
+    message = ended["error_message"]
+    assert message.startswith("simulator: rate limited by 127.0.0.1 (simulator calls)"), message
+    assert len(agent.requests) == 1  # the scripted turn, not held back
+    assert simulator_errors() == errors_before + 1
 
 
 async def test_the_simulator_is_the_scenarios_provider_else_the_default_else_the_judge(
