@@ -74,6 +74,7 @@ def _criteria(criteria: list[dict[str, Any]] | None) -> list[dict[str, Any]]:
                 }
                 for e in c.get("few_shot_examples") or []
             ],
+            **_expected_arguments(c),
         }
         for c in criteria or []
     ]
@@ -81,8 +82,8 @@ def _criteria(criteria: list[dict[str, Any]] | None) -> list[dict[str, Any]]:
 
 def normalized(body: ScenarioCreate | dict[str, Any]) -> dict[str, Any]:
     """A scenario in the one shape both sides are compared in: the create body's fields,
-    criteria without their ``order_index`` (their position is their order), a simulated
-    user with its defaults filled in."""
+    criteria without their ``order_index`` (their position is their order) and with
+    ``expected_arguments`` only where set, a simulated user with its defaults filled in."""
     data = msgspec.to_builtins(body) if isinstance(body, ScenarioCreate) else body
     simulation = data.get("simulation")
     if simulation is not None:
@@ -103,6 +104,13 @@ def normalized(body: ScenarioCreate | dict[str, Any]) -> dict[str, Any]:
         "simulation": simulation,
         "conversation_criteria": _criteria(data.get("conversation_criteria")),
     }
+
+
+def _expected_arguments(criterion: dict[str, Any]) -> dict[str, Any]:
+    """A ``tool_called`` criterion's ``expected_arguments``, when it has some: left out
+    otherwise, so the criteria of every other type read (and diff) as they always did."""
+    expected = criterion.get("expected_arguments")
+    return {} if expected is None else {"expected_arguments": expected}
 
 
 def load(path: Path) -> ScenarioFile:

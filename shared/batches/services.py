@@ -383,12 +383,15 @@ _CHANGE_ORDER = {
 def _played(snapshot: dict[str, Any]) -> bytes:
     """What a run of the scenario plays, from its snapshot: the customer context, each
     turn's message, whether it is required, and its criteria (questions, types, few-shot
-    examples), its simulated user and its conversation criteria.  Not the ids (saving
-    turns makes new ones) nor the name."""
+    examples, expected arguments), its simulated user and its conversation criteria.  Not
+    the ids (saving turns makes new ones) nor the name."""
     scenario = msgspec.convert(snapshot, Snapshot)
 
     def asked(criteria: list[SnapshotCriterion]) -> list[Any]:
-        return [[c.question, c.criteria_type, c.few_shot_examples] for c in criteria]
+        return [
+            [c.question, c.criteria_type, c.few_shot_examples, c.expected_arguments]
+            for c in criteria
+        ]
 
     return msgspec.json.encode(
         [

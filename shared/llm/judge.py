@@ -1,21 +1,25 @@
 """The LLM judge, shared by scenario runs and calibration (DESIGN §5.5).
 
-Prompt: the criterion question, its few-shot examples, the conversation so far and the
-organization's business information.  A turn's criterion is asked of the agent's latest
-reply; a conversation criterion (DESIGN §5.9) of the whole conversation.  Structured
-output (JSON schema) where the provider supports it (OpenAI's ``response_format``;
-Anthropic's ``output_config.format``, or a forced tool for models before it), tolerant
-parsing otherwise (:func:`shared.llm.clients.answer_object`).  A malformed answer or a
-refusal is retried, then raised as :class:`JudgeError` — never read as a PASS.
+Prompt: the criterion question, its few-shot examples, the conversation so far (each
+assistant message followed by the tools the agent called for it, one line each:
+``[tool call] name({"arguments"}) -> output``) and the organization's business
+information.  A turn's criterion is asked of the agent's latest reply; a conversation
+criterion (DESIGN §5.9) of the whole conversation.  Structured output (JSON schema) where
+the provider supports it (OpenAI's ``response_format``; Anthropic's
+``output_config.format``, or a forced tool for models before it), tolerant parsing
+otherwise (:func:`shared.llm.clients.answer_object`).  A malformed answer or a refusal is
+retried, then raised as :class:`JudgeError` — never read as a PASS.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from shared.llm.clients import LLMError, answer_object, chat
 from shared.metrics import judge_labels, observed_call
+from shared.outbound.agents import Message
 from shared.outbound.egress import EgressClient, ProviderConfig, storable
 
 VERDICT_SCHEMA: dict[str, Any] = {
@@ -62,9 +66,25 @@ class Judgement:
     calls: int
 
 
+TOOL_CALLS_NOTE = (
+    "A [tool call] line under an ASSISTANT message is a tool the agent called to produce "
+    "that message: name(arguments as JSON) -> what the tool returned."
+)
+
+
+def transcript(conversation: Sequence[Message]) -> str:
+    """The conversation as the judge reads it: ``ROLE: content`` per message, each tool call
+    of an assistant message on a line of its own under it."""
+    lines = []
+    for message in conversation:
+        lines.append(f"{message['role'].upper()}: {message['content']}")
+        lines += (f"  [tool call] {call.compact()}" for call in message.get("tool_calls") or ())
+    return "\n".join(lines)
+
+
 def build_prompt(
     question: str,
-    conversation: list[dict[str, str]],
+    conversation: Sequence[Message],
     few_shot_examples: list[dict[str, Any]] | None = None,
     business_information: str | None = None,
     *,
@@ -80,12 +100,14 @@ def build_prompt(
             f"Example {n}:\n{shown}: {example.get('response', '')}\n"
             f"Verdict: {example.get('verdict', '')}\nCritique: {example.get('critique', '')}"
         )
-    transcript = "\n".join(f"{m['role'].upper()}: {m['content']}" for m in conversation)
+    if any(message.get("tool_calls") for message in conversation):
+        parts.append(TOOL_CALLS_NOTE)
     if whole_conversation:
-        parts.append(f"The whole conversation (judge all of it):\n{transcript}")
+        parts.append(f"The whole conversation (judge all of it):\n{transcript(conversation)}")
     else:
         parts.append(
-            f"Conversation so far (the last ASSISTANT message is the one to judge):\n{transcript}"
+            "Conversation so far (the last ASSISTANT message is the one to judge):\n"
+            + transcript(conversation)
         )
     return "\n\n".join(parts)
 
@@ -107,7 +129,7 @@ async def judge(
     provider: ProviderConfig,
     *,
     question: str,
-    conversation: list[dict[str, str]],
+    conversation: Sequence[Message],
     few_shot_examples: list[dict[str, Any]] | None = None,
     business_information: str | None = None,
     model: str | None = None,

@@ -20,6 +20,8 @@ from uuid import UUID
 
 import msgspec
 
+from shared.outbound.schemas import ToolCall
+
 
 class SnapshotCriterion(msgspec.Struct, frozen=True):
     id: str
@@ -27,6 +29,7 @@ class SnapshotCriterion(msgspec.Struct, frozen=True):
     question: str
     criteria_type: str
     few_shot_examples: list[dict[str, Any]] | None = None
+    expected_arguments: dict[str, Any] | None = None  # tool_called only
 
 
 class SnapshotTurn(msgspec.Struct, frozen=True):
@@ -113,6 +116,8 @@ class TurnRecord(msgspec.Struct, frozen=True):
     source: str = "scripted"
     # The deterministic conversation criteria the reply matched: criterion id -> evidence.
     conversation_matches: dict[str, str] | None = None
+    # The tools the agent called for its reply, redacted and capped (shared.outbound.tool_calls).
+    tool_calls: list[ToolCall] = []
 
     @classmethod
     def unplayed(cls, turn_index: int) -> TurnRecord:
@@ -150,6 +155,7 @@ class ErrorTurn(msgspec.Struct, frozen=True):
     turn_index: int
     user_message: str | None = None
     response_content: str | None = None
+    tool_calls: list[ToolCall] = []  # reported with that reply
 
 
 class DoneTurn(msgspec.Struct, frozen=True):
@@ -162,6 +168,7 @@ class DoneTurn(msgspec.Struct, frozen=True):
     passed: bool
     stopped_early: bool
     conversation_matches: dict[str, str] | None = None
+    tool_calls: list[ToolCall] = []
 
 
 class Claimed(msgspec.Struct, frozen=True):

@@ -26,10 +26,12 @@ message changes nothing twice:
   and counts it in its batch, whose next run takes its place, in the same commit.
 
 The user message is rendered in a renderer process (:mod:`shared.scenarios.sandbox`);
-deterministic checks read the agent's reply as it was sent, the judge and the store the
-reply redacted.  A deterministic conversation criterion reads every reply as it was sent
-too: what it finds in each is committed with its turn (``conversation_matches``), so
-its verdict at the end does not depend on which delivery played which turn.
+deterministic checks read the agent's reply and tool calls as it sent them, the judge and
+the store read them redacted (and the calls capped, :mod:`shared.outbound.tool_calls`).
+A text check among the conversation criteria reads every reply as it was sent too: what
+it finds in each is committed with its turn (``conversation_matches``), so its verdict at
+the end does not depend on which delivery played which turn; a tool check among them
+reads every turn's calls as they were committed.
 """
 
 from __future__ import annotations
@@ -51,10 +53,12 @@ from shared.knowledge.context import load as load_knowledge
 from shared.llm import simulator
 from shared.llm.judge import Judgement, judge
 from shared.metrics import RUNS_IN_FLIGHT, in_flight, run_finished
-from shared.outbound.agents import AgentConfig, AgentReply, call_agent
+from shared.outbound import tool_calls
+from shared.outbound.agents import AgentConfig, AgentReply, Message, call_agent
 from shared.outbound.configuration import load_outbound, load_provider
 from shared.outbound.egress import EgressClient, EgressError, ProviderConfig
 from shared.outbound.limits import DestinationLimiter
+from shared.outbound.schemas import ToolCall
 from shared.scenarios import checks, sandbox, store
 from shared.scenarios.records import (
     CallCost,
@@ -69,7 +73,7 @@ from shared.scenarios.records import (
     SnapshotTurn,
     TurnRecord,
 )
-from shared.scenarios.schemas import RunStatus
+from shared.scenarios.schemas import TOOL_CRITERIA, RunStatus
 from shared.settings import Settings
 from shared.work import RUNS
 
@@ -205,6 +209,7 @@ async def _simulator_of(
 
 
 LLM = "llm_evaluated"
+TEXT = ("contains", "not_contains", "regex")  # the checks that read the reply's text
 
 
 @dataclass(frozen=True, slots=True)
@@ -220,19 +225,26 @@ class _Verdict:
 async def _evaluate(
     context: _Context,
     criterion: SnapshotCriterion,
-    conversation: list[dict[str, str]],
+    conversation: list[Message],
     reply: AgentReply,
+    calls: list[ToolCall],
 ) -> _Verdict:
-    """A criterion's verdict: a deterministic check reads the reply as the agent sent it (a
-    leak check must see the leak); the judge reads the conversation redacted."""
+    """A criterion's verdict: a deterministic check reads the reply and the tool ``calls``
+    as the agent sent them (a leak check must see the leak); the judge reads the
+    conversation redacted."""
     kind = criterion.criteria_type
     if kind != LLM:
-        try:
-            verdict, critique, evidence = await checks.verdict(
-                kind, criterion.question, reply.received
+        if kind in TOOL_CRITERIA:
+            verdict, critique, evidence = checks.tool_verdict(
+                kind, criterion.question, criterion.expected_arguments, calls
             )
-        except checks.CheckUndecided as exc:
-            raise RunAborted(f"criterion: {exc}") from None
+        else:
+            try:
+                verdict, critique, evidence = await checks.verdict(
+                    kind, criterion.question, reply.received
+                )
+            except checks.CheckUndecided as exc:
+                raise RunAborted(f"criterion: {exc}") from None
         # What a check quotes of the reply (a regex's match) is kept: redacted, like the reply.
         redact = context.egress.policy.redact
         return _Verdict(verdict, redact(critique), redact(evidence))
@@ -242,7 +254,7 @@ async def _evaluate(
 async def _judged(
     context: _Context,
     criterion: SnapshotCriterion,
-    conversation: list[dict[str, str]],
+    conversation: list[Message],
     *,
     whole_conversation: bool = False,
 ) -> _Verdict:
@@ -266,10 +278,11 @@ async def _judged(
 
 
 async def _conversation_matches(context: _Context, reply: AgentReply) -> dict[str, str] | None:
-    """What each deterministic conversation criterion finds in ``reply`` as the agent sent
-    it (criterion id -> evidence, redacted like the reply), to be judged with the other
-    replies' once the conversation ends; ``None`` when the scenario has none."""
-    checked = [c for c in context.snapshot.conversation_criteria if c.criteria_type != LLM]
+    """What each text check among the conversation criteria (``contains``,
+    ``not_contains``, ``regex``) finds in ``reply`` as the agent sent it (criterion id ->
+    evidence, redacted like the reply), to be judged with the other replies' once the
+    conversation ends; ``None`` when the scenario has none."""
+    checked = [c for c in context.snapshot.conversation_criteria if c.criteria_type in TEXT]
     if not checked:
         return None
     redact = context.egress.policy.redact
@@ -287,15 +300,25 @@ async def _conversation_matches(context: _Context, reply: AgentReply) -> dict[st
 async def _evaluate_conversation(
     context: _Context, criterion: SnapshotCriterion, progress: _Progress
 ) -> _Verdict:
-    """A conversation criterion's verdict: the judge's on the whole conversation, or a
-    check's on what it found in the agent's replies (:func:`checks.over_conversation`)."""
-    if criterion.criteria_type == LLM:
+    """A conversation criterion's verdict: the judge's on the whole conversation; a tool
+    check's on the calls of every turn; a text check's on what it found in the agent's
+    replies (:func:`checks.over_conversation`)."""
+    kind = criterion.criteria_type
+    if kind == LLM:
         return await _judged(context, criterion, progress.history, whole_conversation=True)
-    found = progress.found.get(criterion.id, [])
-    verdict, critique, evidence = checks.over_conversation(
-        criterion.criteria_type, criterion.question, found
-    )
     redact = context.egress.policy.redact
+    if kind in TOOL_CRITERIA:
+        calls = progress.calls()
+        verdict, critique, evidence = checks.tool_verdict(
+            kind, criterion.question, criterion.expected_arguments, [c for _, c in calls]
+        )
+        turns = sorted({index + 1 for index, c in calls if c.name == criterion.question})
+        if turns:
+            critique += f" (called in turn{'s' if len(turns) > 1 else ''} "
+            critique += ", ".join(map(str, turns)) + ")"
+        return _Verdict(verdict, redact(critique), redact(evidence))
+    found = progress.found.get(criterion.id, [])
+    verdict, critique, evidence = checks.over_conversation(kind, criterion.question, found)
     return _Verdict(verdict, redact(critique), evidence)
 
 
@@ -360,7 +383,7 @@ class _Progress:
     every turn passed, what the deterministic conversation criteria found in each reply,
     how many simulated turns were played."""
 
-    history: list[dict[str, str]]
+    history: list[Message]
     all_passed: bool
     found: dict[str, list[tuple[int, str]]]  # criterion id -> [(turn_index, evidence)]
     simulated: int
@@ -372,7 +395,11 @@ class _Progress:
             progress.add(turn.turn_index, turn.passed, turn.conversation_matches)
             progress.history += [
                 {"role": "user", "content": turn.user_message},
-                {"role": "assistant", "content": turn.response_content},
+                {
+                    "role": "assistant",
+                    "content": turn.response_content,
+                    "tool_calls": turn.tool_calls,
+                },
             ]
             if turn.turn_index >= len(snapshot.turns):
                 progress.simulated += 1
@@ -382,6 +409,13 @@ class _Progress:
         self.all_passed = self.all_passed and passed
         for criterion_id, evidence in (matches or {}).items():
             self.found.setdefault(criterion_id, []).append((index, evidence))
+
+    def calls(self) -> list[tuple[int, ToolCall]]:
+        """Every tool call of the conversation, with its turn's index, as committed."""
+        replies = (m for m in self.history if m["role"] == "assistant")
+        return [
+            (index, call) for index, m in enumerate(replies) for call in m.get("tool_calls") or ()
+        ]
 
     def played(self, played: _Played) -> None:
         record = played.record
@@ -569,12 +603,10 @@ class _Played:
     record: TurnRecord
     results: list[CriterionRecord]
     cost: CostSummary
-    conversation: list[dict[str, str]]
+    conversation: list[Message]
 
 
-async def _play_scripted(
-    context: _Context, turn: SnapshotTurn, history: list[dict[str, str]]
-) -> _Played:
+async def _play_scripted(context: _Context, turn: SnapshotTurn, history: list[Message]) -> _Played:
     """Render a scripted turn's message and play it."""
     customer_context = context.snapshot.customer_context or {}
     try:
@@ -598,17 +630,22 @@ async def _play(
     message: str,
     criteria: list[SnapshotCriterion],
     required: bool,
-    history: list[dict[str, str]],
+    history: list[Message],
     source: str = "scripted",
     extra: CostSummary | None = None,
 ) -> _Played:
     """Send the turn's message to the agent, judge every criterion of the turn at once and
-    look for the deterministic conversation criteria in the reply.  ``extra``: what the
-    turn cost besides the agent and the judge (the simulator that wrote its message)."""
+    look for the conversation criteria's texts in the reply.  ``extra``: what the turn
+    cost besides the agent and the judge (the simulator that wrote its message)."""
     customer_context = context.snapshot.customer_context or {}
-    system_context, given = None, None
+    system_context, given, searched = None, None, []
     if context.knowledge is not None:
-        system_context, given = await context.knowledge.for_message(message)
+        knowledge = await context.knowledge.for_message(message)
+        system_context, given, searched = (
+            knowledge.system_context,
+            knowledge.given,
+            knowledge.tool_calls,
+        )
     try:
         reply = await call_agent(
             context.egress,
@@ -622,18 +659,22 @@ async def _play(
         )
     except EgressError as exc:
         raise RunAborted(f"agent: {exc}", ErrorTurn(index, message)) from None
-    conversation = [
+    # What the agent did for this reply: Spar's knowledge search for an llm agent, the
+    # calls an http agent reported.  Checked as received, kept redacted and capped.
+    received_calls = [*searched, *reply.received_tool_calls]
+    calls = tool_calls.capped([*searched, *reply.tool_calls])
+    conversation: list[Message] = [
         *history,
         {"role": "user", "content": message},
-        {"role": "assistant", "content": reply.content},
+        {"role": "assistant", "content": reply.content, "tool_calls": calls},
     ]
     try:
         verdicts = await asyncio.gather(
-            *(_evaluate(context, c, conversation, reply) for c in criteria)
+            *(_evaluate(context, c, conversation, reply, received_calls) for c in criteria)
         )
         matches = await _conversation_matches(context, reply)
     except RunAborted as exc:  # a check or the judge: the agent had answered
-        raise exc.on(ErrorTurn(index, message, reply.content)) from None
+        raise exc.on(ErrorTurn(index, message, reply.content, calls)) from None
     passed = all(v.verdict == "PASS" for v in verdicts)
     record = TurnRecord(
         id=uuid.uuid4(),
@@ -645,6 +686,7 @@ async def _play(
         knowledge=given,
         redacted_keys=list(reply.redacted_keys),
         refusal=reply.refusal,
+        tool_calls=calls,
         source=source,
         conversation_matches=matches,
     )

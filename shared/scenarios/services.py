@@ -58,6 +58,7 @@ def _criterion(position: int, criterion: schemas.CriterionCreate, **place: UUID)
             {"response": e.response, "verdict": e.verdict, "critique": e.critique}
             for e in criterion.few_shot_examples
         ],
+        expected_arguments=criterion.expected_arguments,
         **place,
     )
 

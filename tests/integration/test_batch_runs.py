@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import threading
 import uuid
 from collections import deque
 from collections.abc import Iterator
@@ -34,7 +33,6 @@ from scheduler.sweeper import sweep
 from shared.batches import services as batch_services
 from shared.batches.window import dispatch_committed
 from shared.db.base import utcnow
-from shared.db.engine import Database, create_engine
 from shared.db.models import BatchRun, Criterion, Scenario, ScenarioRun, ScenarioTurn
 from shared.identity.access import OrgAccess, Principal
 from shared.queue import RUN_SCENARIO
@@ -42,6 +40,7 @@ from shared.scenarios import runner
 from shared.scenarios.runner import execute_run
 from shared.settings import Settings
 from tests.support.batches import (
+    Background,
     World,
     create_batch,
     drain,
@@ -51,6 +50,7 @@ from tests.support.batches import (
     make_scenario,
     make_world,
     passing_turn,
+    read_events,
 )
 from tests.support.factories import (
     create_token,
@@ -58,7 +58,6 @@ from tests.support.factories import (
     stub_broker,
 )
 from tests.support.fakes import FakeAgent
-from tests.support.sse import parse_sse
 
 BATCH_FIELDS = {
     "id",
@@ -1029,62 +1028,6 @@ async def test_the_sweeper_ignores_finished_and_cancelled_batches(
 
 
 # --- live progress (SSE) --------------------------------------------------------------------------
-
-
-async def read_events(client: AsyncTestClient, w: World, batch_id: str) -> list[tuple[str, Any]]:
-    async with client.stream("GET", f"{w.batches}/{batch_id}/events", headers=w.headers) as resp:
-        assert resp.status_code == 200
-        assert resp.headers["content-type"].startswith("text/event-stream")
-        body = "".join([chunk async for chunk in resp.aiter_text()])
-    return parse_sse(body)
-
-
-class Background:
-    """Work on a batch from another thread, with its own event loop and engine.
-
-    Litestar's test client serves a request on a separate thread while blocking the
-    test's event loop until the whole response is read, so whatever must happen *during*
-    a stream has to run elsewhere.  If the work fails, the batch is put in ``error`` so
-    the stream ends instead of hanging, and :meth:`join` raises the failure.
-    """
-
-    def __init__(self, settings: Settings, batch_id: str, work: Any) -> None:
-        self._settings = settings
-        self._batch_id = UUID(batch_id)
-        self._work = work
-        self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._main, daemon=True)
-
-    def __enter__(self) -> Background:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.join()
-
-    def join(self) -> None:
-        self._thread.join(timeout=60)
-        assert not self._thread.is_alive(), "background work did not finish"
-        if self._error is not None:
-            raise self._error
-
-    def _main(self) -> None:
-        asyncio.run(self._run())
-
-    async def _run(self) -> None:
-        database = Database(create_engine(self._settings))
-        try:
-            await self._work(database)
-        except BaseException as exc:
-            self._error = exc
-            async with database.transaction() as session:
-                await session.execute(
-                    update(BatchRun)
-                    .where(BatchRun.id == self._batch_id)
-                    .values(status="error", error_message="test background work failed")
-                )
-        finally:
-            await database.dispose()
 
 
 async def test_events_of_a_finished_batch_stream_every_run_then_end(

@@ -93,6 +93,17 @@ BREAKS: list[tuple[str, dict[str, Any], str]] = [
     # neither; so is a criterion result a turn result's or its run's.
     ("criteria", {"scenario_id": uuid.uuid4()}, "ck_criteria_one_place"),
     ("criteria", {"turn_id": None}, "ck_criteria_one_place"),
+    # Expected arguments: an object, on a tool_called criterion only.
+    (
+        "criteria",
+        {"expected_arguments": {"order_id": "AB-1"}},
+        "ck_criteria_expected_arguments_of_tool_called",
+    ),
+    (
+        "criteria",
+        {"criteria_type": "tool_called", "expected_arguments": ["order_id"]},
+        "ck_criteria_expected_arguments_of_tool_called",
+    ),
     ("scenario_runs", {"status": "paused"}, "ck_scenario_runs_status"),
     ("scenario_runs", {"attempts": -1}, "ck_scenario_runs_attempts_not_negative"),
     ("scenario_runs", {"simulation_outcome": "bored"}, "ck_scenario_runs_simulation_outcome"),
@@ -104,6 +115,7 @@ BREAKS: list[tuple[str, dict[str, Any], str]] = [
     ),
     ("turn_results", {"turn_index": -1}, "ck_turn_results_turn_index_not_negative"),
     ("turn_results", {"source": "dreamt"}, "ck_turn_results_source"),
+    ("turn_results", {"tool_calls": {"name": "x"}}, "ck_turn_results_tool_calls_array"),
     ("criterion_results", {"verdict": "MAYBE"}, "ck_criterion_results_verdict"),
     ("criterion_results", {"input_tokens": -1}, "ck_criterion_results_counts_not_negative"),
     ("criterion_results", {"run_id": uuid.uuid4()}, "ck_criterion_results_one_place"),

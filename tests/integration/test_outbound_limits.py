@@ -6,6 +6,7 @@ Redis (shared by every process) and in-process (``spar dev``)."""
 from __future__ import annotations
 
 import asyncio
+from collections import deque
 from collections.abc import AsyncIterator, Iterator
 from datetime import UTC, datetime
 from uuid import UUID, uuid4
@@ -22,6 +23,8 @@ from api.ui.session import COOKIE
 from client.reports import progress_bar
 from shared import metrics
 from shared.batches.schemas import BatchRunRead, BatchStatus, RateLimitedRead
+from shared.batches.window import dispatch_committed
+from shared.db.engine import Database
 from shared.outbound.egress import DomainRule, EgressClient, EgressPolicy
 from shared.outbound.limits import (
     PROBE_S,
@@ -33,7 +36,14 @@ from shared.outbound.limits import (
 )
 from shared.scenarios.runner import execute_run
 from shared.settings import Settings
-from tests.support.batches import create_batch, get_batch, make_scenario, make_world
+from tests.support.batches import (
+    Background,
+    create_batch,
+    get_batch,
+    make_scenario,
+    make_world,
+    read_events,
+)
 from tests.support.factories import tenant
 from tests.support.fakes import FakeAgent, FakeServer, Reply
 from tests.support.processes import free_port
@@ -339,6 +349,21 @@ async def test_the_batch_detail_names_the_destination_holding_it_back(
     )
     assert "Held back by the rate limit" not in page.text
 
+    # And the event stream's progress events, until the batch is played out (by a worker
+    # with no limiter here) and the stream ends with it.
+    async def play(database: Database) -> None:
+        await asyncio.sleep(1.0)
+        pending = deque(await dispatch_committed(database, UUID(batch["id"])))
+        while pending:
+            pending.extend(await execute_run(database, settings, pending.popleft()) or [])
+
+    with Background(settings, batch["id"], play):
+        events = await read_events(client, w, batch["id"])
+    progress = [data for name, data in events if name == "progress"]
+    assert progress[0]["rate_limited"]["destination"] == "127.0.0.1", progress[0]
+    assert progress[0]["rate_limited"]["kind"] == "agent"
+    assert events[-1][0] == "end" and events[-1][1]["status"] == "completed", events[-1]
+
 
 def test_spar_batch_run_says_which_rate_limit_holds_the_batch_back() -> None:
     now = datetime.now(UTC)
@@ -365,6 +390,40 @@ def test_spar_batch_run_says_which_rate_limit_holds_the_batch_back() -> None:
         show(batch)
     text = console.export_text()
     assert "held back by the rate limit of api.openai.com (judge calls) since" in text, text
+
+
+async def test_the_redis_limiters_calls_sent_together_keep_the_limit_and_survive_a_script_flush(
+    settings: Settings,
+) -> None:
+    """The Redis limiter sends the scripts of concurrent calls in one pipeline: each call
+    still gets its own answer (never more holders than the limit, every slot given back),
+    and scripts Redis has forgotten (a restart, ``SCRIPT FLUSH``) are loaded again."""
+    import redis.asyncio as aioredis
+
+    assert settings.redis_url
+    made = make_limiter("redis", settings, max_concurrency=5)
+    where = destination()
+    holding = peak = 0
+
+    async def call() -> None:
+        nonlocal holding, peak
+        lease = await made.acquire(where, refused_since=None)
+        holding += 1
+        peak = max(peak, holding)
+        await asyncio.sleep(0.01)
+        holding -= 1
+        await made.release(lease, status=200, retry_after_s=None)
+
+    admin = aioredis.Redis.from_url(settings.redis_url)
+    try:
+        await asyncio.gather(*(call() for _ in range(40)))
+        await admin.script_flush()
+        await asyncio.gather(*(call() for _ in range(40)))
+        assert peak == 5, peak  # the limit, reached and never passed
+        assert await admin.zcard(where.key + ":holders") == 0  # every slot given back
+    finally:
+        await admin.aclose()
+        await made.close()
 
 
 async def test_without_redis_calls_go_out_unlimited_rather_than_fail() -> None:

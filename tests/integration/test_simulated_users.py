@@ -179,6 +179,7 @@ async def test_a_scenario_keeps_its_simulation_and_conversation_criteria(
         "criteria_type",
         "few_shot_examples",
         "order_index",
+        "expected_arguments",
     }
     assert (first["question"], first["criteria_type"], first["order_index"]) == (
         "Was the booking moved?",

@@ -1,9 +1,12 @@
 """Batches of scenario runs through the API: a world (an organization, an http agent at a
 loopback :class:`FakeAgent`), scenarios with turns that pass, fail or error, a batch made
-and read, and a batch played as the workers play it (:func:`drain`)."""
+and read, a batch played as the workers play it (:func:`drain`), and its event stream read
+while work goes on elsewhere (:func:`read_events`, :class:`Background`)."""
 
 from __future__ import annotations
 
+import asyncio
+import threading
 from collections import deque
 from dataclasses import dataclass
 from typing import Any
@@ -11,12 +14,16 @@ from uuid import UUID
 
 from litestar import Litestar
 from litestar.testing import AsyncTestClient
+from sqlalchemy import update
 
 from shared.batches.window import dispatch_committed
+from shared.db.engine import Database, create_engine
+from shared.db.models import BatchRun
 from shared.scenarios.runner import execute_run
 from shared.settings import Settings
 from tests.support.factories import Tenant, tenant
 from tests.support.fakes import FakeAgent
+from tests.support.sse import parse_sse
 
 
 @dataclass
@@ -122,3 +129,62 @@ async def drain(app: Litestar, settings: Settings, batch_id: str) -> list[UUID]:
         pending.extend(await execute_run(database, settings, run_id) or [])
         executed.append(run_id)
     return executed
+
+
+# --- live progress (SSE) ------------------------------------------------------------------------
+
+
+async def read_events(client: AsyncTestClient, w: World, batch_id: str) -> list[tuple[str, Any]]:
+    async with client.stream("GET", f"{w.batches}/{batch_id}/events", headers=w.headers) as resp:
+        assert resp.status_code == 200
+        assert resp.headers["content-type"].startswith("text/event-stream")
+        body = "".join([chunk async for chunk in resp.aiter_text()])
+    return parse_sse(body)
+
+
+class Background:
+    """Work on a batch from another thread, with its own event loop and engine.
+
+    Litestar's test client serves a request on a separate thread while blocking the
+    test's event loop until the whole response is read, so whatever must happen *during*
+    a stream has to run elsewhere.  If the work fails, the batch is put in ``error`` so
+    the stream ends instead of hanging, and :meth:`join` raises the failure.
+    """
+
+    def __init__(self, settings: Settings, batch_id: str, work: Any) -> None:
+        self._settings = settings
+        self._batch_id = UUID(batch_id)
+        self._work = work
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._main, daemon=True)
+
+    def __enter__(self) -> Background:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.join()
+
+    def join(self) -> None:
+        self._thread.join(timeout=60)
+        assert not self._thread.is_alive(), "background work did not finish"
+        if self._error is not None:
+            raise self._error
+
+    def _main(self) -> None:
+        asyncio.run(self._run())
+
+    async def _run(self) -> None:
+        database = Database(create_engine(self._settings))
+        try:
+            await self._work(database)
+        except BaseException as exc:
+            self._error = exc
+            async with database.transaction() as session:
+                await session.execute(
+                    update(BatchRun)
+                    .where(BatchRun.id == self._batch_id)
+                    .values(status="error", error_message="test background work failed")
+                )
+        finally:
+            await database.dispose()

@@ -20,6 +20,7 @@ import time
 from email.utils import formatdate
 from typing import Any
 
+from bench.fakes import TokenBucket  # the benchmark's bucket: one rule of the limit
 from tests.support.fakes import FakeOpenAI, RecordedRequest, Reply, openai_error
 
 FORMS = ("seconds", "ms", "date")
@@ -43,8 +44,7 @@ class TokenBucketOpenAI(FakeOpenAI):
         self.concurrency = concurrency
         self.service_s = service_s
         self.refuse_always = refuse_always
-        self.tokens = float(burst)
-        self.refilled_at = time.monotonic()
+        self.bucket = TokenBucket(rate, burst)
         self.in_flight = 0
         self.max_in_flight = 0
         self.served = 0
@@ -55,17 +55,13 @@ class TokenBucketOpenAI(FakeOpenAI):
 
     def handle(self, request: RecordedRequest) -> Reply:
         with self._bucket:
-            now = time.monotonic()
-            self.tokens = min(self.burst, self.tokens + (now - self.refilled_at) * self.rate)
-            self.refilled_at = now
             crowded = self.concurrency is not None and self.in_flight >= self.concurrency
-            if self.refuse_always or crowded or self.tokens < 1:
+            wait = 1 / self.rate if self.refuse_always or crowded else self.bucket.take()
+            if wait:
                 self.refused += 1
                 form = next(self._next_form)
                 self.forms.append(form)
-                wait = (1 - self.tokens) / self.rate if self.tokens < 1 else 1 / self.rate
                 return Reply(status=429, headers=_retry_after(form, wait), json=_limited())
-            self.tokens -= 1
             self.in_flight += 1
             self.max_in_flight = max(self.max_in_flight, self.in_flight)
         try:

@@ -18,6 +18,7 @@ from sqlalchemy import (
     false,
     text,
 )
+from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import Mapped, mapped_column, relationship
 
 from shared.db.base import Base, IdMixin, JSONType, TimestampMixin, utcnow
@@ -95,6 +96,11 @@ class Criterion(IdMixin, Base):
         not_negative("order_index"),
         one_of("criteria_type", CriteriaType),
         CheckConstraint("(turn_id IS NULL) <> (scenario_id IS NULL)", name="one_place"),
+        CheckConstraint(
+            "expected_arguments IS NULL OR (criteria_type = 'tool_called'"
+            " AND jsonb_typeof(expected_arguments) = 'object')",
+            name="expected_arguments_of_tool_called",
+        ),
     )
 
     turn_id: Mapped[uuid.UUID | None] = mapped_column(
@@ -107,6 +113,8 @@ class Criterion(IdMixin, Base):
     question: Mapped[str] = mapped_column(Text)
     criteria_type: Mapped[str] = mapped_column(String(32))
     few_shot_examples: Mapped[list[dict[str, Any]]] = mapped_column(JSONType, default=list)
+    # tool_called only: the arguments some call of the tool must carry (SQL NULL when none).
+    expected_arguments: Mapped[dict[str, Any] | None] = mapped_column(JSONB(none_as_null=True))
 
 
 class ScenarioRun(IdMixin, TimestampMixin, Base):
@@ -181,6 +189,7 @@ class TurnResult(IdMixin, Base):
         UniqueConstraint("run_id", "turn_index"),
         not_negative("turn_index"),
         one_of("source", TurnSource),
+        CheckConstraint("jsonb_typeof(tool_calls) = 'array'", name="tool_calls_array"),
     )
 
     run_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("scenario_runs.id", ondelete="CASCADE"))
@@ -207,6 +216,10 @@ class TurnResult(IdMixin, Base):
     # (criterion id -> what matched, redacted): judged once the conversation ends, without
     # the unredacted replies of earlier deliveries.
     conversation_matches: Mapped[dict[str, str] | None] = mapped_column(JSONType)
+    # The tools the agent called for the reply (redacted, capped: shared.outbound.tool_calls).
+    tool_calls: Mapped[list[dict[str, Any]]] = mapped_column(
+        JSONType, default=list, server_default=text("'[]'::jsonb")
+    )
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
     criteria_results: Mapped[list[CriterionResult]] = relationship(

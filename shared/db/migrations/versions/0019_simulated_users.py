@@ -12,7 +12,7 @@ a run how its simulated conversation ended (``simulation_outcome``).  A provider
 its organization's default simulator (at most one, like the default judge).
 
 Revision ID: 0019
-Revises: 0017
+Revises: 0018
 Create Date: 2026-12-05 10:00:00
 """
 
@@ -23,7 +23,7 @@ from alembic import op
 from sqlalchemy.dialects import postgresql
 
 revision: str = "0019"
-down_revision: str | None = "0017"
+down_revision: str | None = "0018"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
