@@ -108,7 +108,7 @@ def outcomes(api: Api, batch: BatchRunRead) -> list[Outcome]:
         outcome.error = run.error_message
         outcome.simulation_outcome = run.simulation_outcome
         outcome.failed_conversation = [
-            (c.question, c.verdict, c.critique)
+            (criterion_label(c.criteria_type, c.question), c.verdict, c.critique)
             for c in run.conversation_results or []
             if c.verdict != "PASS"
         ]

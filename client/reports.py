@@ -59,7 +59,8 @@ class Outcome:
     seconds: float
     error: str | None = None
     failed: list[FailedTurn] = field(default_factory=list)
-    # (question, verdict, critique) of each conversation criterion that did not pass.
+    # (question, verdict, critique) of each conversation criterion that did not pass (a tool
+    # check named by what it checks, as a turn's).
     failed_conversation: list[tuple[str, str, str]] = field(default_factory=list)
     # How its simulated user's conversation ended (None for a scripted scenario).
     simulation_outcome: str | None = None

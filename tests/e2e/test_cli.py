@@ -500,9 +500,9 @@ async def test_batch_run_exit_codes_result_files_and_fail_under(
 async def test_a_simulated_scenario_pushed_from_yaml_runs_and_names_its_failed_criterion(
     client: AsyncTestClient, spar_api: str, shop: ShopAgent, judge: FakeOpenAI, tmp_path: Path
 ) -> None:
-    """A YAML scenario with a simulated user and conversation criteria: pushed (and pushed
-    again, unchanged), run by ``spar batch run``, its failed conversation criterion named
-    in the table, the JUnit file and the JSON report."""
+    """A YAML scenario with a simulated user and conversation criteria (tool checks among
+    them): pushed (and pushed again, unchanged), run by ``spar batch run``, its failed
+    conversation criteria named in the table, the JUnit file and the JSON report."""
     t = await world(client, shop, judge)
     scenarios = tmp_path / "simulated"
     write(
@@ -512,14 +512,19 @@ async def test_a_simulated_scenario_pushed_from_yaml_runs_and_names_its_failed_c
         name: rebook
         tags: [simulated]
         turns:
-          - user_message: I need to move my booking
+          - user_message: I need a refund for order AB-1
         simulation:
-          persona: A hurried traveller who writes short messages
-          goal: Move booking BK-42 to Friday
+          persona: A hurried customer who writes short messages
+          goal: Get order AB-1 refunded by Friday
           max_turns: 4
         conversation_criteria:
+          - question: refund_order
+            criteria_type: tool_called
+            expected_arguments: {order_id: AB-1}
           - question: customer message 1
             criteria_type: contains
+          - question: refund_order
+            criteria_type: tool_not_called
           - question: Friday
             criteria_type: contains
         """,
@@ -552,17 +557,24 @@ async def test_a_simulated_scenario_pushed_from_yaml_runs_and_names_its_failed_c
         )
     assert ran.returncode == 1, ran.stdout + ran.stderr
     assert "0 passed, 1 failed, 0 error of 1" in ran.stdout
+    assert "FAIL tool_not_called refund_order (conversation)" in ran.stdout
     assert "FAIL Friday (conversation)" in ran.stdout
     assert "no reply contains 'Friday'" in ran.stdout
     (case,) = check_junit(junit).findall("testcase")
     failure = case.find("failure")
-    assert failure is not None and failure.get("message") == "conversation: Friday"
+    assert failure is not None
+    assert failure.get("message") == "conversation: tool_not_called refund_order"
     assert "simulated user: goal_reached" in failure.text
+    assert "(called in turn 1)" in failure.text
     (scenario,) = json.loads(report.read_text())["scenarios"]
     assert scenario["simulation_outcome"] == "goal_reached"
-    assert scenario["failed_conversation_criteria"] == [
-        {"question": "Friday", "verdict": "FAIL", "critique": "no reply contains 'Friday'"}
-    ]
+    refused, friday = scenario["failed_conversation_criteria"]
+    assert (refused["question"], refused["verdict"]) == ("tool_not_called refund_order", "FAIL")
+    assert friday == {
+        "question": "Friday",
+        "verdict": "FAIL",
+        "critique": "no reply contains 'Friday'",
+    }
     assert (scenario["passed_turns"], scenario["total_turns"]) == (2, 2)
     assert simulator.asked_per_exchange() == {1: 1, 2: 1}
 

@@ -723,6 +723,75 @@ async def test_conversation_criteria_read_every_reply_of_a_simulated_conversatio
     assert "USER: customer message 2" in asked[0]["messages"][1]["content"]
 
 
+def booking_calls(body: dict[str, Any]) -> list[dict[str, Any]]:
+    """The tools a booking agent reports: a lookup for the first simulated message, the
+    move for the second."""
+    if body["message"] == "customer message 1":
+        return [{"name": "lookup_booking", "arguments": {"id": "BK-42"}, "output": {"day": "Wed"}}]
+    if body["message"] == "customer message 2":
+        return [{"name": "move_booking", "arguments": {"booking_id": "BK-42", "day": "Friday"}}]
+    return []
+
+
+TOOL_CHECKS = [
+    criterion("move_booking", "tool_called", expected_arguments={"day": "Friday"}),
+    criterion("move_booking", "tool_called", expected_arguments={"day": "Monday"}),
+    criterion("refund_order", "tool_not_called"),
+    criterion("lookup_booking", "tool_not_called"),
+]
+
+
+async def test_tool_checks_among_conversation_criteria_look_at_every_turns_calls(
+    client: AsyncTestClient,
+    app: Litestar,
+    settings: Settings,
+    judge: FakeOpenAI,
+    simulator: FakeSimulator,
+) -> None:
+    with FakeAgent(
+        reply=lambda body: f"Echo: {body['message']}", tool_calls=booking_calls
+    ) as agent:
+        t, out = await world(client, agent, judge, simulator)
+        scenario = await scenario_of(
+            client,
+            t,
+            out,
+            turns=[turn("Hello", criterion("move_booking", "tool_not_called"))],
+            simulation=simulation(),
+            conversation_criteria=[*TOOL_CHECKS, criterion("Was the booking moved?")],
+        )
+        done = await run_to_end(client, app, settings, t, scenario)
+    assert done["status"] == "failed", done
+    assert all(r["passed"] for r in done["turn_results"])
+    assert [len(r["tool_calls"]) for r in done["turn_results"]] == [0, 1, 1]
+    results = done["conversation_results"]
+    assert [(r["criteria_type"], r["question"], r["verdict"]) for r in results] == [
+        ("tool_called", "move_booking", "PASS"),
+        ("tool_called", "move_booking", "FAIL"),
+        ("tool_not_called", "refund_order", "PASS"),
+        ("tool_not_called", "lookup_booking", "FAIL"),
+        ("llm_evaluated", "Was the booking moved?", "PASS"),
+    ]
+    moved, never, _, looked_up, _ = results
+    assert moved["critique"] == (
+        'move_booking was called with {"day":"Friday"}; calls seen: lookup_booking, '
+        "move_booking (called in turn 3)"
+    )
+    assert '"booking_id":"BK-42"' in moved["evidence"]
+    assert never["critique"].startswith('move_booking was called once, never with {"day":"Monday"}')
+    assert looked_up["critique"].endswith("(called in turn 2)")
+    # The judge reads the conversation's tool calls under the replies.
+    (asked,) = [
+        r.json
+        for r in judge.requests
+        if r.json["messages"][0]["content"] == CONVERSATION_SYSTEM_PROMPT
+    ]
+    assert (
+        '[tool call] move_booking({"booking_id":"BK-42","day":"Friday"})'
+        in (asked["messages"][1]["content"])
+    )
+
+
 async def test_a_failed_required_turn_stops_before_the_simulator_and_the_conversation_criteria(
     client: AsyncTestClient,
     app: Litestar,
@@ -862,10 +931,10 @@ async def test_a_done_answer_is_committed_and_a_redelivery_never_asks_for_it_aga
     client: AsyncTestClient,
     app: Litestar,
     settings: Settings,
-    agent: FakeAgent,
     simulator: FakeSimulator,
 ) -> None:
-    """Stopped while the judge weighs the conversation, after the simulator said done."""
+    """Stopped while the judge weighs the conversation, after the simulator said done: the
+    next delivery judges it from the committed turns (their tool calls too)."""
     released = threading.Event()
 
     def slow_verdict(body: dict[str, Any]) -> str:
@@ -873,7 +942,10 @@ async def test_a_done_answer_is_committed_and_a_redelivery_never_asks_for_it_aga
             released.wait(10)
         return judge_reply(body)
 
-    with FakeOpenAI(reply=slow_verdict) as judge:
+    with (
+        FakeOpenAI(reply=slow_verdict) as judge,
+        FakeAgent(reply=lambda body: f"Echo: {body['message']}", tool_calls=booking_calls) as agent,
+    ):
         t, out = await world(client, agent, judge, simulator)
         scenario = await scenario_of(
             client,
@@ -881,7 +953,7 @@ async def test_a_done_answer_is_committed_and_a_redelivery_never_asks_for_it_aga
             out,
             turns=[turn("Hello")],
             simulation=simulation(),
-            conversation_criteria=[criterion("Was the goal reached?")],
+            conversation_criteria=[criterion("Was the goal reached?"), TOOL_CHECKS[0]],
         )
         run = await start_run(client, t, scenario["id"], out.agent_id)
         task = asyncio.create_task(execute_run(app.state.database, settings, UUID(run["id"])))
@@ -905,7 +977,8 @@ async def test_a_done_answer_is_committed_and_a_redelivery_never_asks_for_it_aga
     assert (done["status"], done["simulation_outcome"]) == ("passed", "goal_reached"), done
     assert len(simulator.requests) == asked == 3, "the done answer was not asked for again"
     assert len(agent.requests) == 3
-    assert [r["verdict"] for r in done["conversation_results"]] == ["PASS"]
+    # The tool check read the calls the first delivery committed.
+    assert [r["verdict"] for r in done["conversation_results"]] == ["PASS", "PASS"]
     assert done["cost_summary"]["simulator"]["calls"] == 3
 
 
