@@ -106,6 +106,12 @@ def outcomes(api: Api, batch: BatchRunRead) -> list[Outcome]:
             continue
         run = api.read(api.path(f"scenarios/runs/{summary.id}"), ScenarioRunRead)
         outcome.error = run.error_message
+        outcome.simulation_outcome = run.simulation_outcome
+        outcome.failed_conversation = [
+            (criterion_label(c.criteria_type, c.question), c.verdict, c.critique)
+            for c in run.conversation_results or []
+            if c.verdict != "PASS"
+        ]
         for turn in run.turn_results or []:
             if turn.passed or turn.status == "skipped":
                 continue

@@ -47,7 +47,8 @@ class FailedTurn:
 
 @dataclass
 class Outcome:
-    """A scenario's run in the batch and, when it did not pass, why."""
+    """A scenario's run in the batch and, when it did not pass, why: its failed turns and
+    its failed conversation criteria (judged on the whole conversation)."""
 
     run_id: UUID
     scenario_id: UUID
@@ -58,6 +59,11 @@ class Outcome:
     seconds: float
     error: str | None = None
     failed: list[FailedTurn] = field(default_factory=list)
+    # (question, verdict, critique) of each conversation criterion that did not pass (a tool
+    # check named by what it checks, as a turn's).
+    failed_conversation: list[tuple[str, str, str]] = field(default_factory=list)
+    # How its simulated user's conversation ended (None for a scripted scenario).
+    simulation_outcome: str | None = None
 
 
 # --- characters no reader or terminal should be handed raw ---------------------------------------
@@ -113,14 +119,13 @@ def junit_xml(batch: BatchRunRead, found: list[Outcome]) -> bytes:
             time=f"{outcome.seconds:.3f}",
         )
         if outcome.status == "failed":
-            first = outcome.failed[0] if outcome.failed else None
-            message = (
-                f"turn {first.turn_index + 1}: {first.criteria[0][0]}"
-                if first and first.criteria
-                else "a required turn failed"
+            failure = ET.SubElement(
+                case, "failure", message=_first_failure(outcome), type="criterion"
             )
-            failure = ET.SubElement(case, "failure", message=message, type="criterion")
-            failure.text = "\n\n".join(_describe(turn) for turn in outcome.failed)
+            described = [_describe(turn) for turn in outcome.failed]
+            if outcome.failed_conversation:
+                described.append(_describe_conversation(outcome))
+            failure.text = "\n\n".join(described)
         elif outcome.status != "passed":
             error = ET.SubElement(
                 case, "error", message=outcome.error or outcome.status, type=outcome.status
@@ -132,6 +137,27 @@ def junit_xml(batch: BatchRunRead, found: list[Outcome]) -> bytes:
         element.attrib = {name: shown(value) for name, value in element.attrib.items()}
     ET.indent(suite)
     return ET.tostring(suite, encoding="utf-8", xml_declaration=True)
+
+
+def _first_failure(outcome: Outcome) -> str:
+    """What failed first: a turn's criterion, else a conversation criterion."""
+    first = outcome.failed[0] if outcome.failed else None
+    if first and first.criteria:
+        return f"turn {first.turn_index + 1}: {first.criteria[0][0]}"
+    if outcome.failed_conversation:
+        return f"conversation: {outcome.failed_conversation[0][0]}"
+    return "a required turn failed"
+
+
+def _describe_conversation(outcome: Outcome) -> str:
+    lines = ["the whole conversation"]
+    if outcome.simulation_outcome:
+        lines.append(f"  simulated user: {outcome.simulation_outcome}")
+    for question, verdict, critique in outcome.failed_conversation:
+        lines.append(f"  {verdict}: {question}")
+        if critique:
+            lines.append(f"    critique: {critique}")
+    return "\n".join(lines)
 
 
 def _describe(turn: FailedTurn) -> str:
@@ -170,6 +196,11 @@ def json_report(batch: BatchRunRead, found: list[Outcome]) -> str:
                 "passed_turns": o.passed_turns,
                 "total_turns": o.total_turns,
                 "error": o.error,
+                "simulation_outcome": o.simulation_outcome,
+                "failed_conversation_criteria": [
+                    {"question": q, "verdict": v, "critique": c}
+                    for q, v, c in o.failed_conversation
+                ],
                 "failed_turns": [
                     {
                         "turn_index": t.turn_index,
@@ -260,6 +291,13 @@ def print_results(console: Console, batch: BatchRunRead, found: list[Outcome]) -
                         Text(shown(f"{verdict} {question}")),
                         Text(shown(critique)),
                     )
+            for question, verdict, critique in outcome.failed_conversation:
+                table.add_row(
+                    scenario,
+                    "whole",
+                    Text(shown(f"{verdict} {question} (conversation)")),
+                    Text(shown(critique)),
+                )
         console.print(table)
     total = batch.total_scenarios
     rate = batch.passed_scenarios / total if total else 0.0

@@ -25,8 +25,8 @@ from client.api import Api, UsageProblem
 from client.profiles import org_option, profile_option, target
 from client.terminal import make_console, say
 from shared.errors import InvalidInput
-from shared.scenarios.rules import check_turns
-from shared.scenarios.schemas import ScenarioCreate
+from shared.scenarios.rules import check_scenario
+from shared.scenarios.schemas import ScenarioCreate, SimulationCreate
 from shared.validation import locate
 
 SUFFIXES = (".yaml", ".yml")
@@ -61,11 +61,33 @@ def _problem(path: Path, line: int, loc: list[str], message: str) -> str:
     return f"{path}:{line}: {message} (loc: {where})"
 
 
+def _criteria(criteria: list[dict[str, Any]] | None) -> list[dict[str, Any]]:
+    return [
+        {
+            "question": c["question"],
+            "criteria_type": c.get("criteria_type", "llm_evaluated"),
+            "few_shot_examples": [
+                {
+                    "response": e["response"],
+                    "verdict": e["verdict"],
+                    "critique": e.get("critique", ""),
+                }
+                for e in c.get("few_shot_examples") or []
+            ],
+            **_expected_arguments(c),
+        }
+        for c in criteria or []
+    ]
+
+
 def normalized(body: ScenarioCreate | dict[str, Any]) -> dict[str, Any]:
     """A scenario in the one shape both sides are compared in: the create body's fields,
     criteria without their ``order_index`` (their position is their order) and with
-    ``expected_arguments`` only where set."""
+    ``expected_arguments`` only where set, a simulated user with its defaults filled in."""
     data = msgspec.to_builtins(body) if isinstance(body, ScenarioCreate) else body
+    simulation = data.get("simulation")
+    if simulation is not None:
+        simulation = msgspec.to_builtins(msgspec.convert(simulation, SimulationCreate))
     return {
         "name": data["name"],
         "description": data.get("description"),
@@ -75,25 +97,12 @@ def normalized(body: ScenarioCreate | dict[str, Any]) -> dict[str, Any]:
             {
                 "user_message": t["user_message"],
                 "required": bool(t.get("required", False)),
-                "criteria": [
-                    {
-                        "question": c["question"],
-                        "criteria_type": c.get("criteria_type", "llm_evaluated"),
-                        "few_shot_examples": [
-                            {
-                                "response": e["response"],
-                                "verdict": e["verdict"],
-                                "critique": e.get("critique", ""),
-                            }
-                            for e in c.get("few_shot_examples") or []
-                        ],
-                        **_expected_arguments(c),
-                    }
-                    for c in t.get("criteria") or []
-                ],
+                "criteria": _criteria(t.get("criteria")),
             }
             for t in data["turns"]
         ],
+        "simulation": simulation,
+        "conversation_criteria": _criteria(data.get("conversation_criteria")),
     }
 
 
@@ -120,7 +129,7 @@ def load(path: Path) -> ScenarioFile:
         raise UsageProblem(f"{path}:1: a scenario file holds one mapping (name, turns, ...)")
     try:
         body = msgspec.convert(document, ScenarioCreate, strict=True)
-        check_turns(body.turns, body.customer_context)  # the service's own rules
+        check_scenario(body)  # the service's own rules
     except msgspec.ValidationError as exc:
         loc, message = locate(exc)
         raise UsageProblem(_problem(path, _line_of(node, loc), loc, message)) from None

@@ -9,7 +9,8 @@ queues read at scrape time in :mod:`api.metrics`, the workers' messages in
 * scenario runs in flight and finished, by status (the run engine);
 * knowledge documents processed, by outcome;
 * units of work given up (:mod:`shared.work`);
-* agent and judge calls: latency and errors by kind and provider (:func:`observed_call`);
+* agent, judge and simulator calls: latency and errors by kind and provider
+  (:func:`observed_call`);
 * outbound limits (:mod:`shared.outbound.limits`): each destination kind's current limit,
   the calls waiting for their destination, and the rate-limit refusals;
 * what a process exposes (:func:`exposition`), and its live gauges dropped as it exits.
@@ -117,14 +118,15 @@ WORK_GIVEN_UP = Counter(
 
 OUTBOUND_DURATION = Histogram(
     "spar_outbound_call_duration_seconds",
-    "Agent and judge calls, retries included, by target (agent, judge), kind (http, llm) "
+    "Agent, judge and simulator calls, retries included, by target (agent, judge, simulator), "
+    "kind (http, llm) "
     "and provider or protocol.",
     ["target", "kind", "provider"],
     buckets=(0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0),
 )
 OUTBOUND_ERRORS = Counter(
     "spar_outbound_call_errors_total",
-    "Agent and judge calls that failed, by target, kind, provider and error type.",
+    "Agent, judge and simulator calls that failed, by target, kind, provider and error type.",
     ["target", "kind", "provider", "error"],
 )
 
@@ -138,7 +140,7 @@ def agent_labels(_egress: Any, agent: Any, *_: Any, **__: Any) -> tuple[str, str
 
 
 def judge_labels(_egress: Any, provider: Any, *_: Any, **__: Any) -> tuple[str, str]:
-    """(kind, provider) of a ``judge(egress, provider, ...)``."""
+    """(kind, provider) of a ``judge(egress, provider, ...)`` (or of the simulator's call)."""
     return "llm", provider.provider
 
 

@@ -104,7 +104,11 @@ class Work:
     def __post_init__(self) -> None:
         running = self.status == self.running
         units = bindparam("p_units", type_=ARRAY(Uuid()))
-        beat = update(self.table).where(self.id == any_(units), running)
+        # Never a released unit (heartbeat cleared): a beat that read the unit before its
+        # release and stamps after it would have the next delivery find it alive.
+        beat = update(self.table).where(
+            self.id == any_(units), running, self.heartbeat.is_not(None)
+        )
         released = update(self.table).where(self.id == UNIT, running)
         # Neither is progress: ``updated_at`` stays (an explicit value stops its onupdate).
         unchanged = {"updated_at": self.table.c.updated_at}

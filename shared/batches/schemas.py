@@ -49,7 +49,7 @@ class RateLimitedRead(Output):
     """A destination whose rate limit holds a running batch's calls back."""
 
     destination: str  # the host
-    kind: str  # whose calls: agent or judge
+    kind: str  # whose calls: agent, judge or simulator
     since: datetime  # its first refusal of this spell
 
 

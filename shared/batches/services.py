@@ -49,7 +49,7 @@ from shared.outbound.limits import Destination, DestinationLimiter
 from shared.outbound.services import agent_in_org
 from shared.paging import Paging, paginate
 from shared.queue import DISPATCH_BATCH, send_after_commit
-from shared.scenarios.records import Snapshot
+from shared.scenarios.records import Snapshot, SnapshotCriterion
 from shared.scenarios.schemas import TERMINAL_STATUSES
 from shared.scenarios.services import snapshot_source, tag_filter
 
@@ -262,6 +262,12 @@ async def run_summaries(
         .where(TurnResult.run_id == ScenarioRun.id, TurnResult.passed)
         .scalar_subquery()
     )
+    # A simulated user's turns count once played (a scenario names only its scripted ones).
+    simulated_turns = (
+        select(func.count(TurnResult.id))
+        .where(TurnResult.run_id == ScenarioRun.id, TurnResult.source == "simulated")
+        .scalar_subquery()
+    )
     query = select(
         ScenarioRun.id,
         ScenarioRun.scenario_id,
@@ -270,6 +276,7 @@ async def run_summaries(
         ScenarioRun.started_at,
         ScenarioRun.completed_at,
         passed_turns.label("passed_turns"),
+        simulated_turns.label("simulated_turns"),
     ).where(ScenarioRun.batch_run_id == batch_id)
     if ended:
         query = query.where(ScenarioRun.status.in_(TERMINAL_STATUSES)).order_by(
@@ -283,7 +290,7 @@ async def run_summaries(
         schemas.BatchRunItemSummary.from_row(
             row,
             scenario_name=str((row.snapshot or {}).get("name") or ""),
-            total_turns=len((row.snapshot or {}).get("turns") or []),
+            total_turns=len((row.snapshot or {}).get("turns") or []) + row.simulated_turns,
         )
         for row in await session.execute(query)
     ]
@@ -374,25 +381,24 @@ _CHANGE_ORDER = {
 
 
 def _played(snapshot: dict[str, Any]) -> bytes:
-    """What a run of the scenario plays, from its snapshot: the customer context and each
+    """What a run of the scenario plays, from its snapshot: the customer context, each
     turn's message, whether it is required, and its criteria (questions, types, few-shot
-    examples, expected arguments).  Not the ids (saving turns makes new ones) nor the
-    name."""
+    examples, expected arguments), its simulated user and its conversation criteria.  Not
+    the ids (saving turns makes new ones) nor the name."""
     scenario = msgspec.convert(snapshot, Snapshot)
+
+    def asked(criteria: list[SnapshotCriterion]) -> list[Any]:
+        return [
+            [c.question, c.criteria_type, c.few_shot_examples, c.expected_arguments]
+            for c in criteria
+        ]
+
     return msgspec.json.encode(
         [
             scenario.customer_context,
-            [
-                [
-                    turn.user_message,
-                    turn.required,
-                    [
-                        [c.question, c.criteria_type, c.few_shot_examples, c.expected_arguments]
-                        for c in turn.criteria
-                    ],
-                ]
-                for turn in scenario.turns
-            ],
+            [[turn.user_message, turn.required, asked(turn.criteria)] for turn in scenario.turns],
+            scenario.simulation,
+            asked(scenario.conversation_criteria),
         ]
     )
 

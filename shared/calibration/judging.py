@@ -203,6 +203,7 @@ async def _judge(
                     few_shot_examples=list(example.few_shot_examples),
                     business_information=business_information,
                     model=outbound.agent.judge_model,
+                    whole_conversation=example.conversation,
                 )
             except (JudgeError, EgressError) as exc:
                 return None, f"undecided: {exc}"[:2000]

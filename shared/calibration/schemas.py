@@ -24,8 +24,9 @@ class CalibrationStatus(enum.StrEnum):
 
 class LabeledExample(Input):
     """One labelled example.  Its criterion is a free ``criterion_question``, or a
-    scenario criterion named by ``criteria_id`` (its question and few-shot examples are
-    used, and the calibration is tied to that criterion's version)."""
+    scenario criterion named by ``criteria_id``, a turn's or a conversation criterion (its
+    question and few-shot examples are used, a conversation criterion is judged as one, and
+    the calibration is tied to that criterion's version)."""
 
     id: Annotated[str, text(1, 255)]
     user_message: LongText
@@ -48,6 +49,8 @@ class StoredExample(msgspec.Struct, frozen=True):
     criteria_id: UUID | None = None
     few_shot_examples: list[dict[str, str]] = []
     tags: list[str] = []
+    # Its criterion is a conversation criterion: judged as one (of the whole exchange).
+    conversation: bool = False
 
 
 class CalibrateBody(Input):
@@ -161,9 +164,11 @@ class UncalibratedCriterion(Output):
     judged: int
     passed: int
     raw_pass_rate: float
+    # A conversation criterion: asked of each run's whole conversation.
+    conversation: bool = False
 
 
-class TrustedCriterion(UncalibratedCriterion):
+class TrustedCriterion(UncalibratedCriterion, kw_only=True):
     """A criterion a calibration measured the judge on: the corrected pass rate with its
     95 % interval (the batch's sampling error and the calibration's both carried).
     ``corrected_pass_rate`` is ``None`` where the judge is no better than chance (TPR + TNR

@@ -13,7 +13,7 @@ from typing import Any
 from uuid import UUID
 
 import msgspec
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from shared.calibration import schemas
@@ -91,7 +91,11 @@ async def start(
         example_count=len(examples),
         criterion_versions={
             str(c.id): criterion_version(
-                c.question, c.few_shot_examples, judge_id, agent.judge_model
+                c.question,
+                c.few_shot_examples,
+                judge_id,
+                agent.judge_model,
+                conversation=c.scenario_id is not None,
             )
             for c, _ in criteria.values()
         },
@@ -110,33 +114,43 @@ async def start(
 async def _criteria(
     session: AsyncSession, org_id: UUID, ids: set[UUID]
 ) -> dict[UUID, tuple[Criterion, str]]:
-    """The organization's scenario criteria among ``ids``, each with its place in its
-    scenario (:func:`place_of`)."""
+    """The organization's scenario criteria among ``ids`` (a turn's, or a conversation
+    criterion), each with its place in its scenario (:func:`place_of`)."""
     if not ids:
         return {}
+    scenario_id = func.coalesce(ScenarioTurn.scenario_id, Criterion.scenario_id)
     rows = await session.execute(
-        select(Criterion, ScenarioTurn.scenario_id, ScenarioTurn.order_index)
-        .join(ScenarioTurn, ScenarioTurn.id == Criterion.turn_id)
-        .join(Scenario, Scenario.id == ScenarioTurn.scenario_id)
+        select(Criterion, scenario_id, ScenarioTurn.order_index)
+        .outerjoin(ScenarioTurn, ScenarioTurn.id == Criterion.turn_id)
+        .join(Scenario, Scenario.id == scenario_id)
         .where(Criterion.id.in_(ids), Scenario.organization_id == org_id)
     )
     return {
-        c.id: (c, place_of(scenario_id, turn_index, c.order_index))
-        for c, scenario_id, turn_index in rows
+        c.id: (c, place_of(scenario, turn_index, c.order_index)) for c, scenario, turn_index in rows
     }
 
 
-def place_of(scenario_id: UUID, turn_index: int, criterion_index: int) -> str:
-    """Where a criterion sits in its scenario: kept when an edit gives it a new id."""
-    return f"{scenario_id}/{turn_index}/{criterion_index}"
+def place_of(scenario_id: UUID, turn_index: int | None, criterion_index: int) -> str:
+    """Where a criterion sits in its scenario (``turn_index`` ``None``: among its
+    conversation criteria): kept when an edit gives it a new id."""
+    turn = "conversation" if turn_index is None else turn_index
+    return f"{scenario_id}/{turn}/{criterion_index}"
 
 
 def criterion_version(
-    question: str, few_shot_examples: Sequence[Any], judge_id: UUID | None, judge_model: str | None
+    question: str,
+    few_shot_examples: Sequence[Any],
+    judge_id: UUID | None,
+    judge_model: str | None,
+    *,
+    conversation: bool = False,
 ) -> str:
     """What a calibration of a criterion measured: a hash of its question, its few-shot
-    examples and the judge (provider and model) that judged it."""
+    examples, whether it is asked of a whole conversation, and the judge (provider and
+    model) that judged it."""
     identity = [question, list(few_shot_examples or []), str(judge_id), judge_model]
+    if conversation:
+        identity.append("conversation")
     return hashlib.sha256(msgspec.json.encode(identity)).hexdigest()[:16]
 
 
@@ -153,6 +167,7 @@ def _stored(
         criteria_id=example.criteria_id,
         few_shot_examples=list(criterion.few_shot_examples) if criterion else [],
         tags=list(example.tags),
+        conversation=criterion is not None and criterion.scenario_id is not None,
     )
 
 
@@ -195,7 +210,11 @@ async def criterion_status(
             reason = "the agent was deleted"
         elif (
             criterion_version(
-                criterion.question, criterion.few_shot_examples, judge_id, agent.judge_model
+                criterion.question,
+                criterion.few_shot_examples,
+                judge_id,
+                agent.judge_model,
+                conversation=criterion.scenario_id is not None,
             )
             != version
         ):

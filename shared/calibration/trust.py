@@ -1,8 +1,9 @@
 """Judge trust (DESIGN §5.6): a batch's pass rates once the judge's measured error is
 taken out.
 
-A criterion, here, is a question with its few-shot examples: the same question asked in
-many scenarios of a batch is one criterion with many verdicts (``criteria_ids`` lists
+A criterion, here, is a question with its few-shot examples, asked of a turn's reply or
+of a whole conversation (a conversation criterion, DESIGN §5.9): the same question asked
+in many scenarios of a batch is one criterion with many verdicts (``criteria_ids`` lists
 them), which is what gives its pass rate a sample.  For each LLM-judged criterion of a
 batch that is over, the raw pass rate (PASS verdicts among those judged) is corrected with
 the TPR and TNR that the latest completed calibration of the batch's agent measured on
@@ -110,8 +111,12 @@ async def request(session: AsyncSession, *, batch: BatchRun, broker: dramatiq.Br
     return True
 
 
-# A snapshot (shared.scenarios.records.Snapshot) holding a criterion the LLM judge decides.
-_JUDGED = '$.turns[*].criteria[*] ? (@.criteria_type == "llm_evaluated")'
+# A snapshot (shared.scenarios.records.Snapshot) holding a criterion the LLM judge decides,
+# in a turn or among its conversation criteria.
+_JUDGED = (
+    '$.turns[*].criteria[*] ? (@.criteria_type == "llm_evaluated")',
+    '$.conversation_criteria[*] ? (@.criteria_type == "llm_evaluated")',
+)
 
 
 async def _asks_the_judge(session: AsyncSession, batch_id: UUID) -> bool:
@@ -119,14 +124,22 @@ async def _asks_the_judge(session: AsyncSession, batch_id: UUID) -> bool:
     reports on)."""
     judged = select(ScenarioRun.id).where(
         ScenarioRun.batch_run_id == batch_id,
-        func.jsonb_path_exists(ScenarioRun.snapshot, literal(_JUDGED, JSONPATH)),
+        or_(
+            *(
+                func.jsonb_path_exists(ScenarioRun.snapshot, literal(path, JSONPATH))
+                for path in _JUDGED
+            )
+        ),
     )
     return bool(await session.scalar(select(judged.exists())))
 
 
-def text_key(question: str, few_shot_examples: Any) -> str:
-    """A criterion's identity for judge trust: its question and few-shot examples."""
+def text_key(question: str, few_shot_examples: Any, *, conversation: bool = False) -> str:
+    """A criterion's identity for judge trust: its question and few-shot examples, and
+    whether it is asked of a whole conversation."""
     identity = [question, list(few_shot_examples or [])]
+    if conversation:
+        identity.append("conversation")
     return hashlib.sha256(msgspec.json.encode(identity)).hexdigest()[:16]
 
 
@@ -135,6 +148,7 @@ class _Judged:
     """A criterion (a question and its few-shot examples) as the batch asked it."""
 
     question: str
+    conversation: bool = False
     criteria_ids: list[UUID] = field(default_factory=list)
     scenarios: set[UUID] = field(default_factory=set)
     places: set[str] = field(default_factory=set)
@@ -144,6 +158,8 @@ class _Judged:
 
 async def _judged_criteria(session: AsyncSession, batch_id: UUID) -> dict[str, _Judged]:
     """The batch's LLM-judged criteria that have verdicts, by :func:`text_key`."""
+    # A verdict on a turn, or on a run's whole conversation.
+    run_id = func.coalesce(TurnResult.run_id, CriterionResult.run_id)
     counts = {
         criteria_id: (passed, judged)
         for criteria_id, passed, judged in await session.execute(
@@ -152,8 +168,9 @@ async def _judged_criteria(session: AsyncSession, batch_id: UUID) -> dict[str, _
                 func.count().filter(CriterionResult.verdict == "PASS"),
                 func.count(),
             )
-            .join(TurnResult, TurnResult.id == CriterionResult.turn_result_id)
-            .join(ScenarioRun, ScenarioRun.id == TurnResult.run_id)
+            .select_from(CriterionResult)
+            .outerjoin(TurnResult, TurnResult.id == CriterionResult.turn_result_id)
+            .join(ScenarioRun, ScenarioRun.id == run_id)
             .where(
                 ScenarioRun.batch_run_id == batch_id,
                 CriterionResult.verdict.in_(("PASS", "FAIL")),
@@ -169,19 +186,26 @@ async def _judged_criteria(session: AsyncSession, batch_id: UUID) -> dict[str, _
     )
     judged: dict[str, _Judged] = {}
     for scenario_id, raw in snapshots:
-        for turn in msgspec.convert(raw, Snapshot).turns:
-            for criterion in turn.criteria:
-                criteria_id = UUID(criterion.id)
-                if criterion.criteria_type != "llm_evaluated" or criteria_id not in counts:
-                    continue
-                key = text_key(criterion.question, criterion.few_shot_examples)
-                entry = judged.setdefault(key, _Judged(question=criterion.question))
-                entry.criteria_ids.append(criteria_id)
-                entry.scenarios.add(scenario_id)
-                entry.places.add(place_of(scenario_id, turn.order_index, criterion.order_index))
-                passed, total = counts[criteria_id]
-                entry.passed += passed
-                entry.judged += total
+        snapshot = msgspec.convert(raw, Snapshot)
+        asked = [(turn.order_index, c) for turn in snapshot.turns for c in turn.criteria]
+        asked += [(None, c) for c in snapshot.conversation_criteria]
+        for turn_index, criterion in asked:
+            criteria_id = UUID(criterion.id)
+            if criterion.criteria_type != "llm_evaluated" or criteria_id not in counts:
+                continue
+            conversation = turn_index is None
+            key = text_key(
+                criterion.question, criterion.few_shot_examples, conversation=conversation
+            )
+            entry = judged.setdefault(
+                key, _Judged(question=criterion.question, conversation=conversation)
+            )
+            entry.criteria_ids.append(criteria_id)
+            entry.scenarios.add(scenario_id)
+            entry.places.add(place_of(scenario_id, turn_index, criterion.order_index))
+            passed, total = counts[criteria_id]
+            entry.passed += passed
+            entry.judged += total
     return judged
 
 
@@ -209,7 +233,11 @@ class _Calibrated:
         named: dict[str, set[str]] = defaultdict(set)
         places = calibration.criterion_places or {}
         for example in msgspec.convert(calibration.examples, list[schemas.StoredExample]):
-            key = text_key(example.criterion_question, example.few_shot_examples)
+            key = text_key(
+                example.criterion_question,
+                example.few_shot_examples,
+                conversation=example.conversation,
+            )
             text_of[example.id] = key
             if example.criteria_id is not None:
                 criteria_id = str(example.criteria_id)
@@ -242,6 +270,7 @@ def _report(
     for key, j in sorted(judged.items(), key=lambda item: item[1].question):
         common: dict[str, Any] = {
             "question": j.question,
+            "conversation": j.conversation,
             "criteria_ids": sorted(j.criteria_ids),
             "scenarios": len(j.scenarios),
             "judged": j.judged,

@@ -11,6 +11,7 @@ content, and ``refusal`` says so.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,7 +24,13 @@ from shared.llm.models import (
     traits,
     with_options,
 )
-from shared.outbound.egress import EgressClient, EgressError, EgressResponse, ProviderConfig
+from shared.outbound.egress import (
+    EgressClient,
+    EgressError,
+    EgressResponse,
+    ProviderConfig,
+    decode_json,
+)
 
 ANTHROPIC_VERSION = "2023-06-01"
 SCHEMA_NAME = "response"  # the JSON schema's (OpenAI) and the forced tool's (Anthropic) name
@@ -31,6 +38,29 @@ SCHEMA_NAME = "response"  # the JSON schema's (OpenAI) and the forced tool's (An
 
 class LLMError(EgressError):
     """The provider answered, but not with a usable completion."""
+
+
+_FENCE = re.compile(r"^```(?:json)?\s*|\s*```$", re.IGNORECASE)
+
+
+def answer_object(content: str) -> dict[str, Any] | None:
+    """The JSON object a structured answer holds, read tolerantly (a model without
+    structured output may fence it in Markdown, or say something around it); ``None`` when
+    there is none.  Its strings are as decoded: make them storable and redact them again
+    before keeping them."""
+    text = _FENCE.sub("", content.strip())
+    candidates = [text]
+    start, end = text.find("{"), text.rfind("}")
+    if 0 <= start < end:
+        candidates.append(text[start : end + 1])
+    for candidate in candidates:
+        try:
+            data = decode_json(candidate)
+        except msgspec.DecodeError:
+            continue
+        if isinstance(data, dict):
+            return data
+    return None
 
 
 @dataclass(frozen=True, slots=True)

@@ -3,25 +3,24 @@
 Prompt: the criterion question, its few-shot examples, the conversation so far (each
 assistant message followed by the tools the agent called for it, one line each:
 ``[tool call] name({"arguments"}) -> output``) and the organization's business
-information.  Structured output (JSON schema) where the
-provider supports it (OpenAI's ``response_format``; Anthropic's ``output_config.format``,
-or a forced tool for models before it), tolerant parsing otherwise.  A malformed answer
-or a refusal is retried, then raised as :class:`JudgeError` — never read as a PASS.
+information.  A turn's criterion is asked of the agent's latest reply; a conversation
+criterion (DESIGN §5.9) of the whole conversation.  Structured output (JSON schema) where
+the provider supports it (OpenAI's ``response_format``; Anthropic's
+``output_config.format``, or a forced tool for models before it), tolerant parsing
+otherwise (:func:`shared.llm.clients.answer_object`).  A malformed answer or a refusal is
+retried, then raised as :class:`JudgeError` — never read as a PASS.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import msgspec
-
-from shared.llm.clients import LLMError, chat
+from shared.llm.clients import LLMError, answer_object, chat
 from shared.metrics import judge_labels, observed_call
 from shared.outbound.agents import Message
-from shared.outbound.egress import EgressClient, ProviderConfig, decode_json, storable
+from shared.outbound.egress import EgressClient, ProviderConfig, storable
 
 VERDICT_SCHEMA: dict[str, Any] = {
     "type": "object",
@@ -40,6 +39,14 @@ labelled examples, and the conversation so far. Decide whether the agent's LATES
 satisfies the criterion. Answer PASS only if it clearly does; otherwise FAIL.
 Respond with a JSON object: {"verdict": "PASS" | "FAIL", "critique": one or two sentences
 explaining the decision, "evidence": a short quote from the reply supporting it}."""
+
+CONVERSATION_SYSTEM_PROMPT = """You are a strict, fair evaluator of a conversational AI agent.
+You are given a criterion (a yes/no question about the conversation as a whole), optional
+labelled examples, and the whole conversation. Decide whether the agent's conduct over the
+WHOLE conversation satisfies the criterion. Answer PASS only if it clearly does; otherwise
+FAIL. Respond with a JSON object: {"verdict": "PASS" | "FAIL", "critique": one or two
+sentences explaining the decision, "evidence": a short quote from the conversation
+supporting it}."""
 
 MAX_ATTEMPTS = 2
 
@@ -80,47 +87,40 @@ def build_prompt(
     conversation: Sequence[Message],
     few_shot_examples: list[dict[str, Any]] | None = None,
     business_information: str | None = None,
+    *,
+    whole_conversation: bool = False,
 ) -> str:
     parts = []
     if business_information:
         parts.append(f"Context about the business the agent serves:\n{business_information}")
     parts.append(f"Criterion: {question}")
+    shown = "Conversation" if whole_conversation else "Reply"
     for n, example in enumerate(few_shot_examples or [], start=1):
         parts.append(
-            f"Example {n}:\nReply: {example.get('response', '')}\n"
+            f"Example {n}:\n{shown}: {example.get('response', '')}\n"
             f"Verdict: {example.get('verdict', '')}\nCritique: {example.get('critique', '')}"
         )
     if any(message.get("tool_calls") for message in conversation):
         parts.append(TOOL_CALLS_NOTE)
-    parts.append(
-        "Conversation so far (the last ASSISTANT message is the one to judge):\n"
-        + transcript(conversation)
-    )
+    if whole_conversation:
+        parts.append(f"The whole conversation (judge all of it):\n{transcript(conversation)}")
+    else:
+        parts.append(
+            "Conversation so far (the last ASSISTANT message is the one to judge):\n"
+            + transcript(conversation)
+        )
     return "\n\n".join(parts)
-
-
-_FENCE = re.compile(r"^```(?:json)?\s*|\s*```$", re.IGNORECASE)
 
 
 def parse_verdict(content: str) -> tuple[str, str, str] | None:
     """(verdict, critique, evidence) from a reply; ``None`` when it is not a usable verdict."""
-    text = _FENCE.sub("", content.strip())
-    candidates = [text]
-    start, end = text.find("{"), text.rfind("}")
-    if 0 <= start < end:
-        candidates.append(text[start : end + 1])
-    for candidate in candidates:
-        try:
-            data = decode_json(candidate)
-        except msgspec.DecodeError:
-            continue
-        if not isinstance(data, dict):
-            continue
-        verdict = str(data.get("verdict", "")).strip().upper()
-        if verdict not in {"PASS", "FAIL"}:
-            return None
-        return verdict, str(data.get("critique") or ""), str(data.get("evidence") or "")
-    return None
+    data = answer_object(content)
+    if data is None:
+        return None
+    verdict = str(data.get("verdict", "")).strip().upper()
+    if verdict not in {"PASS", "FAIL"}:
+        return None
+    return verdict, str(data.get("critique") or ""), str(data.get("evidence") or "")
 
 
 @observed_call("judge", judge_labels)
@@ -133,8 +133,17 @@ async def judge(
     few_shot_examples: list[dict[str, Any]] | None = None,
     business_information: str | None = None,
     model: str | None = None,
+    whole_conversation: bool = False,
 ) -> Judgement:
-    prompt = build_prompt(question, conversation, few_shot_examples, business_information)
+    """The judge's verdict on the agent's latest reply in ``conversation`` or, with
+    ``whole_conversation``, on all of it (a conversation criterion)."""
+    prompt = build_prompt(
+        question,
+        conversation,
+        few_shot_examples,
+        business_information,
+        whole_conversation=whole_conversation,
+    )
     input_tokens = output_tokens = 0
     latency_ms = 0.0
     refusal = None
@@ -144,7 +153,7 @@ async def judge(
             provider,
             [{"role": "user", "content": prompt}],
             model=model,
-            system=SYSTEM_PROMPT,
+            system=CONVERSATION_SYSTEM_PROMPT if whole_conversation else SYSTEM_PROMPT,
             json_schema=VERDICT_SCHEMA,
             max_tokens=512,
             kind="judge",

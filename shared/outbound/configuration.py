@@ -1,6 +1,7 @@
-"""What a run calls out with: its agent, the organization's egress policy and its judge,
-loaded at call time (:func:`load_egress_policy`, :func:`load_provider`, :func:`load_agent`,
-all three for a run in :func:`load_outbound`) and cached per worker process.
+"""What a run calls out with: its agent, the organization's egress policy, its judge and
+its default simulator, loaded at call time (:func:`load_egress_policy`,
+:func:`load_provider`, :func:`load_agent`, all of them for a run in :func:`load_outbound`)
+and cached per worker process.
 
 The organization's allow-list comes with its credentials resolved, a provider with its API
 key decrypted.  Decrypted values live only in a worker's memory (for a call, or in the
@@ -14,6 +15,7 @@ from __future__ import annotations
 import asyncio
 from collections import OrderedDict
 from dataclasses import dataclass
+from typing import Any
 from urllib.parse import urlsplit
 from uuid import UUID
 
@@ -106,13 +108,26 @@ async def load_agent(
     )
 
 
-async def default_judge_provider_id(session: AsyncSession, *, org_id: UUID) -> UUID | None:
+async def _default_provider_id(session: AsyncSession, org_id: UUID, flag: Any) -> UUID | None:
     return await session.scalar(
         select(LLMProvider.id)
-        .where(LLMProvider.organization_id == org_id, LLMProvider.is_default_judge)
+        .where(LLMProvider.organization_id == org_id, flag)
         .order_by(LLMProvider.created_at)
         .limit(1)
     )
+
+
+async def default_judge_provider_id(session: AsyncSession, *, org_id: UUID) -> UUID | None:
+    return await _default_provider_id(session, org_id, LLMProvider.is_default_judge)
+
+
+async def simulator_provider_of(
+    session: AsyncSession, *, org_id: UUID, judge: UUID | None
+) -> UUID | None:
+    """The simulator of a scenario that names none: the organization's default simulator,
+    else the agent's ``judge``; ``None`` when there is neither."""
+    own = await _default_provider_id(session, org_id, LLMProvider.is_default_simulator)
+    return own or judge
 
 
 async def judge_provider_of(
@@ -127,7 +142,8 @@ async def destinations_of(
     session: AsyncSession, *, org_id: UUID, agent_id: UUID
 ) -> list[Destination]:
     """Where a run of the agent calls out (:mod:`shared.outbound.limits`): its endpoint's
-    or its LLM provider's host (``agent``) and its judge's (``judge``)."""
+    or its LLM provider's host (``agent``), its judge's (``judge``) and the default
+    simulator's (``simulator``: the one of scenarios that name none)."""
     agent = await session.get(Agent, agent_id)
     if agent is None or agent.organization_id != org_id:
         return []
@@ -137,6 +153,9 @@ async def destinations_of(
     judge_id = await judge_provider_of(session, org_id=org_id, own=agent.judge_provider_id)
     if judge_id is not None:
         urls.append(("judge", await _base_url(session, judge_id)))
+    simulator_id = await simulator_provider_of(session, org_id=org_id, judge=judge_id)
+    if simulator_id is not None:
+        urls.append(("simulator", await _base_url(session, simulator_id)))
     found = []
     for kind, url in urls:
         host = urlsplit(url).hostname if url else None
@@ -152,11 +171,13 @@ async def _base_url(session: AsyncSession, provider_id: UUID) -> str | None:
 @dataclass(frozen=True, slots=True)
 class OutboundConfig:
     """What a run calls out with: its agent, the organization's egress policy, its judge
-    (the agent's own, else the organization's default judge; ``None`` if it has neither)."""
+    (the agent's own, else the organization's default judge; ``None`` if it has neither)
+    and the simulator of scenarios that name none (:func:`simulator_provider_of`)."""
 
     agent: AgentConfig
     policy: EgressPolicy
     judge: ProviderConfig | None
+    simulator: ProviderConfig | None = None
 
 
 async def load_outbound(
@@ -200,12 +221,18 @@ async def _load_outbound(
 ) -> OutboundConfig:
     agent = await load_agent(session, settings=settings, org_id=org_id, agent_id=agent_id)
     judge_id = await judge_provider_of(session, org_id=org_id, own=agent.judge_provider_id)
+    simulator_id = await simulator_provider_of(session, org_id=org_id, judge=judge_id)
+    loaded = {
+        provider_id: await load_provider(
+            session, settings=settings, org_id=org_id, provider_id=provider_id
+        )
+        for provider_id in {judge_id, simulator_id} - {None}
+    }
     return OutboundConfig(
         agent=agent,
         policy=await load_egress_policy(session, settings=settings, org_id=org_id),
-        judge=await load_provider(session, settings=settings, org_id=org_id, provider_id=judge_id)
-        if judge_id
-        else None,
+        judge=loaded.get(judge_id) if judge_id else None,
+        simulator=loaded.get(simulator_id) if simulator_id else None,
     )
 
 

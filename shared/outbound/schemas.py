@@ -143,6 +143,8 @@ class LLMProviderCreate(Input):
     input_cost_per_mtok: Cost | None = None
     output_cost_per_mtok: Cost | None = None
     is_default_judge: bool = False
+    # The provider of simulated users when a scenario names none (at most one per org).
+    is_default_simulator: bool = False
     request_options: RequestOptions = {}
     anthropic_version: AnthropicVersion | None = None
 
@@ -156,6 +158,7 @@ class LLMProviderUpdate(Input):
     input_cost_per_mtok: Cost | UnsetType | None = UNSET
     output_cost_per_mtok: Cost | UnsetType | None = UNSET
     is_default_judge: bool | UnsetType = UNSET
+    is_default_simulator: bool | UnsetType = UNSET
     request_options: RequestOptions | UnsetType = UNSET
     anthropic_version: AnthropicVersion | UnsetType | None = UNSET
 
@@ -171,6 +174,7 @@ class LLMProviderRead(Output):
     input_cost_per_mtok: float | None
     output_cost_per_mtok: float | None
     is_default_judge: bool
+    is_default_simulator: bool
     request_options: dict[str, Any]
     anthropic_version: str | None
     created_at: datetime

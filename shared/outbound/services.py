@@ -20,7 +20,15 @@ from sqlalchemy import select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from shared.crypto import secret_box
-from shared.db.models import Agent, AllowedDomain, Credential, LLMProvider, Organization, Trigger
+from shared.db.models import (
+    Agent,
+    AllowedDomain,
+    Credential,
+    LLMProvider,
+    Organization,
+    Scenario,
+    Trigger,
+)
 from shared.db.queries import flush_unique, one_in_org, page_in_org
 from shared.errors import Conflict, InvalidInput, NotFound
 from shared.identity.access import OrgAccess
@@ -268,14 +276,15 @@ async def _lock_outbound(session: AsyncSession, org_id: UUID) -> None:
     """Wait for the organization's other writers of providers and agents, then hold them
     off until this transaction ends.
 
-    At most one default judge per organization (a partial unique index says it too): a
-    provider becomes it by clearing the others in the same transaction, and two doing so
-    at once would each find none to clear.  So every write to an organization's providers
-    takes its organization row first (FOR NO KEY UPDATE: rows that merely reference the
-    organization are still inserted meanwhile), before it reads what it changes.  Agents
-    too: an agent's row holds its providers' rows (foreign keys), and the trigger of
-    migration 0008 takes the organization row after any row written, so a writer that
-    took them in the other order could deadlock with one of these."""
+    At most one default judge (and one default simulator) per organization (partial
+    unique indexes say it too): a provider becomes it by clearing the others in the same
+    transaction, and two doing so at once would each find none to clear.  So every write
+    to an organization's providers takes its organization row first (FOR NO KEY UPDATE:
+    rows that merely reference the organization are still inserted meanwhile), before it
+    reads what it changes.  Agents too: an agent's row holds its providers' rows (foreign
+    keys), and the trigger of migration 0008 takes the organization row after any row
+    written, so a writer that took them in the other order could deadlock with one of
+    these."""
     await session.execute(
         select(Organization.id).where(Organization.id == org_id).with_for_update(key_share=True)
     )
@@ -289,9 +298,9 @@ class _Kind(Generic[Row]):
     what: str
     # Checks a row as built or changed, and fills in its defaults (reads do not flush it).
     settle: Callable[[AsyncSession, Row], Awaitable[None]]
-    users: str
-    # The names of the rows that need this one: it is not deleted while there are any.
-    used_by: Callable[[AsyncSession, Row], Awaitable[list[str]]]
+    # The names of the rows that need this one, by their kind ("agents": [...]): it is not
+    # deleted while there are any.
+    used_by: Callable[[AsyncSession, Row], Awaitable[dict[str, list[str]]]]
 
     async def get(self, session: AsyncSession, org_id: UUID, row_id: UUID) -> Row:
         return await one_in_org(session, self.model, org_id, row_id, self.what)
@@ -317,9 +326,10 @@ class _Kind(Generic[Row]):
     async def delete(self, session: AsyncSession, access: OrgAccess, row_id: UUID) -> None:
         await _lock_outbound(session, access.organization_id)
         row = await self.get(session, access.organization_id, row_id)
-        users = await self.used_by(session, row)
+        users = {kind: names for kind, names in (await self.used_by(session, row)).items() if names}
         if users:
-            raise Conflict(f"{self.what} is used by {self.users}: {', '.join(users)}")
+            named = "; ".join(f"{kind}: {', '.join(names)}" for kind, names in users.items())
+            raise Conflict(f"{self.what} is used by {named}")
         await session.delete(row)
         await session.flush()
 
@@ -331,21 +341,23 @@ class _Kind(Generic[Row]):
 
 
 async def _settle_provider(session: AsyncSession, provider: LLMProvider) -> None:
-    """Kind-specific rules, credential existence, and a single default judge per org (the
-    caller holds :func:`_lock_outbound`: the last to commit is the default)."""
+    """Kind-specific rules, credential existence, and a single default judge and default
+    simulator per org (the caller holds :func:`_lock_outbound`: the last to commit is the
+    default)."""
     # The others first, before this provider is flushed (the reads below would autoflush
-    # it): the unique index allows one default at any moment.
-    if provider.is_default_judge:
-        with session.no_autoflush:
-            await session.execute(
-                update(LLMProvider)
-                .where(
-                    LLMProvider.organization_id == provider.organization_id,
-                    LLMProvider.is_default_judge,
-                    LLMProvider.id != provider.id,
+    # it): the unique indexes allow one default of each at any moment.
+    for flag in (LLMProvider.is_default_judge, LLMProvider.is_default_simulator):
+        if getattr(provider, flag.key):
+            with session.no_autoflush:
+                await session.execute(
+                    update(LLMProvider)
+                    .where(
+                        LLMProvider.organization_id == provider.organization_id,
+                        flag,
+                        LLMProvider.id != provider.id,
+                    )
+                    .values({flag.key: False})
                 )
-                .values(is_default_judge=False)
-            )
     if provider.base_url is None:
         if provider.provider == "openai_compatible":
             raise InvalidInput(
@@ -388,15 +400,22 @@ def _check_request_options(options: dict[str, Any]) -> None:
         )
 
 
-async def _agents_using(session: AsyncSession, provider: LLMProvider) -> list[str]:
-    return sorted(
-        await session.scalars(
-            select(Agent.name).where(
-                Agent.organization_id == provider.organization_id,
-                (Agent.llm_provider_id == provider.id) | (Agent.judge_provider_id == provider.id),
-            )
+async def _provider_users(session: AsyncSession, provider: LLMProvider) -> dict[str, list[str]]:
+    """The agents calling the provider (as their model or their judge) and the scenarios
+    whose simulated user it plays."""
+    agents = await session.scalars(
+        select(Agent.name).where(
+            Agent.organization_id == provider.organization_id,
+            (Agent.llm_provider_id == provider.id) | (Agent.judge_provider_id == provider.id),
         )
     )
+    scenarios = await session.scalars(
+        select(Scenario.name).where(
+            Scenario.organization_id == provider.organization_id,
+            Scenario.simulation["provider_id"].astext == str(provider.id),
+        )
+    )
+    return {"agents": sorted(agents), "scenarios (as their simulator)": sorted(scenarios)}
 
 
 async def _settle_agent(session: AsyncSession, agent: Agent) -> None:
@@ -428,16 +447,15 @@ async def _settle_agent(session: AsyncSession, agent: Agent) -> None:
             )
 
 
-async def _triggers_naming(session: AsyncSession, agent: Agent) -> list[str]:
-    return list(
-        await session.scalars(
-            select(Trigger.name).where(Trigger.agent_id == agent.id).order_by(Trigger.name)
-        )
+async def _triggers_naming(session: AsyncSession, agent: Agent) -> dict[str, list[str]]:
+    names = await session.scalars(
+        select(Trigger.name).where(Trigger.agent_id == agent.id).order_by(Trigger.name)
     )
+    return {"triggers": list(names)}
 
 
-_PROVIDERS = _Kind(LLMProvider, "llm provider", _settle_provider, "agents", _agents_using)
-_AGENTS = _Kind(Agent, "agent", _settle_agent, "triggers", _triggers_naming)
+_PROVIDERS = _Kind(LLMProvider, "llm provider", _settle_provider, _provider_users)
+_AGENTS = _Kind(Agent, "agent", _settle_agent, _triggers_naming)
 
 
 async def provider_in_org(session: AsyncSession, *, org_id: UUID, provider_id: UUID) -> LLMProvider:
@@ -473,7 +491,7 @@ async def update_provider(
 
 
 async def delete_provider(session: AsyncSession, *, access: OrgAccess, provider_id: UUID) -> None:
-    """Delete a provider no agent uses (409 names the agents)."""
+    """Delete a provider no agent or scenario uses (409 names them)."""
     await _PROVIDERS.delete(session, access, provider_id)
 
 

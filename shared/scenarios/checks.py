@@ -1,7 +1,9 @@
 """The free deterministic checks of a criterion (DESIGN §5.2, §5.10): ``contains`` and
-``not_contains`` (case-insensitive substring) and ``regex`` on the agent's reply;
-``tool_called`` and ``tool_not_called`` on the tools it called (:func:`tool_verdict`, a
-function of a list of calls: a turn's, or a whole conversation's).
+``not_contains`` (case-insensitive substring) and ``regex`` on the agent's reply (one
+reply, or, for a conversation criterion of DESIGN §5.9, every reply of the conversation:
+:func:`over_conversation`); ``tool_called`` and ``tool_not_called`` on the tools it
+called (:func:`tool_verdict`, a function of a list of calls: a turn's, or a whole
+conversation's).
 
 A ``regex`` criterion runs the scenario author's pattern on the agent's reply, and a
 pattern can backtrack for longer than the universe has left.  So patterns are compiled
@@ -44,9 +46,10 @@ def compile_pattern(pattern: str) -> regex.Pattern[str]:
     return regex.compile(pattern, regex.V0)
 
 
-async def verdict(kind: str, pattern: str, reply: str) -> tuple[str, str, str]:
-    """(verdict, critique, evidence) of a ``contains``, ``not_contains`` or ``regex``
-    check on ``reply``; raises :class:`CheckUndecided`."""
+async def match(kind: str, pattern: str, reply: str) -> str | None:
+    """What of ``reply`` a ``contains``, ``not_contains`` or ``regex`` check finds (the
+    pattern itself, or a regex's match), ``None`` when it finds nothing; raises
+    :class:`CheckUndecided`."""
     if kind == "regex":
         try:
             compiled = compile_pattern(pattern)
@@ -54,22 +57,52 @@ async def verdict(kind: str, pattern: str, reply: str) -> tuple[str, str, str]:
             raise CheckUndecided(f"regex /{pattern}/ is invalid: {exc}") from None
         search = partial(compiled.search, reply, timeout=REGEX_TIMEOUT_S, concurrent=True)
         try:
-            match = await asyncio.get_running_loop().run_in_executor(_regex_threads, search)
+            found = await asyncio.get_running_loop().run_in_executor(_regex_threads, search)
         except TimeoutError:
             raise CheckUndecided(
                 f"regex /{pattern}/ ran longer than {REGEX_TIMEOUT_S:g} s on the reply"
             ) from None
-        if match:
-            return "PASS", f"reply matches /{pattern}/", match.group(0)
-        return "FAIL", f"reply does not match /{pattern}/", ""
-    found = pattern.casefold() in reply.casefold()
-    if kind == "contains":
-        if found:
-            return "PASS", f"reply contains {pattern!r}", pattern
-        return "FAIL", f"reply does not contain {pattern!r}", ""
-    if found:
-        return "FAIL", f"reply contains {pattern!r}", pattern
-    return "PASS", f"reply does not contain {pattern!r}", ""
+        return found.group(0) if found else None
+    return pattern if pattern.casefold() in reply.casefold() else None
+
+
+def _found(kind: str, pattern: str, *, many: bool = False) -> str:
+    if kind == "regex":
+        return f"{'match' if many else 'matches'} /{pattern}/"
+    return f"{'contain' if many else 'contains'} {pattern!r}"
+
+
+def _missing(kind: str, pattern: str) -> str:
+    return f"does not match /{pattern}/" if kind == "regex" else f"does not contain {pattern!r}"
+
+
+async def verdict(kind: str, pattern: str, reply: str) -> tuple[str, str, str]:
+    """(verdict, critique, evidence) of a ``contains``, ``not_contains`` or ``regex``
+    check on ``reply``; raises :class:`CheckUndecided`."""
+    found = await match(kind, pattern, reply)
+    if found is None:
+        verdict = "PASS" if kind == "not_contains" else "FAIL"
+        return verdict, f"reply {_missing(kind, pattern)}", ""
+    verdict = "FAIL" if kind == "not_contains" else "PASS"
+    return verdict, f"reply {_found(kind, pattern)}", found
+
+
+def over_conversation(
+    kind: str, pattern: str, found: list[tuple[int, str]]
+) -> tuple[str, str, str]:
+    """(verdict, critique, evidence) of a check judged on a whole conversation, from what it
+    ``found`` in each agent reply (``(turn_index, evidence)``, turns counted from 0):
+    ``contains`` and ``regex`` pass when some reply matched, ``not_contains`` fails when
+    some reply contained the text.  The critique names the replies (turns from 1), the
+    evidence is what the first one held."""
+    if not found:
+        verdict = "PASS" if kind == "not_contains" else "FAIL"
+        return verdict, f"no reply {_found(kind, pattern)}", ""
+    many = len(found) > 1
+    turns = ", ".join(str(index + 1) for index, _ in found)
+    which = "the replies of turns" if many else "the reply of turn"
+    verdict = "FAIL" if kind == "not_contains" else "PASS"
+    return verdict, f"{which} {turns} {_found(kind, pattern, many=many)}", found[0][1]
 
 
 # --- tool calls --------------------------------------------------------------------------------

@@ -40,16 +40,28 @@ class SnapshotTurn(msgspec.Struct, frozen=True):
     criteria: list[SnapshotCriterion] = []
 
 
+class SnapshotSimulation(msgspec.Struct, frozen=True):
+    """The scenario's simulated user (shared.scenarios.schemas.SimulationCreate)."""
+
+    persona: str
+    goal: str
+    max_turns: int
+    provider_id: str | None = None
+    model: str | None = None
+
+
 class Snapshot(msgspec.Struct, frozen=True):
     """The scenario as it was when the run was created: what the run plays."""
 
     name: str
     customer_context: dict[str, Any] | None = None
     turns: list[SnapshotTurn] = []
+    simulation: SnapshotSimulation | None = None
+    conversation_criteria: list[SnapshotCriterion] = []
 
 
 class CallCost(msgspec.Struct):
-    """One side's calls (the agent's, or the judge's) summed over the run."""
+    """One side's calls (the agent's, the judge's or the simulator's) summed over the run."""
 
     calls: int = 0
     input_tokens: int = 0
@@ -70,12 +82,15 @@ class CostSummary(msgspec.Struct):
 
     agent: CallCost = msgspec.field(default_factory=CallCost)
     judge: CallCost = msgspec.field(default_factory=CallCost)
+    # The simulated user's calls (priced with its provider's prices).
+    simulator: CallCost = msgspec.field(default_factory=CallCost)
     estimated_cost_usd: float = 0.0
 
     def __add__(self, other: CostSummary) -> CostSummary:
         return CostSummary(
             agent=self.agent + other.agent,
             judge=self.judge + other.judge,
+            simulator=self.simulator + other.simulator,
             estimated_cost_usd=round(self.estimated_cost_usd + other.estimated_cost_usd, 8),
         )
 
@@ -97,6 +112,10 @@ class TurnRecord(msgspec.Struct, frozen=True):
     skipped: bool = False
     # The agent's model refused: ``response_content`` is its refusal.
     refusal: bool = False
+    # ``scripted``, or ``simulated``: the message was the simulated user's.
+    source: str = "scripted"
+    # The deterministic conversation criteria the reply matched: criterion id -> evidence.
+    conversation_matches: dict[str, str] | None = None
     # The tools the agent called for its reply, redacted and capped (shared.outbound.tool_calls).
     tool_calls: list[ToolCall] = []
 
@@ -140,13 +159,15 @@ class ErrorTurn(msgspec.Struct, frozen=True):
 
 
 class DoneTurn(msgspec.Struct, frozen=True):
-    """A turn committed before this delivery: the conversation so far, and whether it passed."""
+    """A turn committed before this delivery: the conversation so far, whether it passed,
+    and what the conversation criteria found in its reply."""
 
     turn_index: int
     user_message: str
     response_content: str
     passed: bool
     stopped_early: bool
+    conversation_matches: dict[str, str] | None = None
     tool_calls: list[ToolCall] = []
 
 
@@ -162,3 +183,5 @@ class Claimed(msgspec.Struct, frozen=True):
     business_information: str
     done: list[DoneTurn]  # the turns committed by earlier deliveries, in order
     attempts: int  # deliveries that claimed the run, this one included (shared.work)
+    # How its simulated conversation ended, when an earlier delivery learnt it.
+    simulation_outcome: str | None = None

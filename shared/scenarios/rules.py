@@ -1,9 +1,9 @@
-"""The rules a scenario's turns must keep beyond their types: a user message template
-that renders with the scenario's ``customer_context``, a regular expression that
-compiles, ``expected_arguments`` only on a ``tool_called`` criterion and within its size.
-The scenario service applies them on create and update; ``spar scenarios
-push`` applies the same ones to files before it sends anything (so this module stays
-light: no database, no metrics)."""
+"""The rules a scenario must keep beyond its types: user message templates that render
+with the scenario's ``customer_context``, and, in its turns' criteria and its
+conversation criteria, regular expressions that compile and ``expected_arguments`` only
+on a ``tool_called`` criterion and within its size.  The scenario service applies them on
+create and update; ``spar scenarios push`` applies the same ones to files before it sends
+anything (so this module stays light: no database, no metrics)."""
 
 from __future__ import annotations
 
@@ -16,10 +16,16 @@ from shared.scenarios import schemas, templates
 from shared.scenarios.checks import PatternError, compile_pattern
 
 
+def check_scenario(body: schemas.ScenarioCreate) -> None:
+    """Every rule of this module, on a whole scenario."""
+    check_turns(body.turns, body.customer_context)
+    check_conversation_criteria(body.conversation_criteria)
+
+
 def check_turns(turns: list[schemas.ScenarioTurnCreate], customer_context: dict[str, Any]) -> None:
     """Refuse turns a run could never play: a user message template that cannot render
-    with ``customer_context``, a regular expression that does not compile, expected
-    arguments on a criterion that does not read them or too large to be kept."""
+    with ``customer_context``, a criterion a run could never check
+    (:func:`check_criterion`)."""
     for t, turn in enumerate(turns):
         problem = templates.problem(turn.user_message, customer_context)
         if problem is not None:
@@ -28,6 +34,12 @@ def check_turns(turns: list[schemas.ScenarioTurnCreate], customer_context: dict[
             )
         for c, criterion in enumerate(turn.criteria):
             check_criterion(criterion, ("body", "turns", str(t), "criteria", str(c)))
+
+
+def check_conversation_criteria(criteria: list[schemas.CriterionCreate]) -> None:
+    """Refuse a conversation criterion a run could never check (:func:`check_criterion`)."""
+    for c, criterion in enumerate(criteria):
+        check_criterion(criterion, ("body", "conversation_criteria", str(c)))
 
 
 def check_criterion(criterion: schemas.CriterionCreate, loc: tuple[str, ...]) -> None:

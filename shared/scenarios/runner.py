@@ -1,4 +1,9 @@
-"""Executes one scenario run (DESIGN §5.2): idempotent and resumable.
+"""Executes one scenario run (DESIGN §5.2, §5.9): idempotent and resumable.
+
+A run plays the scenario's scripted turns, then (with a ``simulation``) the simulated
+user's turns until it is done or has played ``max_turns``, then judges the conversation
+criteria on the whole conversation.  A failed required turn stops it there: what comes
+after (simulated turns, conversation criteria) is not played, and the run fails.
 
 Every state change is guarded in SQL (:mod:`shared.scenarios.store`), so a redelivered
 message changes nothing twice:
@@ -12,12 +17,21 @@ message changes nothing twice:
   duplicate execution cannot write a turn twice;
 * a retried or redelivered message resumes after the last committed turn, rebuilding
   the conversation from what was stored;
+* a simulated turn is committed like a scripted one, its message (the simulator's) with
+  the agent's reply: the simulator is asked again only for a turn no delivery committed
+  (one killed between the simulator's answer and the commit), never for a committed one;
+  its ``done`` answer is committed at once (the run's ``simulation_outcome``), and a turn
+  is never written after it;
 * finishing only moves a ``pending`` or ``running`` run to a terminal state, never back,
   and counts it in its batch, whose next run takes its place, in the same commit.
 
 The user message is rendered in a renderer process (:mod:`shared.scenarios.sandbox`);
 deterministic checks read the agent's reply and tool calls as it sent them, the judge and
 the store read them redacted (and the calls capped, :mod:`shared.outbound.tool_calls`).
+A text check among the conversation criteria reads every reply as it was sent too: what
+it finds in each is committed with its turn (``conversation_matches``), so its verdict at
+the end does not depend on which delivery played which turn; a tool check among them
+reads every turn's calls as they were committed.
 """
 
 from __future__ import annotations
@@ -36,11 +50,12 @@ from shared.db.engine import Database
 from shared.errors import NotFound
 from shared.knowledge.context import AgentKnowledge, KnowledgeNotReady
 from shared.knowledge.context import load as load_knowledge
+from shared.llm import simulator
 from shared.llm.judge import Judgement, judge
 from shared.metrics import RUNS_IN_FLIGHT, in_flight, run_finished
 from shared.outbound import tool_calls
 from shared.outbound.agents import AgentConfig, AgentReply, Message, call_agent
-from shared.outbound.configuration import load_outbound
+from shared.outbound.configuration import load_outbound, load_provider
 from shared.outbound.egress import EgressClient, EgressError, ProviderConfig
 from shared.outbound.limits import DestinationLimiter
 from shared.outbound.schemas import ToolCall
@@ -54,6 +69,7 @@ from shared.scenarios.records import (
     ErrorTurn,
     Snapshot,
     SnapshotCriterion,
+    SnapshotSimulation,
     SnapshotTurn,
     TurnRecord,
 )
@@ -62,6 +78,15 @@ from shared.settings import Settings
 from shared.work import RUNS
 
 log = logging.getLogger("spar.runs")
+NO_SIMULATOR = (
+    "simulator: no simulator provider (set the scenario's simulation.provider_id, mark an "
+    "LLM provider is_default_simulator, or give the agent a judge: the simulated user "
+    "falls back on it)"
+)
+NO_JUDGE = (
+    "judge: no judge provider (set the agent's judge_provider_id or an LLM provider with "
+    "is_default_judge)"
+)
 
 
 class RunAborted(Exception):
@@ -98,6 +123,9 @@ class _Context:
     business_information: str
     cost: CostSummary  # the run's cost_summary as committed so far
     knowledge: AgentKnowledge | None = None  # an llm agent's bookmarked documents
+    # The simulated user's provider, when the scenario has one and it is still to play.
+    simulator: ProviderConfig | None = None
+    simulation_outcome: str | None = None  # as an earlier delivery settled it
 
 
 def _price(provider: ProviderConfig | None, tokens_in: int, tokens_out: int) -> float:
@@ -117,7 +145,7 @@ async def _load(
     limiter: DestinationLimiter | None,
 ) -> _Context:
     """What playing the claimed run needs: the agent, the egress policy, the judge, an llm
-    agent's knowledge."""
+    agent's knowledge, the simulated user's provider."""
     try:
         outbound = await load_outbound(
             database, settings, run.organization_id, run.agent_id, run.outbound_version
@@ -149,7 +177,39 @@ async def _load(
         business_information=run.business_information,
         cost=run.cost_summary,
         knowledge=None if knowledge is None or knowledge.empty else knowledge,
+        simulator=await _simulator_of(database, settings, run, outbound.simulator),
+        simulation_outcome=run.simulation_outcome,
     )
+
+
+async def _simulator_of(
+    database: Database, settings: Settings, run: Claimed, default: ProviderConfig | None
+) -> ProviderConfig | None:
+    """The provider of the scenario's simulated user, if it is still to play: the one its
+    ``simulation`` names, else ``default`` (the organization's default simulator, else the
+    agent's judge: :class:`shared.outbound.configuration.OutboundConfig`)."""
+    simulation = run.snapshot.simulation
+    if simulation is None or run.simulation_outcome is not None:
+        return None
+    if simulation.provider_id is None:
+        return default
+    try:
+        async with database.transaction() as session:
+            return await load_provider(
+                session,
+                settings=settings,
+                org_id=run.organization_id,
+                provider_id=UUID(simulation.provider_id),
+            )
+    except NotFound:
+        raise RunAborted(
+            f"simulator: the scenario's simulator provider {simulation.provider_id} no longer "
+            "exists"
+        ) from None
+
+
+LLM = "llm_evaluated"
+TEXT = ("contains", "not_contains", "regex")  # the checks that read the reply's text
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,7 +233,7 @@ async def _evaluate(
     as the agent sent them (a leak check must see the leak); the judge reads the
     conversation redacted."""
     kind = criterion.criteria_type
-    if kind != "llm_evaluated":
+    if kind != LLM:
         if kind in TOOL_CRITERIA:
             verdict, critique, evidence = checks.tool_verdict(
                 kind, criterion.question, criterion.expected_arguments, calls
@@ -188,11 +248,19 @@ async def _evaluate(
         # What a check quotes of the reply (a regex's match) is kept: redacted, like the reply.
         redact = context.egress.policy.redact
         return _Verdict(verdict, redact(critique), redact(evidence))
+    return await _judged(context, criterion, conversation)
+
+
+async def _judged(
+    context: _Context,
+    criterion: SnapshotCriterion,
+    conversation: list[Message],
+    *,
+    whole_conversation: bool = False,
+) -> _Verdict:
+    """The judge's verdict on an ``llm_evaluated`` criterion."""
     if context.judge_provider is None:
-        raise RunAborted(
-            "judge: no judge provider (set the agent's judge_provider_id or an LLM provider "
-            "with is_default_judge)"
-        )
+        raise RunAborted(NO_JUDGE)
     try:
         result = await judge(
             context.egress,
@@ -202,10 +270,56 @@ async def _evaluate(
             few_shot_examples=criterion.few_shot_examples,
             business_information=context.business_information,
             model=context.judge_model,
+            whole_conversation=whole_conversation,
         )
     except EgressError as exc:
         raise RunAborted(f"judge: {exc}") from None
     return _Verdict(result.verdict, result.critique, result.evidence, result)
+
+
+async def _conversation_matches(context: _Context, reply: AgentReply) -> dict[str, str] | None:
+    """What each text check among the conversation criteria (``contains``,
+    ``not_contains``, ``regex``) finds in ``reply`` as the agent sent it (criterion id ->
+    evidence, redacted like the reply), to be judged with the other replies' once the
+    conversation ends; ``None`` when the scenario has none."""
+    checked = [c for c in context.snapshot.conversation_criteria if c.criteria_type in TEXT]
+    if not checked:
+        return None
+    redact = context.egress.policy.redact
+    matches = {}
+    for criterion in checked:
+        try:
+            found = await checks.match(criterion.criteria_type, criterion.question, reply.received)
+        except checks.CheckUndecided as exc:
+            raise RunAborted(f"criterion: {exc}") from None
+        if found is not None:
+            matches[criterion.id] = redact(found)
+    return matches
+
+
+async def _evaluate_conversation(
+    context: _Context, criterion: SnapshotCriterion, progress: _Progress
+) -> _Verdict:
+    """A conversation criterion's verdict: the judge's on the whole conversation; a tool
+    check's on the calls of every turn; a text check's on what it found in the agent's
+    replies (:func:`checks.over_conversation`)."""
+    kind = criterion.criteria_type
+    if kind == LLM:
+        return await _judged(context, criterion, progress.history, whole_conversation=True)
+    redact = context.egress.policy.redact
+    if kind in TOOL_CRITERIA:
+        calls = progress.calls()
+        verdict, critique, evidence = checks.tool_verdict(
+            kind, criterion.question, criterion.expected_arguments, [c for _, c in calls]
+        )
+        turns = sorted({index + 1 for index, c in calls if c.name == criterion.question})
+        if turns:
+            critique += f" (called in turn{'s' if len(turns) > 1 else ''} "
+            critique += ", ".join(map(str, turns)) + ")"
+        return _Verdict(verdict, redact(critique), redact(evidence))
+    found = progress.found.get(criterion.id, [])
+    verdict, critique, evidence = checks.over_conversation(kind, criterion.question, found)
+    return _Verdict(verdict, redact(critique), evidence)
 
 
 async def finish(
@@ -259,54 +373,222 @@ async def execute_run(
     )
 
 
+class _Overtaken(Exception):
+    """Another delivery of the run wrote first (a turn, the outcome): this one stops."""
+
+
+@dataclass(slots=True)
+class _Progress:
+    """The conversation as committed so far: what the agent and the user said, whether
+    every turn passed, what the deterministic conversation criteria found in each reply,
+    how many simulated turns were played."""
+
+    history: list[Message]
+    all_passed: bool
+    found: dict[str, list[tuple[int, str]]]  # criterion id -> [(turn_index, evidence)]
+    simulated: int
+
+    @classmethod
+    def of(cls, snapshot: Snapshot, done: list[DoneTurn]) -> _Progress:
+        progress = cls(history=[], all_passed=True, found={}, simulated=0)
+        for turn in done:
+            progress.add(turn.turn_index, turn.passed, turn.conversation_matches)
+            progress.history += [
+                {"role": "user", "content": turn.user_message},
+                {
+                    "role": "assistant",
+                    "content": turn.response_content,
+                    "tool_calls": turn.tool_calls,
+                },
+            ]
+            if turn.turn_index >= len(snapshot.turns):
+                progress.simulated += 1
+        return progress
+
+    def add(self, index: int, passed: bool, matches: dict[str, str] | None) -> None:
+        self.all_passed = self.all_passed and passed
+        for criterion_id, evidence in (matches or {}).items():
+            self.found.setdefault(criterion_id, []).append((index, evidence))
+
+    def calls(self) -> list[tuple[int, ToolCall]]:
+        """Every tool call of the conversation, with its turn's index, as committed."""
+        replies = (m for m in self.history if m["role"] == "assistant")
+        return [
+            (index, call) for index, m in enumerate(replies) for call in m.get("tool_calls") or ()
+        ]
+
+    def played(self, played: _Played) -> None:
+        record = played.record
+        self.add(record.turn_index, record.passed, record.conversation_matches)
+        self.history = played.conversation
+
+
 async def _run_turns(
     database: Database, context: _Context, done: list[DoneTurn]
 ) -> list[UUID] | None:
-    """Play the turns not yet committed and end the run (its last turn is written in the
-    same commit as its end).  ``None`` if another delivery won, else the successors."""
-    history = _history(done)
-    all_passed = all(t.passed for t in done)
-    remaining = _remaining(context.snapshot, done)
-    if not remaining or any(t.stopped_early for t in done):  # nothing left to play
-        return await finish(database, context.run_id, _outcome(all_passed))
-    for position, turn in enumerate(remaining):
-        played = await _play(context, turn, history)
-        all_passed = all_passed and played.record.passed
-        last = played.record.stopped_early or position == len(remaining) - 1
-        cost = context.cost + played.cost
-        # The turns a failed required turn leaves unplayed are recorded with the run's end.
-        skipped = [t.order_index for t in remaining[position + 1 :]] if last else []
-        outcome = await store.record_turn(
-            database,
-            context.run_id,
-            played.record,
-            played.results,
-            cost,
-            end=_outcome(all_passed) if last else None,
-            skipped=skipped,
-        )
-        if outcome is None or last:
-            if outcome is not None:
-                run_finished(_outcome(all_passed))
+    """Play what is not yet committed and end the run: the scripted turns, then the
+    simulated user's, then the conversation criteria (the run's end is written in the same
+    commit as its last turn, or as the conversation criteria's verdicts).  ``None`` if
+    another delivery won, else the successors."""
+    snapshot = context.snapshot
+    progress = _Progress.of(snapshot, done)
+    if any(t.stopped_early for t in done):  # a failed required turn ended the conversation
+        return await finish(database, context.run_id, _outcome(progress.all_passed))
+    # Whether the conversation goes on after its scripted turns.
+    goes_on = snapshot.simulation is not None or bool(snapshot.conversation_criteria)
+    remaining = _remaining(snapshot, done)
+    if not remaining and not goes_on:  # nothing left to play
+        return await finish(database, context.run_id, _outcome(progress.all_passed))
+    try:
+        for position, turn in enumerate(remaining):
+            played = await _play_scripted(context, turn, progress.history)
+            progress.played(played)
+            last = played.record.stopped_early or (position == len(remaining) - 1 and not goes_on)
+            # The turns a failed required turn leaves unplayed are recorded with the run's end.
+            skipped = [t.order_index for t in remaining[position + 1 :]] if last else []
+            end = _outcome(progress.all_passed) if last else None
+            successors = await _commit(database, context, played, end=end, skipped=skipped)
+            if last:
+                return successors
+        outcome = context.simulation_outcome
+        if snapshot.simulation is not None and outcome is None:
+            outcome = await _simulate(database, context, snapshot.simulation, progress)
+    except _Overtaken:
+        return None
+    return await _conclude(database, context, progress, outcome)
+
+
+async def _commit(
+    database: Database,
+    context: _Context,
+    played: _Played,
+    *,
+    end: RunStatus | None = None,
+    skipped: list[int] | None = None,
+) -> list[UUID]:
+    """Write a played turn (and, with ``end``, the run's end); raises :class:`_Overtaken`
+    when another delivery wrote first."""
+    cost = context.cost + played.cost
+    outcome = await store.record_turn(
+        database,
+        context.run_id,
+        played.record,
+        played.results,
+        cost,
+        end=end,
+        skipped=skipped or [],
+    )
+    if outcome is None:
+        raise _Overtaken
+    if end is not None:
+        run_finished(end)
+    context.cost = cost
+    return outcome
+
+
+async def _simulate(
+    database: Database, context: _Context, simulation: SnapshotSimulation, progress: _Progress
+) -> str:
+    """Play the simulated user's turns until it is done or has played ``max_turns``: how
+    the conversation ended.  Each turn is committed like a scripted one (its message with
+    the agent's reply: a delivery killed before that commit has the simulator asked again
+    for that turn, never for one committed), and a ``done`` answer is committed at once."""
+    while progress.simulated < simulation.max_turns:
+        answer = await _ask_simulator(context, simulation, progress)
+        if answer.done:
+            context.cost = context.cost + answer.cost
+            outcome = str(answer.outcome)
+            if not await store.settle_outcome(database, context.run_id, outcome, context.cost):
+                raise _Overtaken
             return outcome
-        context.cost = cost
-        history = played.conversation
-    raise AssertionError("unreachable: the last remaining turn ends the run")
+        index = len(context.snapshot.turns) + progress.simulated
+        played = await _play(
+            context,
+            index=index,
+            message=answer.message,
+            criteria=[],
+            required=False,
+            history=progress.history,
+            source="simulated",
+            extra=answer.cost,
+        )
+        await _commit(database, context, played)
+        progress.played(played)
+        progress.simulated += 1
+    return "max_turns"
+
+
+@dataclass(frozen=True, slots=True)
+class _Answer:
+    """The simulator's answer, and what asking cost the run."""
+
+    message: str
+    done: bool
+    outcome: str | None
+    cost: CostSummary
+
+
+async def _ask_simulator(
+    context: _Context, simulation: SnapshotSimulation, progress: _Progress
+) -> _Answer:
+    """The simulated user's next message, or its end; a simulator that cannot be reached
+    or gives no usable answer ends the run in error, put down to the simulator."""
+    if context.simulator is None:
+        raise RunAborted(NO_SIMULATOR)
+    try:
+        answer = await simulator.next_turn(
+            context.egress,
+            context.simulator,
+            persona=simulation.persona,
+            goal=simulation.goal,
+            customer_context=context.snapshot.customer_context,
+            conversation=progress.history,
+            turns_left=simulation.max_turns - progress.simulated,
+            model=simulation.model,
+        )
+    except EgressError as exc:
+        raise RunAborted(f"simulator: {exc}") from None
+    cost = CostSummary(
+        simulator=CallCost(
+            calls=answer.calls,
+            input_tokens=answer.input_tokens,
+            output_tokens=answer.output_tokens,
+            latency_ms=round(answer.latency_ms, 1),
+        ),
+        estimated_cost_usd=_price(context.simulator, answer.input_tokens, answer.output_tokens),
+    )
+    return _Answer(answer.message, answer.done, answer.outcome, cost)
+
+
+async def _conclude(
+    database: Database, context: _Context, progress: _Progress, outcome: str | None
+) -> list[UUID] | None:
+    """Judge the conversation criteria on the whole conversation and end the run with their
+    verdicts and the simulation's ``outcome``: passed when every turn and every
+    conversation criterion passed."""
+    criteria = context.snapshot.conversation_criteria
+    verdicts = await asyncio.gather(
+        *(_evaluate_conversation(context, c, progress) for c in criteria)
+    )
+    results = [_result(criterion, v) for criterion, v in zip(criteria, verdicts, strict=True)]
+    judged = _judge_cost(context, verdicts)
+    passed = progress.all_passed and all(v.verdict == "PASS" for v in verdicts)
+    status = _outcome(passed)
+    successors = await store.conclude(
+        database,
+        context.run_id,
+        status,
+        context.cost + judged,
+        outcome=outcome,
+        results=results,
+    )
+    if successors is not None:
+        run_finished(status)
+    return successors
 
 
 def _outcome(all_passed: bool) -> RunStatus:
     return RunStatus.PASSED if all_passed else RunStatus.FAILED
-
-
-def _history(done: list[DoneTurn]) -> list[Message]:
-    """The conversation the committed turns held, to resume it."""
-    history: list[Message] = []
-    for turn in done:
-        history += [
-            {"role": "user", "content": turn.user_message},
-            {"role": "assistant", "content": turn.response_content, "tool_calls": turn.tool_calls},
-        ]
-    return history
 
 
 def _remaining(snapshot: Snapshot, done: list[DoneTurn]) -> list[SnapshotTurn]:
@@ -324,13 +606,38 @@ class _Played:
     conversation: list[Message]
 
 
-async def _play(context: _Context, turn: SnapshotTurn, history: list[Message]) -> _Played:
-    """Render the turn's message, send it to the agent, judge every criterion at once."""
+async def _play_scripted(context: _Context, turn: SnapshotTurn, history: list[Message]) -> _Played:
+    """Render a scripted turn's message and play it."""
     customer_context = context.snapshot.customer_context or {}
     try:
         message = await render_message(turn.user_message, customer_context, turn.order_index + 1)
     except RunAborted as exc:
         raise exc.on(ErrorTurn(turn.order_index)) from None
+    return await _play(
+        context,
+        index=turn.order_index,
+        message=message,
+        criteria=turn.criteria,
+        required=turn.required,
+        history=history,
+    )
+
+
+async def _play(
+    context: _Context,
+    *,
+    index: int,
+    message: str,
+    criteria: list[SnapshotCriterion],
+    required: bool,
+    history: list[Message],
+    source: str = "scripted",
+    extra: CostSummary | None = None,
+) -> _Played:
+    """Send the turn's message to the agent, judge every criterion of the turn at once and
+    look for the conversation criteria's texts in the reply.  ``extra``: what the turn
+    cost besides the agent and the judge (the simulator that wrote its message)."""
+    customer_context = context.snapshot.customer_context or {}
     system_context, given, searched = None, None, []
     if context.knowledge is not None:
         knowledge = await context.knowledge.for_message(message)
@@ -347,11 +654,11 @@ async def _play(context: _Context, turn: SnapshotTurn, history: list[Message]) -
             message=message,
             history=history,
             customer_context=customer_context,
-            metadata={"run_id": str(context.run_id), "turn_index": turn.order_index},
+            metadata={"run_id": str(context.run_id), "turn_index": index},
             system_context=system_context,
         )
     except EgressError as exc:
-        raise RunAborted(f"agent: {exc}", ErrorTurn(turn.order_index, message)) from None
+        raise RunAborted(f"agent: {exc}", ErrorTurn(index, message)) from None
     # What the agent did for this reply: Spar's knowledge search for an llm agent, the
     # calls an http agent reported.  Checked as received, kept redacted and capped.
     received_calls = [*searched, *reply.received_tool_calls]
@@ -363,57 +670,69 @@ async def _play(context: _Context, turn: SnapshotTurn, history: list[Message]) -
     ]
     try:
         verdicts = await asyncio.gather(
-            *(_evaluate(context, c, conversation, reply, received_calls) for c in turn.criteria)
+            *(_evaluate(context, c, conversation, reply, received_calls) for c in criteria)
         )
+        matches = await _conversation_matches(context, reply)
     except RunAborted as exc:  # a check or the judge: the agent had answered
-        raise exc.on(ErrorTurn(turn.order_index, message, reply.content, calls)) from None
+        raise exc.on(ErrorTurn(index, message, reply.content, calls)) from None
     passed = all(v.verdict == "PASS" for v in verdicts)
     record = TurnRecord(
         id=uuid.uuid4(),
-        turn_index=turn.order_index,
+        turn_index=index,
         user_message=message,
         response_content=reply.content,
         passed=passed,
-        stopped_early=turn.required and not passed,
+        stopped_early=required and not passed,
         knowledge=given,
         redacted_keys=list(reply.redacted_keys),
         refusal=reply.refusal,
         tool_calls=calls,
+        source=source,
+        conversation_matches=matches,
     )
-    results = [
-        CriterionRecord(
-            id=uuid.uuid4(),
-            criteria_id=UUID(criterion.id),
-            order_index=criterion.order_index,
-            verdict=v.verdict,
-            critique=v.critique,
-            evidence=v.evidence,
-            input_tokens=v.judgement.input_tokens if v.judgement else 0,
-            output_tokens=v.judgement.output_tokens if v.judgement else 0,
-        )
-        for criterion, v in zip(turn.criteria, verdicts, strict=True)
-    ]
-    return _Played(record, results, _turn_cost(context, reply, verdicts), conversation)
+    results = [_result(criterion, v) for criterion, v in zip(criteria, verdicts, strict=True)]
+    cost = _turn_cost(context, reply, verdicts)
+    return _Played(record, results, cost + extra if extra else cost, conversation)
 
 
-def _turn_cost(context: _Context, reply: AgentReply, verdicts: list[_Verdict]) -> CostSummary:
-    """What one turn cost: the agent's call, the judge's calls, their estimated price."""
+def _result(criterion: SnapshotCriterion, v: _Verdict) -> CriterionRecord:
+    return CriterionRecord(
+        id=uuid.uuid4(),
+        criteria_id=UUID(criterion.id),
+        order_index=criterion.order_index,
+        verdict=v.verdict,
+        critique=v.critique,
+        evidence=v.evidence,
+        input_tokens=v.judgement.input_tokens if v.judgement else 0,
+        output_tokens=v.judgement.output_tokens if v.judgement else 0,
+    )
+
+
+def _judge_cost(context: _Context, verdicts: list[_Verdict]) -> CostSummary:
+    """What the judge's calls behind ``verdicts`` cost."""
     judgements = [v.judgement for v in verdicts if v.judgement is not None]
     judge_in = sum(j.input_tokens for j in judgements)
     judge_out = sum(j.output_tokens for j in judgements)
     return CostSummary(
-        agent=CallCost(
-            calls=1,
-            input_tokens=reply.input_tokens,
-            output_tokens=reply.output_tokens,
-            latency_ms=round(reply.latency_ms, 1),
-        ),
         judge=CallCost(
             calls=sum(j.calls for j in judgements),
             input_tokens=judge_in,
             output_tokens=judge_out,
             latency_ms=round(sum(j.latency_ms for j in judgements), 1),
         ),
-        estimated_cost_usd=_price(context.agent.provider, reply.input_tokens, reply.output_tokens)
-        + _price(context.judge_provider, judge_in, judge_out),
+        estimated_cost_usd=_price(context.judge_provider, judge_in, judge_out),
     )
+
+
+def _turn_cost(context: _Context, reply: AgentReply, verdicts: list[_Verdict]) -> CostSummary:
+    """What one turn cost: the agent's call, the judge's calls, their estimated price."""
+    agent = CostSummary(
+        agent=CallCost(
+            calls=1,
+            input_tokens=reply.input_tokens,
+            output_tokens=reply.output_tokens,
+            latency_ms=round(reply.latency_ms, 1),
+        ),
+        estimated_cost_usd=_price(context.agent.provider, reply.input_tokens, reply.output_tokens),
+    )
+    return agent + _judge_cost(context, verdicts)

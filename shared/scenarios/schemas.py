@@ -30,6 +30,13 @@ def criterion_label(criteria_type: str, question: str) -> str:
 
 
 Verdict = Literal["PASS", "FAIL"]
+# Where a turn's user message came from: the scenario's turns, or the simulated user.
+TurnSource = Literal["scripted", "simulated"]
+# How a simulated conversation ended: the simulator said it reached its goal or gave up,
+# or it ran out of turns.
+SimulationOutcome = Literal["goal_reached", "gave_up", "max_turns"]
+MAX_SIMULATED_TURNS = 30
+DEFAULT_SIMULATED_TURNS = 8
 
 
 class RunStatus(enum.StrEnum):
@@ -81,6 +88,21 @@ class ScenarioTurnCreate(Input):
 
 
 TurnList = Annotated[list[ScenarioTurnCreate], msgspec.Meta(min_length=1, max_length=200)]
+ConversationCriteria = Annotated[list[CriterionCreate], msgspec.Meta(max_length=50)]
+SimulationText = Annotated[str, text(1, 4_000)]
+
+
+class SimulationCreate(Input):
+    """A simulated user, playing after the scripted turns until it is done or has sent
+    ``max_turns`` messages."""
+
+    persona: SimulationText
+    goal: SimulationText
+    max_turns: Annotated[int, msgspec.Meta(ge=1, le=MAX_SIMULATED_TURNS)] = DEFAULT_SIMULATED_TURNS
+    # An LLM provider of the organization; else its default simulator, else the agent's judge.
+    provider_id: UUID | None = None
+    # Else the provider's default_model.
+    model: Annotated[str, text(1, 255)] | None = None
 
 
 class ScenarioCreate(Input):
@@ -89,6 +111,8 @@ class ScenarioCreate(Input):
     description: LongText | None = None
     tags: Annotated[list[Tag], msgspec.Meta(max_length=50)] = []
     customer_context: JsonObject = {}
+    simulation: SimulationCreate | None = None
+    conversation_criteria: ConversationCriteria = []
 
 
 class ScenarioUpdate(Input):
@@ -103,12 +127,20 @@ class ScenarioUpdate(Input):
         | UnsetType
         | None
     ) = UNSET
+    # null removes the simulated user.
+    simulation: SimulationCreate | UnsetType | None = UNSET
+    # Given (not null), replaces every conversation criterion.
+    conversation_criteria: ConversationCriteria | UnsetType | None = UNSET
 
     def changes(self) -> dict[str, Any]:
         """What the PUT sets on the scenario row: a null ``name`` or ``tags`` leaves it as it
-        is, tags are kept once each; ``turns`` are rebuilt by the service, not set."""
+        is, tags are kept once each; ``turns`` and ``conversation_criteria`` are rebuilt by
+        the service, not set; ``simulation`` is stored as JSON."""
         sent = super().changes()
         sent.pop("turns", None)
+        sent.pop("conversation_criteria", None)
+        if "simulation" in sent:
+            sent["simulation"] = msgspec.to_builtins(sent["simulation"])
         for name in ("name", "tags"):
             if name in sent and sent[name] is None:
                 del sent[name]
@@ -133,6 +165,26 @@ class CriterionRead(Output):
     expected_arguments: dict[str, Any] | None = None
 
 
+class ConversationCriterionRead(Output):
+    """A criterion judged once on the whole conversation (its scenario's, not a turn's)."""
+
+    id: UUID
+    scenario_id: UUID
+    question: str
+    criteria_type: CriteriaType
+    few_shot_examples: list[FewShotExampleRead]
+    order_index: int
+    expected_arguments: dict[str, Any] | None = None
+
+
+class SimulationRead(Output):
+    persona: str
+    goal: str
+    max_turns: int
+    provider_id: UUID | None
+    model: str | None
+
+
 class ScenarioTurnRead(Output):
     id: UUID
     scenario_id: UUID
@@ -153,6 +205,8 @@ class ScenarioRead(Output):
     turns: list[ScenarioTurnRead]
     created_at: datetime
     updated_at: datetime
+    simulation: SimulationRead | None = None
+    conversation_criteria: list[ConversationCriterionRead] = []
 
 
 class ScenarioSummary(Output):
@@ -211,6 +265,9 @@ class ScenarioTurnResultRead(Output):
     redacted_keys: list[str] = []
     # The agent's model refused to answer: ``response_content`` is its refusal.
     refusal: bool = False
+    # ``simulated``: the message was written by the scenario's simulated user (such a turn
+    # has no criteria of its own).
+    source: TurnSource = "scripted"
     # The tools the agent called for its reply, as it reported them, redacted like
     # ``response_content``; at most 64 KiB of JSON, then a call named "spar:cut" says how
     # many were left out.
@@ -245,6 +302,12 @@ class ScenarioRunRead(Output):
     turn_results: list[ScenarioTurnResultRead] | UnsetType = UNSET
     # A run that ended in error while playing a turn: that turn, with what was sent.
     error_turn: ErrorTurnRead | None = None
+    # How the simulated user's conversation ended; null for a scripted scenario (and until
+    # a simulated one ends).
+    simulation_outcome: SimulationOutcome | None = None
+    # The verdicts of the scenario's conversation criteria, judged once the conversation
+    # ended (none when a failed required turn stopped the run).
+    conversation_results: list[CriterionResultRead] | UnsetType = UNSET
 
 
 class ScenarioRunList(Output):

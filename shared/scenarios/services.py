@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import uuid
 from typing import Any
 from uuid import UUID
@@ -29,6 +30,7 @@ from sqlalchemy.orm.attributes import flag_modified
 from shared.db import shapes
 from shared.db.models import (
     Criterion,
+    CriterionResult,
     Scenario,
     ScenarioRun,
     ScenarioTurn,
@@ -37,12 +39,28 @@ from shared.db.models import (
 from shared.db.queries import one_in_org
 from shared.errors import InvalidInput, NotFound
 from shared.identity.access import OrgAccess
-from shared.outbound.services import agent_in_org
+from shared.outbound.services import agent_in_org, provider_in_org
 from shared.paging import Paging, paginate
 from shared.queue import RUN_SCENARIO, send_after_commit
 from shared.scenarios import schemas, templates
 from shared.scenarios.records import Snapshot, SnapshotCriterion, SnapshotTurn
-from shared.scenarios.rules import check_turns
+from shared.scenarios.rules import check_conversation_criteria, check_scenario, check_turns
+
+
+def _criterion(position: int, criterion: schemas.CriterionCreate, **place: UUID) -> Criterion:
+    """A criterion row at ``position``, of a turn (``turn_id``) or of its scenario's whole
+    conversation (``scenario_id``, or set by the relationship it is added to)."""
+    return Criterion(
+        order_index=position,
+        question=criterion.question,
+        criteria_type=criterion.criteria_type,
+        few_shot_examples=[
+            {"response": e.response, "verdict": e.verdict, "critique": e.critique}
+            for e in criterion.few_shot_examples
+        ],
+        expected_arguments=criterion.expected_arguments,
+        **place,
+    )
 
 
 def _build_turns(scenario_id: UUID, turns: list[schemas.ScenarioTurnCreate]) -> list[ScenarioTurn]:
@@ -57,17 +75,7 @@ def _build_turns(scenario_id: UUID, turns: list[schemas.ScenarioTurnCreate]) -> 
                 user_message=turn.user_message,
                 required=turn.required,
                 criteria=[
-                    Criterion(
-                        turn_id=turn_id,
-                        order_index=position,
-                        question=criterion.question,
-                        criteria_type=criterion.criteria_type,
-                        few_shot_examples=[
-                            {"response": e.response, "verdict": e.verdict, "critique": e.critique}
-                            for e in criterion.few_shot_examples
-                        ],
-                        expected_arguments=criterion.expected_arguments,
-                    )
+                    _criterion(position, criterion, turn_id=turn_id)
                     for position, criterion in enumerate(turn.criteria)
                 ],
             )
@@ -75,8 +83,26 @@ def _build_turns(scenario_id: UUID, turns: list[schemas.ScenarioTurnCreate]) -> 
     return built
 
 
+def _build_conversation_criteria(criteria: list[schemas.CriterionCreate]) -> list[Criterion]:
+    return [_criterion(position, criterion) for position, criterion in enumerate(criteria)]
+
+
+async def _check_simulation(
+    session: AsyncSession, access: OrgAccess, simulation: schemas.SimulationCreate | None
+) -> None:
+    """A simulated user's provider is one of the organization's (404 otherwise, as every
+    reference to another organization's row)."""
+    if simulation is not None and simulation.provider_id is not None:
+        await provider_in_org(
+            session, org_id=access.organization_id, provider_id=simulation.provider_id
+        )
+
+
 def _with_turns(query: Select[Any]) -> Select[Any]:
-    return query.options(selectinload(Scenario.turns).selectinload(ScenarioTurn.criteria))
+    return query.options(
+        selectinload(Scenario.turns).selectinload(ScenarioTurn.criteria),
+        selectinload(Scenario.conversation_criteria),
+    )
 
 
 async def get_scenario(
@@ -99,7 +125,8 @@ async def get_scenario(
 async def create_scenario(
     session: AsyncSession, *, access: OrgAccess, body: schemas.ScenarioCreate
 ) -> Scenario:
-    check_turns(body.turns, body.customer_context)
+    check_scenario(body)
+    await _check_simulation(session, access, body.simulation)
     scenario_id = uuid.uuid4()
     scenario = Scenario(
         id=scenario_id,
@@ -110,6 +137,8 @@ async def create_scenario(
         customer_context=body.customer_context,
         created_by_user_id=access.principal.user_id,
         turns=_build_turns(scenario_id, body.turns),
+        simulation=msgspec.to_builtins(body.simulation),
+        conversation_criteria=_build_conversation_criteria(body.conversation_criteria),
     )
     session.add(scenario)
     await session.flush()
@@ -127,6 +156,15 @@ async def update_scenario(
         if body.customer_context is schemas.UNSET
         else body.customer_context
     )
+    if body.simulation is not schemas.UNSET:
+        await _check_simulation(session, access, body.simulation)
+    if body.conversation_criteria not in (schemas.UNSET, None):
+        check_conversation_criteria(body.conversation_criteria)
+        scenario.conversation_criteria.clear()
+        await session.flush()  # the old criteria go before new order_index rows
+        scenario.conversation_criteria.extend(
+            _build_conversation_criteria(body.conversation_criteria)
+        )
     if body.turns not in (schemas.UNSET, None):
         check_turns(body.turns, context)
         scenario.turns.clear()
@@ -199,21 +237,25 @@ def snapshot_source(scenario_ids: FromClause) -> Subquery:
     (:func:`snapshot_of`)."""
     wanted = select(scenario_ids.c.id).scalar_subquery()
     turns = _snapshot_turns(wanted, _snapshot_criteria(wanted))
+    conversation = _snapshot_conversation_criteria(wanted)
     scenario = Scenario.__table__
     return (
         select(
             scenario.c.id.label("scenario_id"),
             shapes.json_object(
-                Snapshot, scenario, turns=func.coalesce(turns.c.entries, _EMPTY)
+                Snapshot,
+                scenario,
+                turns=func.coalesce(turns.c.entries, _EMPTY),
+                conversation_criteria=func.coalesce(conversation.c.entries, _EMPTY),
             ).label("snapshot"),
             func.row_number()
             .over(order_by=(scenario.c.created_at, scenario.c.id))
             .label("position"),
         )
         .select_from(
-            scenario_ids.join(scenario, scenario.c.id == scenario_ids.c.id).outerjoin(
-                turns, turns.c.scenario_id == scenario.c.id
-            )
+            scenario_ids.join(scenario, scenario.c.id == scenario_ids.c.id)
+            .outerjoin(turns, turns.c.scenario_id == scenario.c.id)
+            .outerjoin(conversation, conversation.c.scenario_id == scenario.c.id)
         )
         .subquery("snapshot_source")
     )  # fmt: skip
@@ -222,21 +264,36 @@ def snapshot_source(scenario_ids: FromClause) -> Subquery:
 _EMPTY = literal_column("'[]'::jsonb")
 
 
+def _criteria_entries() -> Any:
+    """A criterion row as one JSON entry of a snapshot, aggregated in order."""
+    criterion = Criterion.__table__
+    entry = shapes.json_object(SnapshotCriterion, criterion, id=cast(criterion.c.id, Text))
+    return func.jsonb_agg(aggregate_order_by(entry, criterion.c.order_index)).label("entries")
+
+
 def _snapshot_criteria(wanted: ColumnElement[Any]) -> CTE:
     """``(turn_id, entries)``: each turn's criteria of the ``wanted`` scenarios, as one JSON
     array in order."""
     criterion = Criterion.__table__
     turn = ScenarioTurn.__table__
-    entry = shapes.json_object(SnapshotCriterion, criterion, id=cast(criterion.c.id, Text))
     return (
-        select(
-            criterion.c.turn_id,
-            func.jsonb_agg(aggregate_order_by(entry, criterion.c.order_index)).label("entries"),
-        )
+        select(criterion.c.turn_id, _criteria_entries())
         .join(turn, turn.c.id == criterion.c.turn_id)
         .where(turn.c.scenario_id.in_(wanted))
         .group_by(criterion.c.turn_id)
         .cte("snapshot_criteria")
+    )
+
+
+def _snapshot_conversation_criteria(wanted: ColumnElement[Any]) -> CTE:
+    """``(scenario_id, entries)``: the conversation criteria of each ``wanted`` scenario,
+    as one JSON array in order."""
+    criterion = Criterion.__table__
+    return (
+        select(criterion.c.scenario_id, _criteria_entries())
+        .where(criterion.c.scenario_id.in_(wanted))
+        .group_by(criterion.c.scenario_id)
+        .cte("snapshot_conversation_criteria")
     )
 
 
@@ -285,6 +342,7 @@ async def start_run(
         snapshot=snapshot,
         created_by_user_id=access.principal.user_id,
         turn_results=[],
+        conversation_results=[],
     )
     run.session_id = f"spar-{run.id}"
     session.add(run)
@@ -294,14 +352,17 @@ async def start_run(
 
 
 async def get_run(session: AsyncSession, *, access: OrgAccess, run_id: UUID) -> ScenarioRun:
-    """The run with its turns' and criteria's results."""
+    """The run with its turns' and criteria's results, and its conversation criteria's."""
     return await one_in_org(
         session,
         ScenarioRun,
         access.organization_id,
         run_id,
         "scenario run",
-        load=[selectinload(ScenarioRun.turn_results).selectinload(TurnResult.criteria_results)],
+        load=[
+            selectinload(ScenarioRun.turn_results).selectinload(TurnResult.criteria_results),
+            selectinload(ScenarioRun.conversation_results),
+        ],
         populate_existing=True,
     )
 
@@ -334,28 +395,37 @@ async def list_runs(
 
 
 def run_read(run: ScenarioRun, *, with_results: bool) -> schemas.ScenarioRunRead:
-    """The run's body; with ``with_results``, its turns' results (loaded with the run)."""
+    """The run's body; with ``with_results``, its turns' results and its conversation
+    criteria's (loaded with the run)."""
     results: list[schemas.ScenarioTurnResultRead] | schemas.UnsetType = schemas.UNSET
+    conversation: list[schemas.CriterionResultRead] | schemas.UnsetType = schemas.UNSET
     if with_results:
+        snapshot = msgspec.convert(run.snapshot, Snapshot)
         asked = {
             UUID(c.id): c
-            for turn in msgspec.convert(run.snapshot, Snapshot).turns
-            for c in turn.criteria
+            for c in itertools.chain(
+                (c for turn in snapshot.turns for c in turn.criteria),
+                snapshot.conversation_criteria,
+            )
         }
+
+        def read(result: CriterionResult) -> schemas.CriterionResultRead:
+            return schemas.CriterionResultRead.from_row(
+                result,
+                question=asked[result.criteria_id].question,
+                criteria_type=asked[result.criteria_id].criteria_type,
+            )
+
         results = [
             schemas.ScenarioTurnResultRead.from_row(
                 turn,
                 status="skipped" if turn.skipped else "passed" if turn.passed else "failed",
                 redacted_keys=turn.redacted_keys or [],
-                criteria_results=[
-                    schemas.CriterionResultRead.from_row(
-                        result,
-                        question=asked[result.criteria_id].question,
-                        criteria_type=asked[result.criteria_id].criteria_type,
-                    )
-                    for result in turn.criteria_results
-                ],
+                criteria_results=[read(result) for result in turn.criteria_results],
             )
             for turn in run.turn_results
         ]
-    return schemas.ScenarioRunRead.from_row(run, turn_results=results)
+        conversation = [read(result) for result in run.conversation_results]
+    return schemas.ScenarioRunRead.from_row(
+        run, turn_results=results, conversation_results=conversation
+    )

@@ -5,19 +5,21 @@ statements, and each state change costs as little as the backend allows:
 
 every state change is **one statement that commits on its own** (data-modifying CTEs),
 executed straight on psycopg (:mod:`shared.db.direct`): the claim with the turns already
-committed; a turn with its criterion results and the run's cost; a run's end with its
+committed; a turn with its criterion results and the run's cost; a simulated
+conversation's outcome with the cost of the simulator's last answer; a run's end with its
 batch's side (:func:`shared.batches.window.settle`: its count and its successor's
 hand-out) and, when a failed required turn stopped it, the turns left unplayed, recorded
-as skipped.  Atomic by itself, with no BEGIN or COMMIT round trip, and its row locks
+as skipped, or, when the conversation went on to its end, the verdicts of its
+conversation criteria.  Atomic by itself, with no BEGIN or COMMIT round trip, and its row locks
 released the moment it ends — the batch row, which every run of a batch writes, is never
 held across a round trip to a busy worker.
 
 Every change is guarded in SQL, so a redelivered message changes nothing twice: a claim
 only takes a run that is pending, or running with a dead heartbeat (:mod:`shared.work`),
 and counts the delivery; a turn is written only while the run is
-``running`` and once per ``(run, turn_index)``, an end only moves a ``pending`` or
-``running`` run.  No parameter is named after a column: Core would add it to an
-UPDATE's SET clause.
+``running`` with no simulation outcome yet and once per ``(run, turn_index)``, an
+outcome only once, an end only moves a ``pending`` or ``running`` run.  No parameter is
+named after a column: Core would add it to an UPDATE's SET clause.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ import psycopg
 from psycopg import AsyncConnection
 from sqlalchemy import (
     Insert,
+    String,
     Update,
     Uuid,
     bindparam,
@@ -131,10 +134,15 @@ async def claim(database: Database, settings: Settings, run_id: UUID) -> Claimed
 
 # --- turns and the end ----------------------------------------------------------------------------
 
+_outcome = bindparam("p_outcome", type_=String())
+# A turn is written only while the conversation goes on: a delivery that learnt its
+# simulated user was done has settled it.
+_playing = (_runs.c.status == "running", _runs.c.simulation_outcome.is_(None))
+
 # Each locks the run row first: deliveries of one run write one at a time.
 _TOUCH = (
     update(_runs)
-    .where(_runs.c.id == _run, _runs.c.status == "running")
+    .where(_runs.c.id == _run, *_playing)
     .values(cost_summary=bindparam("p_cost"), updated_at=NOW)
     .returning(_runs.c.id, _runs.c.batch_run_id)
 )
@@ -153,7 +161,7 @@ _END = (
 # The last turn and the run's end, together: the turn is written only while the run runs.
 _TOUCH_AND_END = (
     update(_runs)
-    .where(_runs.c.id == _run, _runs.c.status == "running")
+    .where(_runs.c.id == _run, *_playing)
     .values(
         cost_summary=bindparam("p_cost"),
         status=bindparam("p_status"),
@@ -162,12 +170,34 @@ _TOUCH_AND_END = (
     )
     .returning(_runs.c.id, _runs.c.batch_run_id, _runs.c.status)
 )
-# The played turn (a TurnRecord), its criterion results and the turns a stopped run leaves
-# unplayed (lists of CriterionRecord and TurnRecord) arrive as JSON: the statement is the
-# same for any number of each.
+# How the simulated conversation ended, once: a redelivery never asks the simulator again.
+_SETTLE_OUTCOME = Statement(
+    update(_runs)
+    .where(_runs.c.id == _run, *_playing)
+    .values(cost_summary=bindparam("p_cost"), simulation_outcome=_outcome, updated_at=NOW)
+    .returning(_runs.c.id)
+)
+# The end of a conversation that went on past its scripted turns, or has conversation
+# criteria: its cost, its outcome (if not settled already) and its status.
+_CONCLUDE = (
+    update(_runs)
+    .where(_runs.c.id == _run, _runs.c.status == "running")
+    .values(
+        cost_summary=bindparam("p_cost"),
+        status=bindparam("p_status"),
+        simulation_outcome=func.coalesce(_runs.c.simulation_outcome, _outcome),
+        completed_at=NOW,
+        updated_at=NOW,
+    )
+    .returning(_runs.c.id, _runs.c.batch_run_id, _runs.c.status)
+)
+# The played turn (a TurnRecord), its criterion results, the turns a stopped run leaves
+# unplayed and the conversation criteria's results (lists of CriterionRecord and
+# TurnRecord) arrive as JSON: the statement is the same for any number of each.
 _turn_given = shapes.recordset("p_turn", TurnRecord, _turns, one=True)
 _results_given = shapes.recordset("p_results", CriterionRecord, _results)
 _skipped_given = shapes.recordset("p_skipped", TurnRecord, _turns)
+_conversation_given = shapes.recordset("p_conversation", CriterionRecord, _results)
 
 
 def _count(cte: Any, label: str) -> Any:
@@ -181,14 +211,26 @@ def _write_turns(given: Any, run_id: Any, *, after: Any) -> Insert:
     return shapes.insert_from(_turns, row, after.join(given, true()))
 
 
-def _in_one(run_change: Update, *, turn: bool, end: bool) -> Statement:
+def _in_one(run_change: Update, *, turn: bool, end: bool, conversation: bool = False) -> Statement:
     """``run_change`` (an UPDATE of the run ``RETURNING id, batch_run_id`` and, to end it,
     ``status``) with, in the same statement, the turn and its criterion results written
-    after it (``turn``) and its batch's side of the end (``end``:
-    :func:`shared.batches.window.settle`, which locks the batch row last); with both, the
-    turns left unplayed (``:p_skipped``) are written too."""
+    after it (``turn``), the conversation criteria's results (``conversation``) and its
+    batch's side of the end (``end``: :func:`shared.batches.window.settle`, which locks the
+    batch row last); with a turn and the end, the turns left unplayed (``:p_skipped``) are
+    written too."""
     run = run_change.cte("run")
     counts = [_count(run, "changed")]
+    if conversation:
+        judged = (
+            shapes.insert_from(
+                _results,
+                {**shapes.values(CriterionRecord, _conversation_given), "run_id": run.c.id},
+                run.join(_conversation_given, true()),
+            )
+            .returning(_results.c.id)
+            .cte("conversation")
+        )
+        counts.append(_count(judged, "conversation"))
     if turn:
         written = (
             _write_turns(_turn_given, run.c.id, after=run)
@@ -220,6 +262,7 @@ def _in_one(run_change: Update, *, turn: bool, end: bool) -> Statement:
 _RECORD_IN_ONE = _in_one(_TOUCH, turn=True, end=False)
 _RECORD_AND_END_IN_ONE = _in_one(_TOUCH_AND_END, turn=True, end=True)
 _END_IN_ONE = _in_one(_END, turn=False, end=True)
+_CONCLUDE_IN_ONE = _in_one(_CONCLUDE, turn=False, end=True, conversation=True)
 
 
 async def record_turn(
@@ -289,6 +332,44 @@ async def end(
     return [ended.successor] if ended.successor is not None else []
 
 
+async def settle_outcome(database: Database, run_id: UUID, outcome: str, cost: CostSummary) -> bool:
+    """Record how the run's simulated conversation ended (with the run's cost so far),
+    once: ``False`` when another delivery settled it first or the run is no longer
+    running."""
+    params = {"p_run": run_id, "p_outcome": outcome, "p_cost": cost, "now": utcnow()}
+    return bool(await _write(database, _SETTLE_OUTCOME, params))
+
+
+async def conclude(
+    database: Database,
+    run_id: UUID,
+    status: RunStatus,
+    cost: CostSummary,
+    *,
+    outcome: str | None,
+    results: list[CriterionRecord],
+) -> list[UUID] | None:
+    """End a running run whose conversation is over as ``status``: its cost, its simulation
+    ``outcome`` (unless one is settled already) and its conversation criteria's
+    ``results``, with its batch's side (see :func:`end`), in one commit.  ``None`` when
+    another delivery ended it first; otherwise the successors to send."""
+    params = {
+        "p_run": run_id,
+        "p_status": status,
+        "p_cost": cost,
+        "p_outcome": outcome,
+        "p_conversation": results,
+        "now": utcnow(),
+    }
+    try:
+        (ended,) = await _write(database, _CONCLUDE_IN_ONE, params)
+    except psycopg.IntegrityError:
+        return None
+    if not ended.changed:
+        return None
+    return [ended.successor] if ended.successor is not None else []
+
+
 # --- boot -----------------------------------------------------------------------------------------
 
 
@@ -307,4 +388,13 @@ async def rehearse(connection: AsyncConnection[Any]) -> None:
     await _RECORD_AND_END_IN_ONE.rows(connection, **turn, p_status=RunStatus.PASSED, p_skipped=[])
     await _END_IN_ONE.rows(
         connection, **nobody, p_status=RunStatus.ERROR, p_error=None, p_error_turn=None
+    )
+    await _SETTLE_OUTCOME.rows(connection, **nobody, p_cost=CostSummary(), p_outcome="gave_up")
+    await _CONCLUDE_IN_ONE.rows(
+        connection,
+        **nobody,
+        p_cost=CostSummary(),
+        p_status=RunStatus.PASSED,
+        p_outcome=None,
+        p_conversation=[],
     )

@@ -32,10 +32,10 @@ from lxml import etree
 
 from client.cli import main
 from tests.support.factories import Tenant, tenant
-from tests.support.fakes import FakeAgent, FakeOpenAI, Reply, verdict_from_marker
+from tests.support.fakes import FakeAgent, FakeOpenAI, FakeSimulator, Reply, verdict_from_marker
 from tests.support.processes import free_port, spar_executable, spar_process, suite_env
 from tests.support.proxy import DroppingProxy
-from tests.support.scenario_setup import outbound_setup
+from tests.support.scenario_setup import create_judge_provider, outbound_setup
 
 # One worker takes the module: its spar serve and worker start once under xdist.
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("cli")]
@@ -495,6 +495,88 @@ async def test_batch_run_exit_codes_result_files_and_fail_under(
     assert bad_token.returncode == 3 and "401" in bad_token.stderr
     unset = cli("batch", "run", "--agent", "x", "--tag", "ok", url="", token="", cwd=tmp_path)
     assert unset.returncode == 3 and "SPAR_URL" in unset.stderr
+
+
+async def test_a_simulated_scenario_pushed_from_yaml_runs_and_names_its_failed_criterion(
+    client: AsyncTestClient, spar_api: str, shop: ShopAgent, judge: FakeOpenAI, tmp_path: Path
+) -> None:
+    """A YAML scenario with a simulated user and conversation criteria (tool checks among
+    them): pushed (and pushed again, unchanged), run by ``spar batch run``, its failed
+    conversation criteria named in the table, the JUnit file and the JSON report."""
+    t = await world(client, shop, judge)
+    scenarios = tmp_path / "simulated"
+    write(
+        scenarios,
+        "rebook.yaml",
+        """
+        name: rebook
+        tags: [simulated]
+        turns:
+          - user_message: I need a refund for order AB-1
+        simulation:
+          persona: A hurried customer who writes short messages
+          goal: Get order AB-1 refunded by Friday
+          max_turns: 4
+        conversation_criteria:
+          - question: refund_order
+            criteria_type: tool_called
+            expected_arguments: {order_id: AB-1}
+          - question: customer message 1
+            criteria_type: contains
+          - question: refund_order
+            criteria_type: tool_not_called
+          - question: Friday
+            criteria_type: contains
+        """,
+    )
+    with FakeSimulator(done_at=2) as simulator:
+        await create_judge_provider(
+            client, t, simulator.url, is_default_judge=False, is_default_simulator=True
+        )
+
+        def run(*args: str) -> subprocess.CompletedProcess[str]:
+            return cli(*args, url=spar_api, token=t.owner.token, cwd=tmp_path)
+
+        pushed = run("scenarios", "push", str(scenarios))
+        assert pushed.returncode == 0, pushed.stderr
+        assert "1 created" in pushed.stdout
+        again = run("scenarios", "push", str(scenarios))
+        assert "0 created, 0 updated, 0 deleted, 1 unchanged" in again.stdout, again.stdout
+        junit, report = tmp_path / "simulated.xml", tmp_path / "simulated.json"
+        ran = run(
+            "batch",
+            "run",
+            "--agent",
+            "support-bot",
+            "--tag",
+            "simulated",
+            "--junit",
+            str(junit),
+            "--json",
+            str(report),
+        )
+    assert ran.returncode == 1, ran.stdout + ran.stderr
+    assert "0 passed, 1 failed, 0 error of 1" in ran.stdout
+    assert "FAIL tool_not_called refund_order (conversation)" in ran.stdout
+    assert "FAIL Friday (conversation)" in ran.stdout
+    assert "no reply contains 'Friday'" in ran.stdout
+    (case,) = check_junit(junit).findall("testcase")
+    failure = case.find("failure")
+    assert failure is not None
+    assert failure.get("message") == "conversation: tool_not_called refund_order"
+    assert "simulated user: goal_reached" in failure.text
+    assert "(called in turn 1)" in failure.text
+    (scenario,) = json.loads(report.read_text())["scenarios"]
+    assert scenario["simulation_outcome"] == "goal_reached"
+    refused, friday = scenario["failed_conversation_criteria"]
+    assert (refused["question"], refused["verdict"]) == ("tool_not_called refund_order", "FAIL")
+    assert friday == {
+        "question": "Friday",
+        "verdict": "FAIL",
+        "critique": "no reply contains 'Friday'",
+    }
+    assert (scenario["passed_turns"], scenario["total_turns"]) == (2, 2)
+    assert simulator.asked_per_exchange() == {1: 1, 2: 1}
 
 
 async def test_control_characters_from_the_agent_reach_no_report_raw(

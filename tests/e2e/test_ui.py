@@ -57,7 +57,7 @@ from tests.support.batches import (
     passing_turn,
 )
 from tests.support.factories import create_org, create_token, tenant
-from tests.support.fakes import FakeAgent, Reply
+from tests.support.fakes import FakeAgent, FakeSimulator, Reply
 from tests.support.live_server import LiveServer
 
 # Debian's package (.ci/run installs it); SPAR_TEST_CHROMIUM names another Chromium or Chrome.
@@ -242,6 +242,62 @@ async def test_a_user_signs_in_watches_a_batch_move_reads_a_failure_and_finds_a_
     await links.nth(1).click()
     await expect(page.locator("h1")).to_have_text("greets")
     await expect(page.locator("tr.criterion .verdict")).to_have_text("FAIL")
+
+    # A simulated user's conversation: its turns marked, how it ended, the verdicts of
+    # its conversation criteria.
+    with FakeSimulator(done_at=2) as simulator:
+        made = await client.post(
+            f"/v1/orgs/{w.t.id}/llm-providers",
+            json={
+                "name": "simulator",
+                "provider": "openai_compatible",
+                "base_url": f"{simulator.url}/v1",
+                "default_model": "sim-model",
+                "is_default_simulator": True,
+            },
+            headers=w.headers,
+        )
+        assert made.status_code == 201, made.text
+        rebook = await client.post(
+            f"/v1/orgs/{w.t.id}/scenarios",
+            json={
+                "name": "rebook",
+                "turns": [passing_turn(4)],
+                "simulation": {"persona": "a hurried traveller", "goal": "move the booking"},
+                "conversation_criteria": [
+                    {"question": "customer message 1", "criteria_type": "contains"},
+                    {"question": "refund", "criteria_type": "contains"},
+                ],
+            },
+            headers=w.headers,
+        )
+        assert rebook.status_code == 201, rebook.text
+        simulated = await create_batch(client, w, scenario_ids=[rebook.json()["id"]])
+        await drain(app, settings, simulated["id"])
+    (simulated_run,) = (await runs_by_scenario(client, w, simulated["id"])).values()
+    await page.goto(f"/ui/orgs/{w.t.id}/runs/{simulated_run}")
+    await expect(page.locator("h1")).to_have_text("rebook")
+    await expect(page.locator("#simulation-outcome")).to_have_text(
+        "Simulated user: reached its goal"
+    )
+    turns = page.locator("section[data-turn]")
+    await expect(turns).to_have_count(2)
+    await expect(turns.nth(0)).to_have_attribute("data-source", "scripted")
+    await expect(turns.nth(0).locator(".simulated")).to_have_count(0)
+    second = turns.nth(1)
+    await expect(second).to_have_attribute("data-source", "simulated")
+    await expect(second.locator("h2 .simulated")).to_have_text("simulated")
+    await expect(second.locator(".message.user .who")).to_have_text("Simulated user")
+    await expect(second.locator(".message.user pre")).to_have_text("customer message 1")
+    await expect(second.locator(".message.agent pre")).to_have_text("Echo: customer message 1")
+    judged = page.locator("#conversation tr.criterion")
+    await expect(judged).to_have_count(2)
+    await expect(judged.nth(0).locator(".verdict")).to_have_text("PASS")
+    await expect(judged.nth(0).locator(".critique")).to_have_text(
+        "the reply of turn 2 contains 'customer message 1'"
+    )
+    await expect(judged.nth(1)).to_contain_text("refund")
+    await expect(judged.nth(1).locator(".verdict")).to_have_text("FAIL")
 
     # Signing out (a form's POST) ends this browser's session only: the pages ask to sign
     # in again, and the token pasted to sign in still works.

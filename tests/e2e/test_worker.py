@@ -8,6 +8,7 @@ import json
 import os
 import signal
 import time
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -18,8 +19,16 @@ from shared.queue import RUN_SCENARIO, get_broker, send
 from shared.settings import Settings
 from tests.support.calibration import EXAMPLES
 from tests.support.factories import tenant
-from tests.support.fakes import FakeAgent, FakeOpenAI, verdict_from_marker
+from tests.support.fakes import FakeAgent, FakeOpenAI, FakeSimulator, verdict_from_marker
 from tests.support.processes import spar_process, suite_env
+from tests.support.scenario_setup import (
+    create_judge_provider,
+    create_scenario,
+    get_run,
+    outbound_setup,
+    start_run,
+    turn,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -224,6 +233,67 @@ async def test_a_worker_killed_mid_run_is_resumed_by_the_next(
     assert [m["content"] for m in resumed["messages"] if m["role"] == "user"] == [
         f"message {n}" for n in range(4)
     ]
+
+
+async def test_a_worker_killed_mid_simulation_resumes_the_conversation_where_it_was(
+    client, db, worker_env, tmp_path: Path
+):
+    """A simulated conversation (DESIGN §5.9) whose worker is killed with SIGKILL goes on
+    in the next worker from its committed turns: no committed message is written again,
+    none reaches the agent twice; only the turn in flight at the kill may be asked of the
+    simulator (and sent to the agent) again."""
+    worker_args = ["worker", "--processes", "1", "--threads", "2", "--queues", "runs"]
+    worker_env = {**worker_env, "SPAR_RUN_HEARTBEAT_TIMEOUT_S": "3"}
+    with (
+        FakeAgent(reply=lambda body: (time.sleep(0.6), f"ok {body['message']}")[1]) as agent,
+        FakeSimulator(done_at=5) as simulator,
+    ):
+        t = await tenant(client)
+        out = await outbound_setup(client, t, agent.url)
+        await create_judge_provider(
+            client, t, simulator.url, is_default_judge=False, is_default_simulator=True
+        )
+        scenario = await create_scenario(
+            client,
+            t,
+            turns=[turn("I want to move my booking")],
+            simulation={"persona": "a traveller", "goal": "move the booking", "max_turns": 8},
+        )
+        with spar_process(worker_args, worker_env, cwd=tmp_path) as worker:
+            run_id = (await start_run(client, t, scenario["id"], out.agent_id))["id"]
+            await _poll(client, t, run_id, until=lambda r: len(r["turn_results"]) >= 2)
+            os.killpg(worker.pid, signal.SIGKILL)
+            worker.wait()
+        crashed = await get_run(client, t, run_id)
+        assert crashed["status"] == "running"
+        committed = len(crashed["turn_results"])
+        assert 2 <= committed < 5
+        with spar_process(worker_args, worker_env, cwd=tmp_path):
+            await asyncio.sleep(3.5)  # the dead worker's heartbeat goes stale
+            broker = get_broker(Settings(redis_url=worker_env["SPAR_REDIS_URL"]))
+            send(broker, RUN_SCENARIO, run_id)
+            run = await _poll(
+                client, t, run_id, until=lambda r: r["status"] in {"passed", "failed", "error"}
+            )
+    assert (run["status"], run["simulation_outcome"]) == ("passed", "goal_reached"), run
+    assert run["turn_results"][:committed] == crashed["turn_results"], "nothing rewritten"
+    assert [r["user_message"] for r in run["turn_results"]] == [
+        "I want to move my booking",
+        *(f"customer message {n}" for n in range(1, 5)),
+    ]
+    assert await _result_counts(db, run_id) == (5, 5, 0)
+    # The simulator was asked once for each turn and for its done answer, except perhaps
+    # for the turn in flight at the kill (exchange ``committed``: not committed then).
+    asked = simulator.asked_per_exchange()
+    assert set(asked) == {1, 2, 3, 4, 5}
+    assert all(n == 1 for exchange, n in asked.items() if exchange != committed), asked
+    assert asked[committed] <= 2
+    # Each message reached the agent once, but the one in flight at the kill.
+    sent = Counter(request.json["message"] for request in agent.requests)
+    in_flight = f"customer message {committed}"
+    assert set(sent) == {r["user_message"] for r in run["turn_results"]}
+    assert all(n == 1 for message, n in sent.items() if message != in_flight), sent
+    assert sent[in_flight] <= 2
 
 
 async def test_calibrate_answers_200_with_the_metrics_a_worker_judged_while_it_waited(

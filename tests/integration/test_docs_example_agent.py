@@ -1,4 +1,6 @@
-"""The documentation stays true: docs/agents.md's example agent and commands, run for real.
+"""The documentation stays true: docs/agents.md's example agent and commands, and
+docs/scenarios.md's worked example (its booking agent and its simulated scenario), run for
+real.
 
 The example agent is the Python block of docs/agents.md whose first line is
 ``# spar-example: echo_agent.py``; it is written to a file and started as a subprocess on
@@ -10,12 +12,18 @@ client, and a ``VAR=$(curl … | pick FIELD)`` keeps the field, read with the bl
 ``python3 echo_agent.py`` and ``sleep`` lines are what this test does itself.  The last
 command must print ``passed``.
 
+The worked example's agent is the Python block of docs/scenarios.md whose first line is
+``# spar-example: booking_agent.py``, its scenario the YAML block after the marker
+``<!-- spar-example: booking scenario -->``, read as ``spar scenarios push`` reads a file;
+a loopback simulator plays Ada and a loopback judge passes what it is asked.
+
 Also: README.md and docs/ never point at ``../shared`` (a folder users do not have),
 and every relative link in them leads to a file of the project.
 """
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
 import socket
@@ -23,6 +31,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -32,13 +41,25 @@ import pytest
 from litestar import Litestar
 from litestar.testing import AsyncTestClient
 
+from client.scenarios import load
 from shared.scenarios.runner import execute_run
 from shared.settings import Settings
+from tests.support.factories import tenant
+from tests.support.fakes import FakeOpenAI, FakeSimulator
+from tests.support.scenario_setup import (
+    create_judge_provider,
+    get_run,
+    outbound_setup,
+    start_run,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 AGENTS_DOC = ROOT / "docs" / "agents.md"
 AGENT_MARKER = "# spar-example: echo_agent.py"
 STEPS_MARKER = "<!-- spar-example: steps -->"
+SCENARIOS_DOC = ROOT / "docs" / "scenarios.md"
+BOOKING_MARKER = "# spar-example: booking_agent.py"
+BOOKING_SCENARIO_MARKER = "<!-- spar-example: booking scenario -->"
 BASE_URL = "http://testserver.local"  # the test client's; $SPAR in the commands
 _CAPTURE = re.compile(r"^(\w+)=\$\((curl\s.*?)\|\s*pick\s+(\w+)\s*\)$", re.DOTALL)
 _PICKED = re.compile(r"^(curl\s.*?)\|\s*pick\s+(\w+)$", re.DOTALL)
@@ -58,14 +79,28 @@ def fenced_blocks(text: str) -> list[tuple[int, str, str]]:
     ]
 
 
-def example_agent_code() -> str:
+def example_code(doc: Path, marker: str) -> str:
+    """The one python block of ``doc`` whose first line is ``marker``."""
     blocks = [
         code
-        for _, info, code in fenced_blocks(AGENTS_DOC.read_text())
-        if info == "python" and code.startswith(AGENT_MARKER)
+        for _, info, code in fenced_blocks(doc.read_text())
+        if info == "python" and code.startswith(marker)
     ]
-    assert len(blocks) == 1, f"docs/agents.md needs one python block starting {AGENT_MARKER!r}"
+    assert len(blocks) == 1, f"{doc.name} needs one python block starting {marker!r}"
     return blocks[0]
+
+
+def example_agent_code() -> str:
+    return example_code(AGENTS_DOC, AGENT_MARKER)
+
+
+def block_after(doc: Path, marker: str, info: str) -> str:
+    """The fenced block (of ``info``) right after ``marker`` in ``doc``."""
+    text = doc.read_text()
+    at = text.index(marker)
+    offset, found, code = next(b for b in fenced_blocks(text) if b[0] > at)
+    assert found == info and text[at:offset].strip() == marker, f"{marker} misplaced"
+    return code
 
 
 def example_steps() -> list[str]:
@@ -141,8 +176,24 @@ def free_port() -> int:
 @pytest.fixture
 def example_agent(tmp_path: Path) -> Iterator[int]:
     """docs/agents.md's agent, running as a real process; yields its port."""
-    script = tmp_path / "echo_agent.py"
-    script.write_text(example_agent_code())
+    with serving(tmp_path / "echo_agent.py", example_agent_code()) as port:
+        yield port
+
+
+@pytest.fixture
+def booking_agent(tmp_path: Path) -> Iterator[int]:
+    """docs/scenarios.md's booking agent, running as a real process; yields its port."""
+    with serving(
+        tmp_path / "booking_agent.py", example_code(SCENARIOS_DOC, BOOKING_MARKER)
+    ) as port:
+        yield port
+
+
+@contextmanager
+def serving(script: Path, code: str) -> Iterator[int]:
+    """``code`` run as a script taking its port as its argument; yields the port once it
+    listens."""
+    script.write_text(code)
     port = free_port()
     process = subprocess.Popen(
         [sys.executable, str(script), str(port)],
@@ -249,6 +300,60 @@ async def test_documented_agent_and_commands_give_a_passed_run(
     assert run["session_id"] == f"spar-{run['id']}"
     assert run["cost_summary"]["agent"]["calls"] == 2
     assert run["cost_summary"]["agent"]["input_tokens"] == 1 + 3  # len(messages) per turn
+
+
+async def test_the_worked_example_of_simulated_users_runs_as_documented(
+    client: AsyncTestClient, app: Litestar, settings: Settings, booking_agent: int, tmp_path: Path
+) -> None:
+    scenario_file = tmp_path / "rebook.yaml"
+    scenario_file.write_text(block_after(SCENARIOS_DOC, BOOKING_SCENARIO_MARKER, "yaml"))
+    body = load(scenario_file).body  # as spar scenarios push reads and sends it
+    passing = json.dumps({"verdict": "PASS", "critique": "confirmed", "evidence": "Friday"})
+    with (
+        FakeOpenAI(reply=passing) as judge,
+        FakeSimulator(done_at=2, say="Friday please, same time") as simulator,
+    ):
+        t = await tenant(client)
+        out = await outbound_setup(
+            client,
+            t,
+            f"http://127.0.0.1:{booking_agent}",
+            judge.url,
+            agent_fields={
+                "name": "booking-desk",
+                "endpoint_url": f"http://127.0.0.1:{booking_agent}/",
+            },
+        )
+        await create_judge_provider(
+            client, t, simulator.url, is_default_judge=False, is_default_simulator=True
+        )
+        made = await client.post(f"/v1/orgs/{t.id}/scenarios", json=body, headers=t.owner.headers)
+        assert made.status_code == 201, made.text
+        run = await start_run(client, t, made.json()["id"], out.agent_id)
+        await execute_run(app.state.database, settings, UUID(run["id"]))
+        done = await get_run(client, t, run["id"])
+    assert (done["status"], done["simulation_outcome"]) == ("passed", "goal_reached"), done
+    turns = done["turn_results"]
+    assert [(r["source"], r["user_message"]) for r in turns] == [
+        ("scripted", "Hi, I am Ada, booking BK-42. Can you help?"),
+        ("simulated", "Friday please, same time 1"),
+    ]
+    assert [r["response_content"] for r in turns] == [
+        "I can move booking BK-42. Which day would suit you?",
+        "Done: booking BK-42 is now on Friday, same time.",
+    ]
+    assert [c["name"] for c in turns[1]["tool_calls"]] == ["move_booking"]
+    verdicts = {(r["criteria_type"], r["verdict"]) for r in done["conversation_results"]}
+    assert verdicts == {
+        ("llm_evaluated", "PASS"),
+        ("tool_called", "PASS"),
+        ("regex", "PASS"),
+        ("not_contains", "PASS"),
+    }
+    by_type = {r["criteria_type"]: r for r in done["conversation_results"]}
+    assert by_type["tool_called"]["critique"].endswith("(called in turn 2)")
+    assert by_type["regex"]["critique"] == "the reply of turn 2 matches /(?i)friday/"
+    assert len(simulator.requests) == 2, "asked once, then done"
 
 
 def test_the_steps_block_is_what_the_doc_promises() -> None:

@@ -89,6 +89,10 @@ BREAKS: list[tuple[str, dict[str, Any], str]] = [
     ("scenario_turns", {"order_index": -1}, "ck_scenario_turns_order_index_not_negative"),
     ("criteria", {"order_index": -1}, "ck_criteria_order_index_not_negative"),
     ("criteria", {"criteria_type": "vibes"}, "ck_criteria_criteria_type"),
+    # A criterion is a turn's or a conversation criterion of its scenario: never both, never
+    # neither; so is a criterion result a turn result's or its run's.
+    ("criteria", {"scenario_id": uuid.uuid4()}, "ck_criteria_one_place"),
+    ("criteria", {"turn_id": None}, "ck_criteria_one_place"),
     # Expected arguments: an object, on a tool_called criterion only.
     (
         "criteria",
@@ -102,6 +106,7 @@ BREAKS: list[tuple[str, dict[str, Any], str]] = [
     ),
     ("scenario_runs", {"status": "paused"}, "ck_scenario_runs_status"),
     ("scenario_runs", {"attempts": -1}, "ck_scenario_runs_attempts_not_negative"),
+    ("scenario_runs", {"simulation_outcome": "bored"}, "ck_scenario_runs_simulation_outcome"),
     # Only a run in error has the turn it ended on.
     (
         "scenario_runs",
@@ -109,9 +114,12 @@ BREAKS: list[tuple[str, dict[str, Any], str]] = [
         "ck_scenario_runs_error_turn_of_error",
     ),
     ("turn_results", {"turn_index": -1}, "ck_turn_results_turn_index_not_negative"),
+    ("turn_results", {"source": "dreamt"}, "ck_turn_results_source"),
     ("turn_results", {"tool_calls": {"name": "x"}}, "ck_turn_results_tool_calls_array"),
     ("criterion_results", {"verdict": "MAYBE"}, "ck_criterion_results_verdict"),
     ("criterion_results", {"input_tokens": -1}, "ck_criterion_results_counts_not_negative"),
+    ("criterion_results", {"run_id": uuid.uuid4()}, "ck_criterion_results_one_place"),
+    ("criterion_results", {"turn_result_id": None}, "ck_criterion_results_one_place"),
     ("calibrations", {"status": "paused"}, "ck_calibrations_status"),
     ("calibrations", {"example_count": -1}, "ck_calibrations_counts_not_negative"),
     ("triggers", {"trigger_type": "email"}, "ck_triggers_trigger_type"),
@@ -130,8 +138,8 @@ VALID: dict[str, dict[str, Any]] = {
     "agents": {"kind": "http", "protocol": "spar"},
     "knowledge_documents": {"mime_type": "text/plain"},
     "knowledge_chunks": {"search_config": "english"},
-    "criteria": {"criteria_type": "contains"},
-    "criterion_results": {"verdict": "PASS"},
+    "criteria": {"criteria_type": "contains", "turn_id": uuid.uuid4()},
+    "criterion_results": {"verdict": "PASS", "turn_result_id": uuid.uuid4()},
     "triggers": {"trigger_type": "webhook"},
     "trigger_executions": {"source": "manual"},
 }

@@ -234,6 +234,7 @@ async def test_a_batch_reports_corrected_pass_rates_per_calibrated_criterion(
     assert (polite["question"], polite["judged"], polite["passed"]) == (POLITE, 20, 14)
     assert set(polite) == {
         "question",
+        "conversation",
         "criteria_ids",
         "scenarios",
         "judged",

@@ -38,6 +38,7 @@ PROVIDER_FIELDS = {
     "input_cost_per_mtok",
     "output_cost_per_mtok",
     "is_default_judge",
+    "is_default_simulator",
     "request_options",
     "anthropic_version",
     "created_at",

@@ -61,6 +61,8 @@ RUN_FIELDS = {
     "batch_run_id",
     "turn_results",
     "error_turn",
+    "simulation_outcome",
+    "conversation_results",
 }
 TURN_RESULT_FIELDS = {
     "id",
@@ -74,6 +76,7 @@ TURN_RESULT_FIELDS = {
     "knowledge",
     "redacted_keys",
     "refusal",
+    "source",
     "tool_calls",
 }
 JUDGE_TOKENS = (11, 7)  # FakeOpenAI's default usage per call

@@ -40,6 +40,8 @@ SCENARIO_FIELDS = {
     "turns",
     "created_at",
     "updated_at",
+    "simulation",
+    "conversation_criteria",
 }
 TURN_FIELDS = {"id", "scenario_id", "order_index", "user_message", "required", "criteria"}
 CRITERION_FIELDS = {

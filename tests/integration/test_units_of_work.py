@@ -461,6 +461,35 @@ async def test_a_unit_with_a_live_heartbeat_is_neither_claimed_again_nor_resent(
         assert attempts == 1
 
 
+async def test_a_released_unit_is_not_stamped_alive_again_by_a_late_heartbeat(
+    client: AsyncTestClient,
+    impatient: AsyncTestClient,
+    app: Litestar,
+    settings: Settings,
+    agent: FakeAgent,
+    judge: FakeOpenAI,
+    db: AsyncSession,
+) -> None:
+    """A delivery stopped from outside releases its unit (heartbeat cleared) for the next;
+    a beat of its process that read the unit before the release and stamps after it must
+    not make the unit look alive again (the next delivery would leave it for the heartbeat
+    timeout)."""
+    t = await tenant(client)
+    units = await _waiting_unit_of_each_kind(client, impatient, t, agent, judge)
+    for kind, unit_id in units.items():
+        work = KINDS[kind]
+        await set_running(db, kind, unit_id, heartbeat_at=utcnow())
+        async with app.state.database.connection() as conn:
+            await work._release.rows(conn, p_unit=UUID(unit_id))
+            await work._beat.rows(conn, p_units=[UUID(unit_id)], now=utcnow())
+        heartbeat = await db.scalar(select(work.heartbeat).where(work.id == UUID(unit_id)))
+        await db.commit()
+        assert heartbeat is None, kind
+        await deliver(app, settings, kind, unit_id)
+        status, _, _ = await unit_state(db, kind, unit_id)
+        assert status in {"passed", "succeeded", "ready", "completed"}, (kind, status)
+
+
 def _drain(broker: Any, queue: str) -> list[str]:
     """The ids sent to ``queue`` of a stub broker."""
     found = []

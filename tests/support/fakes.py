@@ -23,7 +23,10 @@ Protocol fakes:
   ``{"content", "usage": {"input_tokens", "output_tokens"}, "tool_calls"}``;
 * :class:`FakeServer` — anything else (status codes, redirects, ``Retry-After``);
 * :class:`FakeEchoAgent`, :class:`FakeEchoJudge` — an agent and a judge that tell back the
-  headers and query string they received (secret-redaction tests).
+  headers and query string they received (secret-redaction tests);
+* :class:`FakeSimulator` — a simulated user's provider (OpenAI chat completions answering
+  the simulator's structured output ``{message, done, outcome}``), done after a given
+  number of exchanges or never.
 
 The protocol fakes take ``reply``: a string, or a function of the parsed JSON request
 body returning the reply text, so a scenario can answer according to what it was sent.
@@ -62,6 +65,7 @@ import html
 import ipaddress
 import itertools
 import json
+import re
 import socket
 import threading
 import time
@@ -94,15 +98,18 @@ __all__ = [
     "FakeEchoJudge",
     "FakeOpenAI",
     "FakeServer",
+    "FakeSimulator",
     "NonLoopbackTraffic",
     "RecordedRequest",
     "Reply",
     "anthropic_error",
     "anthropic_message",
     "echo_of_request",
+    "exchanges_shown",
     "loopback_only_http",
     "openai_completion",
     "openai_error",
+    "simulator_answer",
     "unused_loopback_url",
 ]
 
@@ -692,6 +699,61 @@ class FakeEchoJudge(FakeOpenAI):
         echo = echo_of_request(request)
         verdict = {"verdict": "PASS", "critique": f"{prompt}\n{echo}", "evidence": echo}
         return Reply(json=openai_completion(json.dumps(verdict)))
+
+
+def simulator_answer(message: str = "", *, done: bool = False, outcome: str | None = None) -> str:
+    """The simulator's structured answer as the model writes it (the completion's text)."""
+    return json.dumps({"message": message, "done": done, "outcome": outcome})
+
+
+# The simulator's prompt says how far the conversation is (shared.llm.simulator).
+_EXCHANGES = re.compile(r"Conversation so far \((\d+) exchanges;")
+
+
+def exchanges_shown(request: RecordedRequest) -> int:
+    """How many exchanges (a user message and the agent's reply) the conversation shown to
+    the simulator held: which turn the request was for."""
+    prompt = "\n".join(str(m.get("content", "")) for m in request.json["messages"])
+    found = _EXCHANGES.search(prompt)
+    if found is None:
+        raise AssertionError(f"not a simulator's request: {prompt[:200]!r}")
+    return int(found.group(1))
+
+
+class FakeSimulator(FakeOpenAI):
+    """A simulated user's provider (``POST …/chat/completions``, structured output): shown
+    a conversation of ``n`` exchanges, the customer says ``f"{say} {n}"``; once the
+    conversation has ``done_at`` exchanges it answers ``done`` with ``outcome`` instead
+    (``done_at=None``: never).  ``enqueue`` an :func:`openai_completion` of something else
+    to have it answer that first (empty, garbage)."""
+
+    def __init__(
+        self,
+        *,
+        done_at: int | None = None,
+        outcome: str = "goal_reached",
+        say: str = "customer message",
+    ) -> None:
+        super().__init__(reply=self._answer, prompt_tokens=29, completion_tokens=13)
+        self.done_at = done_at
+        self.outcome = outcome
+        self.say = say
+
+    def _answer(self, body: dict[str, Any]) -> str:
+        prompt = "\n".join(str(m.get("content", "")) for m in body["messages"])
+        found = _EXCHANGES.search(prompt)
+        exchanges = int(found.group(1)) if found else 0
+        if self.done_at is not None and exchanges >= self.done_at:
+            return simulator_answer(done=True, outcome=self.outcome)
+        return simulator_answer(f"{self.say} {exchanges}")
+
+    def asked_per_exchange(self) -> dict[int, int]:
+        """How many times it was asked for each turn: by the exchanges it was shown."""
+        counts: dict[int, int] = {}
+        for request in self.requests:
+            n = exchanges_shown(request)
+            counts[n] = counts.get(n, 0) + 1
+        return counts
 
 
 # --- helpers -------------------------------------------------------------------------------------

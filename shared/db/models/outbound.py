@@ -15,6 +15,7 @@ from sqlalchemy import (
     String,
     Text,
     UniqueConstraint,
+    false,
     text,
 )
 from sqlalchemy.orm import Mapped, mapped_column
@@ -63,6 +64,13 @@ class LLMProvider(IdMixin, TimestampMixin, Base):
             unique=True,
             postgresql_where=text("is_default_judge"),
         ),
+        # And at most one default simulator.
+        Index(
+            "uq_llm_providers_default_simulator",
+            "organization_id",
+            unique=True,
+            postgresql_where=text("is_default_simulator"),
+        ),
         one_of("provider", ProviderKind),
         not_negative("input_cost_per_mtok", "output_cost_per_mtok", name="costs_not_negative"),
         CheckConstraint("jsonb_typeof(request_options) = 'object'", name="request_options_object"),
@@ -82,6 +90,10 @@ class LLMProvider(IdMixin, TimestampMixin, Base):
     input_cost_per_mtok: Mapped[float | None] = mapped_column(Float)
     output_cost_per_mtok: Mapped[float | None] = mapped_column(Float)
     is_default_judge: Mapped[bool] = mapped_column(Boolean, default=False)
+    # The simulated users' provider when a scenario names none (shared.scenarios.runner).
+    is_default_simulator: Mapped[bool] = mapped_column(
+        Boolean, default=False, server_default=false()
+    )
     # Fields merged into each request body (shared.llm.models); never Spar's own fields.
     request_options: Mapped[dict[str, Any]] = mapped_column(
         JSONType, default=dict, server_default=text("'{}'::jsonb")

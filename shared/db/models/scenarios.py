@@ -23,7 +23,13 @@ from sqlalchemy.orm import Mapped, mapped_column, relationship
 
 from shared.db.base import Base, IdMixin, JSONType, TimestampMixin, utcnow
 from shared.db.checks import not_negative, one_of
-from shared.scenarios.schemas import CriteriaType, RunStatus, Verdict
+from shared.scenarios.schemas import (
+    CriteriaType,
+    RunStatus,
+    SimulationOutcome,
+    TurnSource,
+    Verdict,
+)
 
 
 class Scenario(IdMixin, TimestampMixin, Base):
@@ -40,10 +46,20 @@ class Scenario(IdMixin, TimestampMixin, Base):
     created_by_user_id: Mapped[uuid.UUID | None] = mapped_column(
         ForeignKey("users.id", ondelete="SET NULL")
     )
+    # The simulated user playing after the scripted turns (shared.scenarios.schemas
+    # SimulationCreate, as JSON), or null for a scripted scenario.
+    simulation: Mapped[dict[str, Any] | None] = mapped_column(JSONType)
 
     turns: Mapped[list[ScenarioTurn]] = relationship(
         lazy="raise",
         order_by="ScenarioTurn.order_index",
+        cascade="all, delete-orphan",
+        passive_deletes=True,
+    )
+    # Judged once on the whole conversation, after it ends (criteria with no turn).
+    conversation_criteria: Mapped[list[Criterion]] = relationship(
+        lazy="raise",
+        order_by="Criterion.order_index",
         cascade="all, delete-orphan",
         passive_deletes=True,
     )
@@ -70,11 +86,16 @@ class ScenarioTurn(IdMixin, Base):
 
 
 class Criterion(IdMixin, Base):
+    """A turn's criterion (``turn_id``), or a conversation criterion of its scenario
+    (``scenario_id``): one or the other."""
+
     __tablename__ = "criteria"
     __table_args__ = (
         UniqueConstraint("turn_id", "order_index"),
+        UniqueConstraint("scenario_id", "order_index"),
         not_negative("order_index"),
         one_of("criteria_type", CriteriaType),
+        CheckConstraint("(turn_id IS NULL) <> (scenario_id IS NULL)", name="one_place"),
         CheckConstraint(
             "expected_arguments IS NULL OR (criteria_type = 'tool_called'"
             " AND jsonb_typeof(expected_arguments) = 'object')",
@@ -82,7 +103,12 @@ class Criterion(IdMixin, Base):
         ),
     )
 
-    turn_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("scenario_turns.id", ondelete="CASCADE"))
+    turn_id: Mapped[uuid.UUID | None] = mapped_column(
+        ForeignKey("scenario_turns.id", ondelete="CASCADE")
+    )
+    scenario_id: Mapped[uuid.UUID | None] = mapped_column(
+        ForeignKey("scenarios.id", ondelete="CASCADE")
+    )
     order_index: Mapped[int] = mapped_column(Integer)
     question: Mapped[str] = mapped_column(Text)
     criteria_type: Mapped[str] = mapped_column(String(32))
@@ -112,6 +138,7 @@ class ScenarioRun(IdMixin, TimestampMixin, Base):
             postgresql_where=text("dispatched_at IS NULL"),
         ),
         one_of("status", RunStatus),
+        one_of("simulation_outcome", SimulationOutcome),
         not_negative("attempts"),
         CheckConstraint("status = 'error' OR error_turn IS NULL", name="error_turn_of_error"),
     )
@@ -143,9 +170,16 @@ class ScenarioRun(IdMixin, TimestampMixin, Base):
     # (shared.work): a run whose heartbeat stops is re-sent, one that keeps failing ends.
     attempts: Mapped[int] = mapped_column(Integer, default=0, server_default=text("0"))
     heartbeat_at: Mapped[datetime | None]
+    # How a simulated conversation ended (null for a scripted scenario, and until it ends):
+    # committed as soon as it is known, so a redelivery never asks the simulator again.
+    simulation_outcome: Mapped[str | None] = mapped_column(String(16))
 
     turn_results: Mapped[list[TurnResult]] = relationship(
         lazy="raise", order_by="TurnResult.turn_index", passive_deletes=True
+    )
+    # The verdicts of the scenario's conversation criteria, written with the run's end.
+    conversation_results: Mapped[list[CriterionResult]] = relationship(
+        lazy="raise", order_by="CriterionResult.order_index", passive_deletes=True
     )
 
 
@@ -154,6 +188,7 @@ class TurnResult(IdMixin, Base):
     __table_args__ = (
         UniqueConstraint("run_id", "turn_index"),
         not_negative("turn_index"),
+        one_of("source", TurnSource),
         CheckConstraint("jsonb_typeof(tool_calls) = 'array'", name="tool_calls_array"),
     )
 
@@ -173,6 +208,14 @@ class TurnResult(IdMixin, Base):
     )
     # The model refused: ``response_content`` is its refusal.
     refusal: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+    # ``scripted`` (a turn of the scenario) or ``simulated`` (written by the simulator).
+    source: Mapped[str] = mapped_column(
+        String(16), default="scripted", server_default=text("'scripted'")
+    )
+    # The deterministic conversation criteria this reply matched, as the agent sent it
+    # (criterion id -> what matched, redacted): judged once the conversation ends, without
+    # the unredacted replies of earlier deliveries.
+    conversation_matches: Mapped[dict[str, str] | None] = mapped_column(JSONType)
     # The tools the agent called for the reply (redacted, capped: shared.outbound.tool_calls).
     tool_calls: Mapped[list[dict[str, Any]]] = mapped_column(
         JSONType, default=list, server_default=text("'[]'::jsonb")
@@ -185,15 +228,23 @@ class TurnResult(IdMixin, Base):
 
 
 class CriterionResult(IdMixin, Base):
+    """A criterion's verdict on a turn (``turn_result_id``), or a conversation criterion's
+    on its run's whole conversation (``run_id``): one or the other."""
+
     __tablename__ = "criterion_results"
     __table_args__ = (
         UniqueConstraint("turn_result_id", "criteria_id"),
+        UniqueConstraint("run_id", "criteria_id"),
         one_of("verdict", Verdict),
         not_negative("order_index", "input_tokens", "output_tokens", name="counts_not_negative"),
+        CheckConstraint("(turn_result_id IS NULL) <> (run_id IS NULL)", name="one_place"),
     )
 
-    turn_result_id: Mapped[uuid.UUID] = mapped_column(
+    turn_result_id: Mapped[uuid.UUID | None] = mapped_column(
         ForeignKey("turn_results.id", ondelete="CASCADE")
+    )
+    run_id: Mapped[uuid.UUID | None] = mapped_column(
+        ForeignKey("scenario_runs.id", ondelete="CASCADE")
     )
     criteria_id: Mapped[uuid.UUID]
     order_index: Mapped[int] = mapped_column(Integer, default=0)
