@@ -29,6 +29,8 @@ BREAKS: list[tuple[str, dict[str, Any], str]] = [
         "ck_batch_runs_counts_not_negative",
     ),
     ("batch_runs", {"max_concurrency": 0}, "ck_batch_runs_max_concurrency_positive"),
+    ("batch_runs", {"repetitions": 0}, "ck_batch_runs_repetitions_in_range"),
+    ("batch_runs", {"repetitions": 21}, "ck_batch_runs_repetitions_in_range"),
     (
         "batch_runs",
         {"status": "error", "completed_scenarios": 1},
@@ -106,6 +108,7 @@ BREAKS: list[tuple[str, dict[str, Any], str]] = [
     ("triggers", {"status": "paused"}, "ck_triggers_status"),
     ("triggers", {"action": "reboot"}, "ck_triggers_action"),
     ("triggers", {"max_concurrency": 0}, "ck_triggers_max_concurrency_positive"),
+    ("triggers", {"repetitions": 21}, "ck_triggers_repetitions_in_range"),
     ("trigger_executions", {"source": "pigeon"}, "ck_trigger_executions_source"),
     ("trigger_executions", {"status": "paused"}, "ck_trigger_executions_status"),
     ("trigger_executions", {"attempts": -1}, "ck_trigger_executions_attempts_not_negative"),
