@@ -161,13 +161,13 @@ class BatchRunRead(Output):
     failed_scenarios: int
     error_scenarios: int
     max_concurrency: int
-    repetitions: int
-    baseline_batch_id: UUID | None
     started_at: datetime | None
     completed_at: datetime | None
     created_at: datetime
     updated_at: datetime
     error_message: str | None = None
+    repetitions: int = 1  # runs of each scenario
+    baseline_batch_id: UUID | None = None  # the batch it is compared with
     runs: list[BatchRunItemSummary] | msgspec.UnsetType = msgspec.UNSET
     # The detail only: null while the batch runs; once it is over, each LLM-judged
     # criterion's raw pass rate and, where calibrated, the corrected one.
