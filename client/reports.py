@@ -374,7 +374,8 @@ def print_reliability(console: Console, batch: BatchRunRead) -> None:
     if not flaky:
         say(console, "no flaky scenario")
         return
-    table = Table(title=f"Flaky scenarios ({len(flaky)}): passed some runs, failed others")
+    say(console, f"{len(flaky)} flaky: passed some runs, failed others")
+    table = Table(title=f"Flaky scenarios ({len(flaky)})")
     for column in ("scenario", "passed", "errors"):
         table.add_column(column)
     for scenario in flaky:
