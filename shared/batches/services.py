@@ -16,7 +16,8 @@ scenario's trials and passes and what they say (:mod:`shared.calibration.reliabi
 
 A batch with a baseline stores its comparison with it once it has completed and the
 baseline is over (:func:`store_comparison`): on the first read of its detail, or at the
-sweeper's next pass (:func:`store_due_comparisons`), whichever comes first.  The
+sweeper's next pass (:func:`shared.batches.comparisons.store_due`), whichever comes
+first.  The
 comparison is a function of the two batches' runs, all terminal by then, and its bootstrap
 is seeded, so whoever computes it computes the same; the write is guarded (``comparison IS
 NULL``), so it is stored once.
@@ -56,7 +57,6 @@ from shared.batches.window import ACTIVE
 from shared.calibration import reliability, trust
 from shared.calibration.reliability import Tally
 from shared.db.base import NOW, utcnow
-from shared.db.engine import Database
 from shared.db.models import BatchRun, Scenario, ScenarioRun, TurnResult
 from shared.db.queries import one_in_org
 from shared.errors import Conflict, InvalidInput, NotFound
@@ -607,8 +607,6 @@ async def _compare(
 
 # --- a batch's comparison with its baseline, stored once ---------------------------------------
 
-DUE_PER_PASS = 100
-
 
 async def store_comparison(session: AsyncSession, *, batch: BatchRun) -> bool:
     """Store the comparison of ``batch`` (B) with its baseline (A) on it, if it is due: B
@@ -649,29 +647,3 @@ async def store_comparison(session: AsyncSession, *, batch: BatchRun) -> bool:
     )
     await session.refresh(batch, ["comparison"])
     return written is not None
-
-
-async def store_due_comparisons(database: Database) -> int:
-    """Store the comparison of every completed batch whose comparison is due (the
-    sweeper's pass: a batch nobody reads has its comparison stored all the same), each in
-    a transaction of its own; how many were stored."""
-    async with database.transaction() as session:
-        due = list(
-            await session.scalars(
-                select(BatchRun.id)
-                .where(
-                    BatchRun.baseline_batch_id.is_not(None),
-                    BatchRun.comparison.is_(None),
-                    BatchRun.status == BatchStatus.COMPLETED,
-                )
-                .order_by(BatchRun.id)
-                .limit(DUE_PER_PASS)
-            )
-        )
-    stored = 0
-    for batch_id in due:
-        async with database.transaction() as session:
-            batch = await session.get(BatchRun, batch_id)
-            if batch is not None and await store_comparison(session, batch=batch):
-                stored += 1
-    return stored

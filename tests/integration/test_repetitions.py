@@ -22,7 +22,8 @@ from litestar.testing import AsyncTestClient
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from shared.batches.services import store_due_comparisons
+from scheduler.sweeper import sweep
+from shared.batches.comparisons import store_due
 from shared.batches.window import dispatch_committed
 from shared.db.models import BatchRun, ScenarioRun
 from shared.scenarios.runner import execute_run
@@ -253,9 +254,12 @@ async def test_a_comparison_with_its_baseline_has_exact_p_values_and_is_stored_o
     assert difference["low"] <= -0.5 <= difference["high"] <= 0
     assert (difference["pairs"], difference["resamples"], difference["seed"]) == (4, 2000, 0)
 
-    # The sweeper stores it (nobody has read the batch), once.
-    assert await store_due_comparisons(app.state.database) == 1
-    assert await store_due_comparisons(app.state.database) == 0
+    # The sweeper's pass stores it (nobody has read the batch), once.
+    await sweep(app.state.database, stub_broker(), settings)
+    row = await db.get(BatchRun, UUID(candidate["id"]), populate_existing=True)
+    assert row is not None and row.comparison is not None
+    await db.commit()
+    assert await store_due(app.state.database) == 0
     stored = (await get_batch(client, w, candidate["id"]))["comparison"]
     assert stored["baseline_batch_id"] == baseline["id"]
     assert (stored["regressions"], stored["significant_regressions"]) == (3, 1)
@@ -279,14 +283,14 @@ async def test_a_comparison_waits_for_a_baseline_still_running_and_the_first_rea
     await drain(app, settings, candidate["id"])  # its runs arrive first: 2 of 2 pass
     done = await get_batch(client, w, candidate["id"])
     assert done["status"] == "completed" and done["comparison"] is None  # baseline not over
-    assert await store_due_comparisons(app.state.database) == 0
+    assert await store_due(app.state.database) == 0
     await drain(app, settings, baseline["id"])  # 0 of 2: B did better
     stored = (await get_batch(client, w, candidate["id"]))["comparison"]  # the read stores it
     assert (stored["regressions"], stored["fixes"], stored["significant_regressions"]) == (0, 1, 0)
     (fixed,) = stored["scenarios"]
     assert (fixed["change"], fixed["a_passes"], fixed["b_passes"]) == ("fixed", 0, 2)
     assert fixed["p_value"] == 1.0  # nothing points to a regression
-    assert await store_due_comparisons(app.state.database) == 0
+    assert await store_due(app.state.database) == 0
     # A batch with no baseline has no comparison, ever.
     assert (await get_batch(client, w, baseline["id"]))["comparison"] is None
 
