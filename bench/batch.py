@@ -46,6 +46,9 @@ import httpx
 from sqlalchemy import create_engine, insert
 
 from bench.stack import (
+    FAKES,
+    CpuMeter,
+    CpuSpent,
     Stack,
     database_url,
     loopback_fakes,
@@ -288,6 +291,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="measure only the first batch after the workers start: no warm-up, one latency "
         "pass, no zero-latency pass (the target is 0.88 at -n 200 -k 50)",
     )
+    parser.add_argument(
+        "--fakes",
+        choices=sorted(FAKES),
+        default="asyncio",
+        help="the agent and judge fakes: asyncio (default; a process of their own, one event "
+        "loop) or threaded (stdlib ThreadingHTTPServer, a thread per connection, inside this "
+        "process beside its poll: how many users' own test agents are written)",
+    )
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds per batch")
     args = parser.parse_args(argv)
     if args.first_batch:
@@ -316,11 +327,12 @@ def bench(args: argparse.Namespace, url: str) -> None:
         f"batch benchmark: N={n} scenarios x T={t} turns x C={c} criteria, K={k}; "
         f"agent {args.agent_ms:g} ms/turn, judge {args.judge_ms:g} ms/criterion; "
         f"{args.workers} worker process(es) x {args.threads} threads"
-        f"{f', prefetch {args.prefetch}' if args.prefetch else ''}; {os.cpu_count()} CPUs",
+        f"{f', prefetch {args.prefetch}' if args.prefetch else ''}; {args.fakes} fakes; "
+        f"{os.cpu_count()} CPUs",
         flush=True,
     )
     with (
-        loopback_fakes() as fake,
+        loopback_fakes(args.fakes) as fake,
         spar_stack(
             url,
             env={"SPAR_EGRESS_ALLOW_PRIVATE": "true"},
@@ -347,10 +359,14 @@ def bench(args: argparse.Namespace, url: str) -> None:
         fake.set_latency(args.agent_ms / 1000, args.judge_ms / 1000)
         efficiencies = []
         for attempt in range(1, args.repeat + 1):
+            meter = CpuMeter(spar, fake)
+            meter.start()
             done = run_batch(api, org, auth, agent_id, k, args.timeout)
+            spent = meter.stop()
             if args.first_batch:
                 print("first batch after the workers start (no warm-up):")
             report_latency_pass(done, n, t, c, k, ideal_s, per_turn_s, attempt)
+            report_cpu(spent, n * t, n * t * (1 + c))
             print_breakdown(breakdown(url, done["id"]), t, per_turn_s)
             efficiencies.append(ideal_s / done["wall_s"])
         if args.repeat > 1:
@@ -362,8 +378,12 @@ def bench(args: argparse.Namespace, url: str) -> None:
 
         if not args.no_zero_pass:
             fake.set_latency(0.0, 0.0)
+            meter = CpuMeter(spar, fake)
+            meter.start()
             zero = run_batch(api, org, auth, agent_id, k, args.timeout)
+            spent = meter.stop()
             report_zero_pass(zero, n, t, c)
+            report_cpu(spent, n * t, n * t * (1 + c))
             print_breakdown(breakdown(url, zero["id"]), t, 0.0)
         served = fake.served()
         print(f"requests served by the fakes: agent {served['agent']}, judge {served['judge']}")
@@ -437,6 +457,19 @@ def report_latency_pass(
         f"{done['observed_s']:.2f} s)"
     )
     print(f"  efficiency          {ideal_s / measured:8.3f}     (ideal / measured; target 0.9)")
+
+
+def report_cpu(spent: CpuSpent, turns: int, calls: int) -> None:
+    """The CPU the stack spent in the batch's window (submit to the poll that saw it end),
+    per turn and per outbound call (the agent's and the judge's)."""
+    per_turn = spent.stack / turns * 1000
+    print(
+        f"  CPU per turn        {per_turn:8.2f} ms  (Spar {spent.spar / turns * 1000:.2f} + "
+        f"PostgreSQL {spent.database / turns * 1000:.2f} + Redis "
+        f"{spent.redis / turns * 1000:.2f}; per outbound call {spent.stack / calls * 1000:.2f} "
+        f"ms; {spent.stack:.2f} s of CPU in {spent.wall_s:.2f} s; the fakes' process "
+        f"{spent.fakes:.2f} s apart)"
+    )
 
 
 def report_zero_pass(zero: dict[str, Any], n: int, t: int, c: int) -> None:

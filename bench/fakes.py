@@ -8,6 +8,11 @@ the latency, and a minimal HTTP/1.1 server (keep-alive, ``Content-Length`` bodie
 Spar's client sends) written on asyncio's protocol layer — a framework's routing and
 request objects would take a good share of a CPU that the benchmark is measuring Spar on.
 
+:func:`serve_threaded` serves the same two as Python's stdlib ``ThreadingHTTPServer``, a
+thread per connection and the latency slept on it, inside the caller's process
+(``bench/batch.py --fakes threaded``): the way many users' own test agents are written,
+and the slowest plausible fake, sharing its process's GIL with the load generator.
+
 Run by ``bench/batch.py`` and ``bench/ratelimit.py``; on its own::
 
     python bench/fakes.py   # prints {"agent": <port>, "judge": <port>} once listening
@@ -27,9 +32,11 @@ Run by ``bench/batch.py`` and ``bench/ratelimit.py``; on its own::
 from __future__ import annotations
 
 import asyncio
+import http.server
 import itertools
 import json
 import math
+import threading
 import time
 from collections.abc import Callable
 from email.utils import formatdate
@@ -38,6 +45,7 @@ from typing import Any
 # status, body, latency in seconds, and any headers of the answer
 Reply = tuple[int, Any, float] | tuple[int, Any, float, dict[str, str]]
 Handler = Callable[[str, str, Any], Reply]
+LOCK = threading.Lock()  # the threaded servers' handlers share State
 
 VERDICT = json.dumps({"verdict": "PASS", "critique": "fine", "evidence": "ok"})
 _ids = itertools.count(1)
@@ -46,6 +54,7 @@ _ids = itertools.count(1)
 # How a 429 says when to come back: ``Retry-After`` in whole seconds (RFC 9110), as an
 # HTTP date (whole seconds too), or OpenAI's ``retry-after-ms`` alone.
 RETRY_AFTER_FORMS = ("seconds", "http-date", "ms")
+REFUSED = "X-Bench-Refused"  # marks a refused judge call: it was never in flight
 
 
 class TokenBucket:
@@ -88,8 +97,10 @@ class State:
     peak = 0
 
 
-def _judge_done() -> None:
-    State.in_flight -= 1
+def answered(path: str) -> None:
+    """After an answer has been sent (its latency over): a judge call is no longer in flight."""
+    if path.endswith("/chat/completions"):
+        State.in_flight -= 1
 
 
 def agent(method: str, path: str, body: Any) -> Reply:
@@ -126,11 +137,10 @@ def judge(method: str, path: str, body: Any) -> Reply:
                 "code": "rate_limit_exceeded",
             }
         }
-        return 429, refusal, 0.0, retry_after(wait, State.retry_after)
+        return 429, refusal, 0.0, retry_after(wait, State.retry_after) | {REFUSED: "1"}
     State.served["judge"] += 1
     State.in_flight += 1
     State.peak = max(State.peak, State.in_flight)
-    asyncio.get_running_loop().call_later(State.judge_s, _judge_done)
     completion = {
         "id": f"chatcmpl-bench{next(_ids)}",
         "object": "chat.completion",
@@ -149,6 +159,18 @@ def judge(method: str, path: str, body: Any) -> Reply:
 
 
 _REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 429: "Too Many Requests"}
+
+
+def _response(status: int, payload: Any, headers: dict[str, str]) -> tuple[bytes, bool]:
+    """The HTTP/1.1 answer's bytes, and whether the call was admitted (not refused)."""
+    admitted = headers.pop(REFUSED, None) is None and status == 200
+    content = json.dumps(payload).encode()
+    extra = "".join(f"{name}: {value}\r\n" for name, value in headers.items())
+    head = (
+        f"HTTP/1.1 {status} {_REASONS.get(status, 'Error')}\r\n{extra}"
+        f"Content-Type: application/json\r\nContent-Length: {len(content)}\r\n\r\n"
+    )
+    return head.encode() + content, admitted
 
 
 class _HTTP(asyncio.Protocol):
@@ -193,18 +215,19 @@ class _HTTP(asyncio.Protocol):
         except ValueError:
             body = None
         status, payload, delay, *headers = self._handler(method, path, body)
-        content = json.dumps(payload).encode()
-        extra = "".join(f"{name}: {value}\r\n" for name, value in (headers or [{}])[0].items())
-        response = (
-            f"HTTP/1.1 {status} {_REASONS.get(status, 'Error')}\r\n{extra}"
-            f"Content-Type: application/json\r\nContent-Length: {len(content)}\r\n\r\n"
-        ).encode() + content
+        response, admitted = _response(status, payload, (headers or [{}])[0])
         loop = asyncio.get_running_loop()
         ready: asyncio.Future[bytes] = loop.create_future()
-        if delay:
-            loop.call_later(delay, ready.set_result, response)
-        else:
+
+        def send() -> None:
             ready.set_result(response)
+            if admitted:
+                answered(path)
+
+        if delay:
+            loop.call_later(delay, send)
+        else:
+            send()
         return ready
 
     async def _write_replies(self) -> None:
@@ -212,6 +235,61 @@ class _HTTP(asyncio.Protocol):
             response = await ready
             if self._transport is not None and not self._transport.is_closing():
                 self._transport.write(response)
+
+
+class _Threaded(http.server.BaseHTTPRequestHandler):
+    """One thread per connection (``ThreadingHTTPServer``), the latency slept on it, and the
+    stdlib's defaults: HTTP/1.0, so a connection (and a thread) per request.  How many users
+    write their own test agents, and the slowest plausible fake."""
+
+    handler: Handler
+
+    def _serve(self) -> None:
+        length = int(self.headers.get("Content-Length") or 0)
+        raw = self.rfile.read(length) if length else b""
+        try:
+            body = json.loads(raw) if raw else None
+        except ValueError:
+            body = None
+        path = self.path.split("?", 1)[0]
+        with LOCK:
+            status, payload, delay, *headers = type(self).handler(self.command, path, body)
+        response, admitted = _response(status, payload, dict((headers or [{}])[0]))
+        if delay:
+            time.sleep(delay)
+        self.wfile.write(response)
+        if admitted:
+            with LOCK:
+                answered(path)
+
+    do_GET = do_POST = _serve
+
+    def log_message(self, format: str, *args: Any) -> None:
+        return None
+
+
+class _ThreadingServer(http.server.ThreadingHTTPServer):
+    daemon_threads = True
+    request_queue_size = 1024  # the listen backlog: K connections open at once
+
+
+def serve_threaded() -> tuple[dict[str, int], Callable[[], None]]:
+    """The agent and the judge as stdlib threaded servers in this process (each on a
+    thread of its own): their ports, and how to stop them."""
+    ports, servers = {}, []
+    for name, handler in (("agent", agent), ("judge", judge)):
+        kind = type(f"_Threaded_{name}", (_Threaded,), {"handler": staticmethod(handler)})
+        server = _ThreadingServer(("127.0.0.1", 0), kind)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        ports[name] = server.server_address[1]
+        servers.append(server)
+
+    def stop() -> None:
+        for server in servers:
+            server.shutdown()
+            server.server_close()
+
+    return ports, stop
 
 
 async def serve() -> None:

@@ -5,8 +5,11 @@
   private ``redis-server``), ``spar serve`` and any ``spar worker`` processes with their
   logs in a temporary directory (their tails printed if the benchmark fails), and an
   owner with an organization made over REST;
-* :func:`loopback_fakes`: the agent and judge fakes of ``bench/fakes.py`` in a process of
-  their own, with their latency (and the judge's rate limit) under control;
+* :func:`loopback_fakes`: the agent and judge fakes of ``bench/fakes.py``, in a process of
+  their own (asyncio) or as threaded servers in the benchmark's process, with their
+  latency (and the judge's rate limit) under control;
+* :class:`CpuMeter`: the CPU time the stack spent in a window, read from ``/proc``:
+  Spar's processes (and their children), the database's backends, Redis;
 * :func:`percentiles` of timed samples, and the small REST and database helpers.
 
 A benchmark is run as a script (``python bench/X.py``): it puts the repository root on
@@ -32,7 +35,7 @@ from typing import Any
 
 import httpx
 import redis
-from sqlalchemy import make_url
+from sqlalchemy import create_engine, make_url
 
 from tests.support.processes import free_port, private_redis, spar_process, throwaway_database
 
@@ -119,6 +122,7 @@ class Stack:
     database_url: str
     redis_url: str | None
     serve_pid: int
+    worker_pids: list[int]
     logs: Path
     workers_started: float  # perf_counter() as the first worker was started
 
@@ -161,14 +165,16 @@ def spar_stack(
                 )
             )
             workers_started = time.perf_counter()
-            for _ in range(workers):
+            worker_pids = [
                 stack.enter_context(
                     spar_process(
                         ["worker", *(worker_args or [])],
                         {**process_env, **(worker_env or {})},
                         cwd=logs,
                     )
-                )
+                ).pid
+                for _ in range(workers)
+            ]
             http = stack.enter_context(httpx.Client(base_url=base, timeout=60))
             token, org_id = owner_and_org(http)
             yield Stack(
@@ -180,6 +186,7 @@ def spar_stack(
                 database_url=database_url,
                 redis_url=redis_url,
                 serve_pid=serve.pid,
+                worker_pids=worker_pids,
                 logs=logs,
                 workers_started=workers_started,
             )
@@ -225,17 +232,14 @@ def wait_for_workers(redis_url: str, count: int, timeout_s: float) -> None:
 
 
 class Fakes:
-    """``bench/fakes.py`` in a process of its own: the agent's and the judge's URLs, and
-    control over their latency and the judge's rate limit."""
+    """The agent's and the judge's URLs, and control over their latency and the judge's
+    rate limit (over HTTP, wherever they run)."""
 
-    def __init__(self) -> None:
-        self._process = subprocess.Popen(
-            [sys.executable, str(ROOT / "bench" / "fakes.py")],
-            stdout=subprocess.PIPE,
-            start_new_session=True,
-        )
-        assert self._process.stdout is not None
-        ports = json.loads(self._process.stdout.readline() or "{}")
+    agent_url: str
+    judge_url: str
+    pids: list[int]  # the processes they run in (for the CPU they take)
+
+    def _listening(self, ports: dict[str, int]) -> None:
         if not ports:
             raise RuntimeError("the fakes did not start")
         self.agent_url = f"http://127.0.0.1:{ports['agent']}"
@@ -255,14 +259,130 @@ class Fakes:
         return httpx.get(f"{self.judge_url}/_stats").json()
 
     def stop(self) -> None:
+        raise NotImplementedError
+
+
+class ProcessFakes(Fakes):
+    """``bench/fakes.py`` in a process of its own (one asyncio loop)."""
+
+    def __init__(self) -> None:
+        self._process = subprocess.Popen(
+            [sys.executable, str(ROOT / "bench" / "fakes.py")],
+            stdout=subprocess.PIPE,
+            start_new_session=True,
+        )
+        assert self._process.stdout is not None
+        self._listening(json.loads(self._process.stdout.readline() or "{}"))
+        self.pids = [self._process.pid]
+
+    def stop(self) -> None:
         self._process.terminate()
         self._process.wait(timeout=10)
 
 
+class ThreadedFakes(Fakes):
+    """The same fakes as stdlib threaded servers inside this (the load generator's) process."""
+
+    def __init__(self) -> None:
+        from bench.fakes import serve_threaded
+
+        ports, self._stop = serve_threaded()
+        self._listening(ports)
+        self.pids = [os.getpid()]
+
+    def stop(self) -> None:
+        self._stop()
+
+
+FAKES = {"asyncio": ProcessFakes, "threaded": ThreadedFakes}
+
+
 @contextlib.contextmanager
-def loopback_fakes() -> Iterator[Fakes]:
-    started = Fakes()
+def loopback_fakes(kind: str = "asyncio") -> Iterator[Fakes]:
+    started = FAKES[kind]()
     try:
         yield started
     finally:
         started.stop()
+
+
+# --- CPU -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CpuSpent:
+    """CPU seconds (user + system) spent in a window, by part of the stack."""
+
+    spar: float  # spar serve, the workers and their children
+    database: float  # the backends connected to the benchmark's database
+    redis: float
+    fakes: float  # the fakes' process (threaded: the benchmark's own, its poll included)
+    wall_s: float
+
+    @property
+    def stack(self) -> float:
+        """Everything but the fakes: what a turn costs the machine that runs Spar."""
+        return self.spar + self.database + self.redis
+
+
+class CpuMeter:
+    """Reads ``/proc`` (through psutil) at :meth:`start` and :meth:`stop`: the CPU each
+    part of the stack spent in between.  A process that ends inside the window loses its
+    share (the pools keep theirs open; the figure is a floor)."""
+
+    def __init__(self, spar: Stack, fakes: Fakes | None = None) -> None:
+        self._spar = spar
+        self._fake_pids = fakes.pids if fakes is not None else []
+        self._start: dict[str, dict[int, float]] = {}
+        self._started = 0.0
+
+    def _pids(self) -> dict[str, list[int]]:
+        import psutil
+
+        spar = []
+        for pid in [self._spar.serve_pid, *self._spar.worker_pids]:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                parent = psutil.Process(pid)
+                spar += [pid, *(child.pid for child in parent.children(recursive=True))]
+        database = make_url(self._spar.database_url).database
+        engine = create_engine(self._spar.database_url)
+        try:
+            with engine.connect() as conn:
+                backends = conn.exec_driver_sql(
+                    "SELECT pid FROM pg_stat_activity WHERE datname = %(db)s "
+                    "AND pid <> pg_backend_pid()",
+                    {"db": database},
+                ).scalars()
+                backends = list(backends)
+        finally:
+            engine.dispose()
+        redis_pid = []
+        if self._spar.redis_url:
+            server = redis.Redis.from_url(self._spar.redis_url).info("server")
+            redis_pid = [int(server["process_id"])]
+        return {"spar": spar, "database": backends, "redis": redis_pid, "fakes": self._fake_pids}
+
+    @staticmethod
+    def _times(pids: list[int]) -> dict[int, float]:
+        import psutil
+
+        times = {}
+        for pid in pids:
+            with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
+                spent = psutil.Process(pid).cpu_times()
+                times[pid] = spent.user + spent.system
+        return times
+
+    def start(self) -> None:
+        self._start = {part: self._times(pids) for part, pids in self._pids().items()}
+        self._started = time.perf_counter()
+
+    def stop(self) -> CpuSpent:
+        wall = time.perf_counter() - self._started
+        spent = {}
+        for part, pids in self._pids().items():
+            now = self._times(pids)
+            before = self._start.get(part, {})
+            # A process born inside the window counts whole; one that is gone, not at all.
+            spent[part] = sum(t - before.get(pid, 0.0) for pid, t in now.items())
+        return CpuSpent(wall_s=wall, **spent)

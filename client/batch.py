@@ -39,7 +39,7 @@ from client.reports import (
 from client.terminal import make_console, say
 from shared.batches.schemas import BatchComparison, BatchRunItemSummary, BatchRunRead
 from shared.calibration.schemas import JudgeTrust
-from shared.scenarios.schemas import ScenarioRunRead
+from shared.scenarios.schemas import ScenarioRunRead, criterion_label
 
 EXIT_PASSED, EXIT_FAILED, EXIT_ERROR = 0, 1, 2
 RECONNECTS = 20  # consecutive failed reconnections before giving up
@@ -121,10 +121,11 @@ def outcomes(api: Api, batch: BatchRunRead) -> list[Outcome]:
                     # Each result names what it asked (the run's own copy of the
                     # scenario): the scenario may have been edited or deleted since.
                     criteria=[
-                        (c.question, c.verdict, c.critique)
+                        (criterion_label(c.criteria_type, c.question), c.verdict, c.critique)
                         for c in turn.criteria_results
                         if c.verdict != "PASS"
                     ],
+                    tool_calls=[call.compact() for call in turn.tool_calls],
                 )
             )
     return found

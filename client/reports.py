@@ -40,7 +40,10 @@ class FailedTurn:
     turn_index: int  # from 0, as the API counts; shown from 1, as the results page does
     user_message: str
     response: str
-    criteria: list[tuple[str, str, str]]  # (question, verdict, critique) of failed ones
+    # (question, verdict, critique) of failed ones; a tool check named by what it checks
+    # (shared.scenarios.schemas.criterion_label)
+    criteria: list[tuple[str, str, str]]
+    tool_calls: list[str] = field(default_factory=list)  # each call on one line
 
 
 @dataclass
@@ -180,6 +183,7 @@ def _describe(turn: FailedTurn) -> str:
         f"turn {turn.turn_index + 1}",
         f"  user:  {turn.user_message}",
         f"  agent: {turn.response}",
+        *(f"  tool call: {call}" for call in turn.tool_calls),
     ]
     for question, verdict, critique in turn.criteria:
         lines.append(f"  {verdict}: {question}")
@@ -218,6 +222,7 @@ def json_report(
                         "turn_index": t.turn_index,
                         "user_message": t.user_message,
                         "response": t.response,
+                        "tool_calls": t.tool_calls,
                         "criteria": [
                             {"question": q, "verdict": v, "critique": c} for q, v, c in t.criteria
                         ],

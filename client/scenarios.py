@@ -63,7 +63,8 @@ def _problem(path: Path, line: int, loc: list[str], message: str) -> str:
 
 def normalized(body: ScenarioCreate | dict[str, Any]) -> dict[str, Any]:
     """A scenario in the one shape both sides are compared in: the create body's fields,
-    criteria without their ``order_index`` (their position is their order)."""
+    criteria without their ``order_index`` (their position is their order) and with
+    ``expected_arguments`` only where set."""
     data = msgspec.to_builtins(body) if isinstance(body, ScenarioCreate) else body
     return {
         "name": data["name"],
@@ -86,6 +87,7 @@ def normalized(body: ScenarioCreate | dict[str, Any]) -> dict[str, Any]:
                             }
                             for e in c.get("few_shot_examples") or []
                         ],
+                        **_expected_arguments(c),
                     }
                     for c in t.get("criteria") or []
                 ],
@@ -93,6 +95,13 @@ def normalized(body: ScenarioCreate | dict[str, Any]) -> dict[str, Any]:
             for t in data["turns"]
         ],
     }
+
+
+def _expected_arguments(criterion: dict[str, Any]) -> dict[str, Any]:
+    """A ``tool_called`` criterion's ``expected_arguments``, when it has some: left out
+    otherwise, so the criteria of every other type read (and diff) as they always did."""
+    expected = criterion.get("expected_arguments")
+    return {} if expected is None else {"expected_arguments": expected}
 
 
 def load(path: Path) -> ScenarioFile:

@@ -61,6 +61,7 @@ from shared.errors import NotFound, PermissionDenied, Unauthorized
 from shared.identity import accounts
 from shared.identity import organizations as identity
 from shared.identity.access import AUTHENTICATED, PUBLIC, requires
+from shared.outbound.schemas import compact_json
 from shared.paging import MAX_LIMIT, Paging
 
 HERE = Path(__file__).parent
@@ -94,6 +95,7 @@ def _environment() -> Environment:
     environment.filters["pct"] = _pct
     environment.filters["signed_pct"] = _signed_pct
     environment.filters["p_value"] = _p_value
+    environment.filters["json"] = compact_json  # escaped by the template
     environment.filters["badge"] = ui_services.badge
     return environment
 

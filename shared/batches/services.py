@@ -449,7 +449,8 @@ _CHANGE_ORDER = {
 def _played(snapshot: dict[str, Any]) -> bytes:
     """What a run of the scenario plays, from its snapshot: the customer context and each
     turn's message, whether it is required, and its criteria (questions, types, few-shot
-    examples).  Not the ids (saving turns makes new ones) nor the name."""
+    examples, expected arguments).  Not the ids (saving turns makes new ones) nor the
+    name."""
     scenario = msgspec.convert(snapshot, Snapshot)
     return msgspec.json.encode(
         [
@@ -458,7 +459,10 @@ def _played(snapshot: dict[str, Any]) -> bytes:
                 [
                     turn.user_message,
                     turn.required,
-                    [[c.question, c.criteria_type, c.few_shot_examples] for c in turn.criteria],
+                    [
+                        [c.question, c.criteria_type, c.few_shot_examples, c.expected_arguments]
+                        for c in turn.criteria
+                    ],
                 ]
                 for turn in scenario.turns
             ],

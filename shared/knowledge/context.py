@@ -3,7 +3,10 @@
 * ``always`` documents: their text, in the agent's system context in every turn;
 * ``on_demand`` documents: before each answer, the chunks of those documents that best
   match the user's message (full-text search), with each document's usage description,
-  in the system context of that turn.
+  in the system context of that turn.  The search is reported as the agent's tool call
+  ``search_knowledge`` (DESIGN §5.10): its arguments the query, its output what was
+  retrieved (each chunk's document, title, heading path and score), so a scenario can
+  check that the agent looked something up (``tool_called``).
 
 A run never sees a document that is not ``ready``: before its first turn it waits for
 the agent's bookmarked documents still ``queued`` or ``processing`` (up to
@@ -18,6 +21,7 @@ import time
 from dataclasses import dataclass, field
 from uuid import UUID
 
+import msgspec
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -25,10 +29,12 @@ from shared.db.engine import Database
 from shared.db.models import KnowledgeBookmarkAgent, KnowledgeDocument
 from shared.knowledge.schemas import GivenKnowledge, ProcessingStatus
 from shared.knowledge.services import ranked_chunks, search_config
+from shared.outbound.schemas import ToolCall
 
 RETRIEVED_CHUNKS = 3
 MAX_ALWAYS_CHARS = 100_000  # of all always documents together, in the system context
 WAIT_POLL_S = 0.5
+SEARCH_TOOL = "search_knowledge"
 
 
 class KnowledgeNotReady(Exception):
@@ -44,6 +50,15 @@ class _Document:
     language: str | None
 
 
+@dataclass(frozen=True, slots=True)
+class TurnKnowledge:
+    """What an llm agent is given for one turn."""
+
+    system_context: str  # "" when nothing
+    given: list[GivenKnowledge]  # for the turn's result
+    tool_calls: list[ToolCall]  # its search of on_demand documents, if it has any
+
+
 @dataclass(slots=True)
 class AgentKnowledge:
     """The knowledge of one agent for one run, loaded once when the run starts."""
@@ -57,11 +72,12 @@ class AgentKnowledge:
     def empty(self) -> bool:
         return not self.always and not self.on_demand
 
-    async def for_message(self, message: str) -> tuple[str, list[GivenKnowledge]]:
-        """The system context for a turn whose user message is ``message``, and what it
-        holds (for the turn's result)."""
+    async def for_message(self, message: str) -> TurnKnowledge:
+        """The system context for a turn whose user message is ``message``, what it holds,
+        and the search that found its on_demand part."""
         parts: list[str] = []
         given: list[GivenKnowledge] = []
+        calls: list[ToolCall] = []
         for document, text in self.always:
             parts.append(f"## {document.title}\n{_usage(document)}{text}")
             given.append(
@@ -96,10 +112,18 @@ class AgentKnowledge:
                         score=round(float(row.score), 6),
                     )
                 )
+            found = [g for g in given if g.mode == "on_demand"]
+            calls.append(
+                ToolCall(
+                    name=SEARCH_TOOL,
+                    arguments={"query": message},
+                    output=msgspec.to_builtins(found),
+                )
+            )
         if not parts:
-            return "", given
+            return TurnKnowledge("", given, calls)
         context = "Knowledge you may use to answer:\n\n" + "\n\n".join(parts)
-        return context, given
+        return TurnKnowledge(context, given, calls)
 
 
 def _usage(document: _Document) -> str:

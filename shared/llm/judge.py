@@ -1,7 +1,9 @@
 """The LLM judge, shared by scenario runs and calibration (DESIGN §5.5).
 
-Prompt: the criterion question, its few-shot examples, the conversation so far and the
-organization's business information.  Structured output (JSON schema) where the
+Prompt: the criterion question, its few-shot examples, the conversation so far (each
+assistant message followed by the tools the agent called for it, one line each:
+``[tool call] name({"arguments"}) -> output``) and the organization's business
+information.  Structured output (JSON schema) where the
 provider supports it (OpenAI's ``response_format``; Anthropic's ``output_config.format``,
 or a forced tool for models before it), tolerant parsing otherwise.  A malformed answer
 or a refusal is retried, then raised as :class:`JudgeError` — never read as a PASS.
@@ -10,6 +12,7 @@ or a refusal is retried, then raised as :class:`JudgeError` — never read as a 
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,6 +20,7 @@ import msgspec
 
 from shared.llm.clients import LLMError, chat
 from shared.metrics import judge_labels, observed_call
+from shared.outbound.agents import Message
 from shared.outbound.egress import EgressClient, ProviderConfig, decode_json, storable
 
 VERDICT_SCHEMA: dict[str, Any] = {
@@ -55,9 +59,25 @@ class Judgement:
     calls: int
 
 
+TOOL_CALLS_NOTE = (
+    "A [tool call] line under an ASSISTANT message is a tool the agent called to produce "
+    "that message: name(arguments as JSON) -> what the tool returned."
+)
+
+
+def transcript(conversation: Sequence[Message]) -> str:
+    """The conversation as the judge reads it: ``ROLE: content`` per message, each tool call
+    of an assistant message on a line of its own under it."""
+    lines = []
+    for message in conversation:
+        lines.append(f"{message['role'].upper()}: {message['content']}")
+        lines += (f"  [tool call] {call.compact()}" for call in message.get("tool_calls") or ())
+    return "\n".join(lines)
+
+
 def build_prompt(
     question: str,
-    conversation: list[dict[str, str]],
+    conversation: Sequence[Message],
     few_shot_examples: list[dict[str, Any]] | None = None,
     business_information: str | None = None,
 ) -> str:
@@ -70,9 +90,11 @@ def build_prompt(
             f"Example {n}:\nReply: {example.get('response', '')}\n"
             f"Verdict: {example.get('verdict', '')}\nCritique: {example.get('critique', '')}"
         )
-    transcript = "\n".join(f"{m['role'].upper()}: {m['content']}" for m in conversation)
+    if any(message.get("tool_calls") for message in conversation):
+        parts.append(TOOL_CALLS_NOTE)
     parts.append(
-        f"Conversation so far (the last ASSISTANT message is the one to judge):\n{transcript}"
+        "Conversation so far (the last ASSISTANT message is the one to judge):\n"
+        + transcript(conversation)
     )
     return "\n\n".join(parts)
 
@@ -107,7 +129,7 @@ async def judge(
     provider: ProviderConfig,
     *,
     question: str,
-    conversation: list[dict[str, str]],
+    conversation: Sequence[Message],
     few_shot_examples: list[dict[str, Any]] | None = None,
     business_information: str | None = None,
     model: str | None = None,

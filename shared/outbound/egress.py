@@ -257,16 +257,16 @@ def decode_json(raw: bytes | str) -> Any:
             raise msgspec.DecodeError("not JSON") from None
 
 
-def _received(value: Any, redact: Callable[[str], str] | None) -> Any:
+def storable_json(value: Any, redact: Callable[[str], str] | None = None) -> Any:
     """A decoded JSON value with every string in it (keys too) storable, and redacted by
     ``redact`` when given."""
     if isinstance(value, str):
         value = storable(value)
         return redact(value) if redact is not None else value
     if isinstance(value, dict):
-        return {_received(k, redact): _received(v, redact) for k, v in value.items()}
+        return {storable_json(k, redact): storable_json(v, redact) for k, v in value.items()}
     if isinstance(value, list):
-        return [_received(v, redact) for v in value]
+        return [storable_json(v, redact) for v in value]
     return value
 
 
@@ -291,13 +291,13 @@ class EgressResponse:
 
     def json(self) -> Any:
         # Decoded first: a secret written with JSON escapes is matched once unescaped.
-        return _received(decode_json(self.raw), self.redactor.text)
+        return storable_json(decode_json(self.raw), self.redactor.text)
 
     def json_as_received(self) -> Any:
         """The JSON as the far end sent it, storable but **not redacted**: only for checks
         that must see what was said (a criterion looking for a leaked key); never store,
         return or log what it gives."""
-        return _received(decode_json(self.raw), None)
+        return storable_json(decode_json(self.raw))
 
     @property
     def text(self) -> str:

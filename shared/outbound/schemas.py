@@ -231,3 +231,36 @@ class AgentRead(Output):
 class AgentList(Output):
     agents: list[AgentRead]
     total: int
+
+
+# --- tool calls ---------------------------------------------------------------------------------
+
+# The name of the one call that stands for the calls left out of a turn's stored calls (its
+# arguments say how many, and the limit): no tool of an OpenAI or Anthropic agent can have it
+# (their names are letters, digits, _ and -).
+CUT = "spar:cut"
+
+
+class ToolCall(msgspec.Struct, frozen=True, kw_only=True):
+    """A tool the agent called to produce a reply (protocol ``spar``'s ``tool_calls``, an
+    ``openai_chat`` reply's ``tool_calls``, an ``llm`` agent's ``search_knowledge``).
+    ``output`` is null when the agent did not report one."""
+
+    name: Annotated[str, msgspec.Meta(min_length=1)]
+    arguments: dict[str, Any] = {}
+    output: Any = None
+
+    def compact(self) -> str:
+        """One line: ``name({"arguments":...}) -> output`` (:func:`compact_json`, the output
+        left out when none was reported); the cut marker as what it says."""
+        if self.name == CUT:
+            cut, limit = self.arguments.get("calls_cut"), self.arguments.get("max_bytes")
+            return f"[{cut} more tool calls not kept: over {limit} bytes]"
+        shown = f"{self.name}({compact_json(self.arguments)})"
+        return shown if self.output is None else f"{shown} -> {compact_json(self.output)}"
+
+
+def compact_json(value: Any) -> str:
+    """``value`` as JSON on one line, object keys sorted: the same text whether it comes
+    straight from the agent or back from the database (JSONB keeps no key order)."""
+    return msgspec.json.encode(value, order="sorted").decode()

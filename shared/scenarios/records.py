@@ -20,6 +20,8 @@ from uuid import UUID
 
 import msgspec
 
+from shared.outbound.schemas import ToolCall
+
 
 class SnapshotCriterion(msgspec.Struct, frozen=True):
     id: str
@@ -27,6 +29,7 @@ class SnapshotCriterion(msgspec.Struct, frozen=True):
     question: str
     criteria_type: str
     few_shot_examples: list[dict[str, Any]] | None = None
+    expected_arguments: dict[str, Any] | None = None  # tool_called only
 
 
 class SnapshotTurn(msgspec.Struct, frozen=True):
@@ -94,6 +97,8 @@ class TurnRecord(msgspec.Struct, frozen=True):
     skipped: bool = False
     # The agent's model refused: ``response_content`` is its refusal.
     refusal: bool = False
+    # The tools the agent called for its reply, redacted and capped (shared.outbound.tool_calls).
+    tool_calls: list[ToolCall] = []
 
     @classmethod
     def unplayed(cls, turn_index: int) -> TurnRecord:
@@ -131,6 +136,7 @@ class ErrorTurn(msgspec.Struct, frozen=True):
     turn_index: int
     user_message: str | None = None
     response_content: str | None = None
+    tool_calls: list[ToolCall] = []  # reported with that reply
 
 
 class DoneTurn(msgspec.Struct, frozen=True):
@@ -141,6 +147,7 @@ class DoneTurn(msgspec.Struct, frozen=True):
     response_content: str
     passed: bool
     stopped_early: bool
+    tool_calls: list[ToolCall] = []
 
 
 class Claimed(msgspec.Struct, frozen=True):

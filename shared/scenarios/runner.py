@@ -16,8 +16,8 @@ message changes nothing twice:
   and counts it in its batch, whose next run takes its place, in the same commit.
 
 The user message is rendered in a renderer process (:mod:`shared.scenarios.sandbox`);
-deterministic checks read the agent's reply as it was sent, the judge and the store the
-reply redacted.
+deterministic checks read the agent's reply and tool calls as it sent them, the judge and
+the store read them redacted (and the calls capped, :mod:`shared.outbound.tool_calls`).
 """
 
 from __future__ import annotations
@@ -38,10 +38,12 @@ from shared.knowledge.context import AgentKnowledge, KnowledgeNotReady
 from shared.knowledge.context import load as load_knowledge
 from shared.llm.judge import Judgement, judge
 from shared.metrics import RUNS_IN_FLIGHT, in_flight, run_finished
-from shared.outbound.agents import AgentConfig, AgentReply, call_agent
+from shared.outbound import tool_calls
+from shared.outbound.agents import AgentConfig, AgentReply, Message, call_agent
 from shared.outbound.configuration import load_outbound
 from shared.outbound.egress import EgressClient, EgressError, ProviderConfig
 from shared.outbound.limits import DestinationLimiter
+from shared.outbound.schemas import ToolCall
 from shared.scenarios import checks, sandbox, store
 from shared.scenarios.records import (
     CallCost,
@@ -55,7 +57,7 @@ from shared.scenarios.records import (
     SnapshotTurn,
     TurnRecord,
 )
-from shared.scenarios.schemas import RunStatus
+from shared.scenarios.schemas import TOOL_CRITERIA, RunStatus
 from shared.settings import Settings
 from shared.work import RUNS
 
@@ -163,19 +165,26 @@ class _Verdict:
 async def _evaluate(
     context: _Context,
     criterion: SnapshotCriterion,
-    conversation: list[dict[str, str]],
+    conversation: list[Message],
     reply: AgentReply,
+    calls: list[ToolCall],
 ) -> _Verdict:
-    """A criterion's verdict: a deterministic check reads the reply as the agent sent it (a
-    leak check must see the leak); the judge reads the conversation redacted."""
+    """A criterion's verdict: a deterministic check reads the reply and the tool ``calls``
+    as the agent sent them (a leak check must see the leak); the judge reads the
+    conversation redacted."""
     kind = criterion.criteria_type
     if kind != "llm_evaluated":
-        try:
-            verdict, critique, evidence = await checks.verdict(
-                kind, criterion.question, reply.received
+        if kind in TOOL_CRITERIA:
+            verdict, critique, evidence = checks.tool_verdict(
+                kind, criterion.question, criterion.expected_arguments, calls
             )
-        except checks.CheckUndecided as exc:
-            raise RunAborted(f"criterion: {exc}") from None
+        else:
+            try:
+                verdict, critique, evidence = await checks.verdict(
+                    kind, criterion.question, reply.received
+                )
+            except checks.CheckUndecided as exc:
+                raise RunAborted(f"criterion: {exc}") from None
         # What a check quotes of the reply (a regex's match) is kept: redacted, like the reply.
         redact = context.egress.policy.redact
         return _Verdict(verdict, redact(critique), redact(evidence))
@@ -289,13 +298,13 @@ def _outcome(all_passed: bool) -> RunStatus:
     return RunStatus.PASSED if all_passed else RunStatus.FAILED
 
 
-def _history(done: list[DoneTurn]) -> list[dict[str, str]]:
+def _history(done: list[DoneTurn]) -> list[Message]:
     """The conversation the committed turns held, to resume it."""
-    history: list[dict[str, str]] = []
+    history: list[Message] = []
     for turn in done:
         history += [
             {"role": "user", "content": turn.user_message},
-            {"role": "assistant", "content": turn.response_content},
+            {"role": "assistant", "content": turn.response_content, "tool_calls": turn.tool_calls},
         ]
     return history
 
@@ -312,19 +321,24 @@ class _Played:
     record: TurnRecord
     results: list[CriterionRecord]
     cost: CostSummary
-    conversation: list[dict[str, str]]
+    conversation: list[Message]
 
 
-async def _play(context: _Context, turn: SnapshotTurn, history: list[dict[str, str]]) -> _Played:
+async def _play(context: _Context, turn: SnapshotTurn, history: list[Message]) -> _Played:
     """Render the turn's message, send it to the agent, judge every criterion at once."""
     customer_context = context.snapshot.customer_context or {}
     try:
         message = await render_message(turn.user_message, customer_context, turn.order_index + 1)
     except RunAborted as exc:
         raise exc.on(ErrorTurn(turn.order_index)) from None
-    system_context, given = None, None
+    system_context, given, searched = None, None, []
     if context.knowledge is not None:
-        system_context, given = await context.knowledge.for_message(message)
+        knowledge = await context.knowledge.for_message(message)
+        system_context, given, searched = (
+            knowledge.system_context,
+            knowledge.given,
+            knowledge.tool_calls,
+        )
     try:
         reply = await call_agent(
             context.egress,
@@ -338,17 +352,21 @@ async def _play(context: _Context, turn: SnapshotTurn, history: list[dict[str, s
         )
     except EgressError as exc:
         raise RunAborted(f"agent: {exc}", ErrorTurn(turn.order_index, message)) from None
-    conversation = [
+    # What the agent did for this reply: Spar's knowledge search for an llm agent, the
+    # calls an http agent reported.  Checked as received, kept redacted and capped.
+    received_calls = [*searched, *reply.received_tool_calls]
+    calls = tool_calls.capped([*searched, *reply.tool_calls])
+    conversation: list[Message] = [
         *history,
         {"role": "user", "content": message},
-        {"role": "assistant", "content": reply.content},
+        {"role": "assistant", "content": reply.content, "tool_calls": calls},
     ]
     try:
         verdicts = await asyncio.gather(
-            *(_evaluate(context, c, conversation, reply) for c in turn.criteria)
+            *(_evaluate(context, c, conversation, reply, received_calls) for c in turn.criteria)
         )
     except RunAborted as exc:  # a check or the judge: the agent had answered
-        raise exc.on(ErrorTurn(turn.order_index, message, reply.content)) from None
+        raise exc.on(ErrorTurn(turn.order_index, message, reply.content, calls)) from None
     passed = all(v.verdict == "PASS" for v in verdicts)
     record = TurnRecord(
         id=uuid.uuid4(),
@@ -360,6 +378,7 @@ async def _play(context: _Context, turn: SnapshotTurn, history: list[dict[str, s
         knowledge=given,
         redacted_keys=list(reply.redacted_keys),
         refusal=reply.refusal,
+        tool_calls=calls,
     )
     results = [
         CriterionRecord(

@@ -9,12 +9,26 @@ from uuid import UUID
 
 import msgspec
 
+from shared.outbound.schemas import ToolCall
 from shared.schemas import Input, JsonObject, Name255, Output, text
 
 UNSET = msgspec.UNSET
 UnsetType = msgspec.UnsetType
 
-CriteriaType = Literal["llm_evaluated", "contains", "not_contains", "regex"]
+CriteriaType = Literal[
+    "llm_evaluated", "contains", "not_contains", "regex", "tool_called", "tool_not_called"
+]
+# The criteria that read the agent's tool calls, not its reply (question = the tool's name).
+TOOL_CRITERIA = ("tool_called", "tool_not_called")
+MAX_EXPECTED_ARGUMENTS_BYTES = 16_384  # a criterion's expected_arguments, as JSON
+
+
+def criterion_label(criteria_type: str, question: str) -> str:
+    """How reports name a criterion: its question, a tool check by what it checks
+    (``tool_called refund_order``: its question alone is a bare tool name)."""
+    return f"{criteria_type} {question}" if criteria_type in TOOL_CRITERIA else question
+
+
 Verdict = Literal["PASS", "FAIL"]
 
 
@@ -41,12 +55,23 @@ class FewShotExample(Input):
     critique: LongText = ""
 
 
+ExpectedArguments = Annotated[
+    JsonObject,
+    msgspec.Meta(
+        description="tool_called only: the arguments some call of the tool must carry (each "
+        "key with an equal value; nested objects compared the same way, lists whole). At "
+        f"most {MAX_EXPECTED_ARGUMENTS_BYTES} bytes as JSON."
+    ),
+]
+
+
 class CriterionCreate(Input):
     question: Annotated[str, text(1, 10_000)]
     criteria_type: CriteriaType = "llm_evaluated"
     few_shot_examples: list[FewShotExample] = []
     # Accepted for the spec's request shape; criteria are ordered by their position.
     order_index: Annotated[int, msgspec.Meta(ge=0)] = 0
+    expected_arguments: ExpectedArguments | None = None
 
 
 class ScenarioTurnCreate(Input):
@@ -105,6 +130,7 @@ class CriterionRead(Output):
     criteria_type: CriteriaType
     few_shot_examples: list[FewShotExampleRead]
     order_index: int
+    expected_arguments: dict[str, Any] | None = None
 
 
 class ScenarioTurnRead(Output):
@@ -185,6 +211,10 @@ class ScenarioTurnResultRead(Output):
     redacted_keys: list[str] = []
     # The agent's model refused to answer: ``response_content`` is its refusal.
     refusal: bool = False
+    # The tools the agent called for its reply, as it reported them, redacted like
+    # ``response_content``; at most 64 KiB of JSON, then a call named "spar:cut" says how
+    # many were left out.
+    tool_calls: list[ToolCall] = []
 
 
 class ErrorTurnRead(Output):
@@ -196,6 +226,7 @@ class ErrorTurnRead(Output):
     # The agent's reply, when it answered before the error (a judge or a check that
     # failed on it); null otherwise.
     response_content: str | None
+    tool_calls: list[ToolCall] = []  # reported with that reply
 
 
 class ScenarioRunRead(Output):

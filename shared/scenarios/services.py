@@ -66,6 +66,7 @@ def _build_turns(scenario_id: UUID, turns: list[schemas.ScenarioTurnCreate]) -> 
                             {"response": e.response, "verdict": e.verdict, "critique": e.critique}
                             for e in criterion.few_shot_examples
                         ],
+                        expected_arguments=criterion.expected_arguments,
                     )
                     for position, criterion in enumerate(turn.criteria)
                 ],

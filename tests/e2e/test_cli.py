@@ -70,9 +70,17 @@ class ShopAgent(FakeAgent):
         return super().handle(request)
 
 
+def shop_tools(body: dict[str, Any]) -> list[dict[str, Any]]:
+    """The shop's tool calls: a refund asked for is a refund made."""
+    if "refund" not in body["message"]:
+        return []
+    return [{"name": "refund_order", "arguments": {"order_id": "AB-1", "amount": 40}}]
+
+
 @pytest.fixture(scope="module")
 def shop() -> Iterator[ShopAgent]:
-    with ShopAgent(reply=lambda body: f"Echo: {body['message']} [judge:PASS]") as fake:
+    reply = lambda body: f"Echo: {body['message']} [judge:PASS]"  # noqa: E731
+    with ShopAgent(reply=reply, tool_calls=shop_tools) as fake:
         yield fake
 
 
@@ -205,6 +213,8 @@ def suite(directory: Path) -> None:
             criteria:
               - question: hello
                 criteria_type: contains
+              - question: refund_order
+                criteria_type: tool_not_called
         """,
     )
     write(
@@ -218,6 +228,9 @@ def suite(directory: Path) -> None:
             criteria:
               - question: refund
                 criteria_type: contains
+              - question: refund_order
+                criteria_type: tool_called
+                expected_arguments: {order_id: AB-1}
           - user_message: and the policy?
             criteria:
               - question: 30 days
@@ -313,6 +326,11 @@ async def test_push_creates_then_changes_nothing_then_updates_with_a_diff_and_pr
         )
     ).json()
     assert detail["turns"][1]["criteria"][0]["question"] == "thirty days"
+    tool_check = detail["turns"][0]["criteria"][1]
+    assert (tool_check["criteria_type"], tool_check["expected_arguments"]) == (
+        "tool_called",
+        {"order_id": "AB-1"},
+    )
     listing = (await client.get(f"/v1/orgs/{t.id}/scenarios", headers=t.owner.headers)).json()
     assert {s["name"] for s in listing["scenarios"]} == {"greet", "refund"}
 
@@ -348,6 +366,19 @@ async def test_push_names_the_file_and_line_of_each_problem_and_sends_nothing(
                 criteria_type: regex
         """,
     )
+    write(
+        scenarios,
+        "tools.yaml",
+        """
+        name: tools
+        turns:
+          - user_message: hi
+            criteria:
+              - question: refund_order
+                criteria_type: tool_not_called
+                expected_arguments: {order_id: AB-1}
+        """,
+    )
     done = cli("scenarios", "push", str(scenarios), url=spar_api, token=t.owner.token, cwd=tmp_path)
     assert done.returncode == 3
     typo = scenarios / "nested" / "typo.yaml"
@@ -360,6 +391,12 @@ async def test_push_names_the_file_and_line_of_each_problem_and_sends_nothing(
     rules = scenarios / "rules.yaml"
     assert f"{rules}:6: Invalid regular expression" in done.stderr
     assert "(loc: body.turns.0.criteria.0.question)" in done.stderr
+    tools = scenarios / "tools.yaml"
+    assert (
+        f"{tools}:7: expected_arguments is for tool_called criteria; a tool_not_called criterion"
+        in done.stderr
+    )
+    assert "(loc: body.turns.0.criteria.0.expected_arguments)" in done.stderr
     listing = (await client.get(f"/v1/orgs/{t.id}/scenarios", headers=t.owner.headers)).json()
     assert listing["total"] == 0
 
@@ -438,6 +475,8 @@ async def test_batch_run_exit_codes_result_files_and_fail_under(
     assert body["batch"]["status"] == "completed"
     by_name = {s["scenario"]: s for s in body["scenarios"]}
     assert by_name["refund"]["failed_turns"][0]["criteria"][0]["verdict"] == "FAIL"
+    # Turn 1's tool check passed (the shop refunded AB-1): only turn 2 failed.
+    assert [t["turn_index"] for t in by_name["refund"]["failed_turns"]] == [1]
 
     met = batch("--tag", "smoke", "--fail-under", "0.5")
     assert met.returncode == 0

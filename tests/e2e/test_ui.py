@@ -570,9 +570,14 @@ async def test_the_page_and_the_cli_name_each_criterion_as_its_run_asked_it(
 ) -> None:
     """After the scenario is edited (its criteria replaced), a run still names the
     criterion it was judged on: the API's criterion result carries the question and type
-    from the run's snapshot, and the results page and the CLI's report read it there."""
+    from the run's snapshot, and the results page and the CLI's report read it there (a
+    tool check by its type and tool, beside the calls the reply reported)."""
     w = await make_world(client, agent)
-    scenario = await make_scenario(client, w, "refuses", turns=[failing_turn(1)])
+    agent.tool_calls = [{"name": "lookup_order", "arguments": {"order_id": "<AB-1>"}}]
+    tool_check = {"question": "refund_order", "criteria_type": "tool_called"}
+    failing = failing_turn(1)
+    failing["criteria"].append(tool_check)
+    scenario = await make_scenario(client, w, "refuses", turns=[failing])
     batch = await create_batch(client, w, scenario_ids=[scenario["id"]])
     await drain(app, settings, batch["id"])
     edited = await client.put(
@@ -587,6 +592,9 @@ async def test_the_page_and_the_cli_name_each_criterion_as_its_run_asked_it(
     async with http(server, w.t.owner.token) as owner:
         page = (await owner.get(f"/ui/orgs/{w.t.id}/runs/{run_id}")).text
     assert "never-said" in page and "(contains)" in page and "removed" not in page
+    assert 'refund_order <span class="muted">(tool_called)</span>' in page
+    assert '<code class="tool-name">lookup_order</code>' in page
+    assert "({&#34;order_id&#34;:&#34;&lt;AB-1&gt;&#34;})" in page
 
     api = Api(Target(url=server.url, token=w.t.owner.token, org=w.t.id))
     try:
@@ -595,9 +603,18 @@ async def test_the_page_and_the_cli_name_each_criterion_as_its_run_asked_it(
     finally:
         api.close()
     (turn,) = outcome.failed
-    assert turn.criteria == [("never-said", "FAIL", "reply does not contain 'never-said'")]
+    assert turn.criteria == [
+        ("never-said", "FAIL", "reply does not contain 'never-said'"),
+        (
+            "tool_called refund_order",
+            "FAIL",
+            "refund_order was not called; calls seen: lookup_order",
+        ),
+    ]
+    assert turn.tool_calls == ['lookup_order({"order_id":"<AB-1>"})']
     report = junit_xml(detail, [outcome]).decode() + json_report(detail, [outcome])
     assert "turn 1: never-said" in report and old_id not in report
+    assert "FAIL: tool_called refund_order" in report
 
 
 async def test_an_errored_runs_page_shows_the_turn_it_ended_on_and_what_was_sent(

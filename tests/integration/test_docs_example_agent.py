@@ -232,7 +232,20 @@ async def test_documented_agent_and_commands_give_a_passed_run(
         "Hello Ada! You said: Can I move booking B-1042 to Friday?",
     ]
     verdicts = [[c["verdict"] for c in t["criteria_results"]] for t in run["turn_results"]]
-    assert verdicts == [["PASS"], ["PASS", "PASS"]]
+    assert verdicts == [["PASS", "PASS"], ["PASS", "PASS", "PASS"]]
+    # The tool the second reply reported, kept with it and checked by tool_called.
+    assert [t["tool_calls"] for t in run["turn_results"]] == [
+        [],
+        [
+            {
+                "name": "find_booking",
+                "arguments": {"booking_id": "B-1042"},
+                "output": {"day": "Tuesday"},
+            }
+        ],
+    ]
+    checked = run["turn_results"][1]["criteria_results"][2]
+    assert (checked["criteria_type"], checked["question"]) == ("tool_called", "find_booking")
     assert run["session_id"] == f"spar-{run['id']}"
     assert run["cost_summary"]["agent"]["calls"] == 2
     assert run["cost_summary"]["agent"]["input_tokens"] == 1 + 3  # len(messages) per turn

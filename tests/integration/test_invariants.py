@@ -91,6 +91,17 @@ BREAKS: list[tuple[str, dict[str, Any], str]] = [
     ("scenario_turns", {"order_index": -1}, "ck_scenario_turns_order_index_not_negative"),
     ("criteria", {"order_index": -1}, "ck_criteria_order_index_not_negative"),
     ("criteria", {"criteria_type": "vibes"}, "ck_criteria_criteria_type"),
+    # Expected arguments: an object, on a tool_called criterion only.
+    (
+        "criteria",
+        {"expected_arguments": {"order_id": "AB-1"}},
+        "ck_criteria_expected_arguments_of_tool_called",
+    ),
+    (
+        "criteria",
+        {"criteria_type": "tool_called", "expected_arguments": ["order_id"]},
+        "ck_criteria_expected_arguments_of_tool_called",
+    ),
     ("scenario_runs", {"status": "paused"}, "ck_scenario_runs_status"),
     ("scenario_runs", {"attempts": -1}, "ck_scenario_runs_attempts_not_negative"),
     # Only a run in error has the turn it ended on.
@@ -100,6 +111,7 @@ BREAKS: list[tuple[str, dict[str, Any], str]] = [
         "ck_scenario_runs_error_turn_of_error",
     ),
     ("turn_results", {"turn_index": -1}, "ck_turn_results_turn_index_not_negative"),
+    ("turn_results", {"tool_calls": {"name": "x"}}, "ck_turn_results_tool_calls_array"),
     ("criterion_results", {"verdict": "MAYBE"}, "ck_criterion_results_verdict"),
     ("criterion_results", {"input_tokens": -1}, "ck_criterion_results_counts_not_negative"),
     ("calibrations", {"status": "paused"}, "ck_calibrations_status"),

@@ -79,11 +79,13 @@ async def bookmark(client, t, document_id: str, mode: str, agent_ids: list[str],
     assert response.status_code == 200, response.text
 
 
-async def run_once(client, app, settings, t, agent_id: str) -> dict[str, Any]:
+async def run_once(client, app, settings, t, agent_id: str, *checks) -> dict[str, Any]:
     scenario = await create_scenario(
         client,
         t,
-        turns=[turn("How long do refunds take?", criterion("5 business days", "contains"))],
+        turns=[
+            turn("How long do refunds take?", criterion("5 business days", "contains"), *checks)
+        ],
     )
     run = await start_run(client, t, scenario["id"], agent_id)
     await execute_run(app.state.database, settings, UUID(run["id"]))
@@ -112,7 +114,12 @@ async def test_an_llm_agent_gets_its_always_documents_and_retrieved_chunks(
     await bookmark(client, t, refunds["id"], "on_demand", [agent["id"]], usage="refund questions")
     await bookmark(client, t, recipe["id"], "on_demand", [other["id"]])
 
-    final = await run_once(client, app, settings, t, agent["id"])
+    searched = criterion(
+        "search_knowledge",
+        "tool_called",
+        expected_arguments={"query": "How long do refunds take?"},
+    )
+    final = await run_once(client, app, settings, t, agent["id"], searched)
     assert final["status"] == "passed", final
     system = system_prompt(llm.requests[-1])
     assert system.startswith("You are the shop's assistant.")
@@ -137,6 +144,14 @@ async def test_an_llm_agent_gets_its_always_documents_and_retrieved_chunks(
     assert on_demand[0]["headingPath"] == ["Refund policy", "Timing"]
     assert on_demand[0]["score"] > 0
     assert {g["documentId"] for g in given} <= {hours["id"], refunds["id"]}
+    # The retrieval is reported as the agent's tool call: the query, and what it found.
+    (search,) = result["tool_calls"]
+    assert search == {
+        "name": "search_knowledge",
+        "arguments": {"query": "How long do refunds take?"},
+        "output": on_demand,
+    }
+    assert result["criteria_results"][1]["verdict"] == "PASS"
 
 
 async def test_agents_without_knowledge_and_http_agents_record_none(
@@ -144,8 +159,11 @@ async def test_agents_without_knowledge_and_http_agents_record_none(
 ) -> None:
     t = await tenant(client)
     agent = await llm_agent(client, t, llm.url)
-    final = await run_once(client, app, settings, t, agent["id"])
+    unsearched = criterion("search_knowledge", "tool_not_called")
+    final = await run_once(client, app, settings, t, agent["id"], unsearched)
+    assert final["status"] == "passed", final
     assert final["turn_results"][0]["knowledge"] is None
+    assert final["turn_results"][0]["tool_calls"] == []  # nothing to search: no search
     assert system_prompt(llm.requests[-1]) == "You are the shop's assistant."
 
 
@@ -167,6 +185,7 @@ async def test_a_run_waits_for_documents_still_processing(
     await processing
     assert final["status"] == "passed", final
     assert "Our stores open" in system_prompt(llm.requests[-1])
+    assert final["turn_results"][0]["tool_calls"] == []  # always documents: given, not searched
 
 
 async def test_a_run_whose_documents_never_get_ready_ends_in_error_naming_them(

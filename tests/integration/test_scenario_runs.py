@@ -74,6 +74,7 @@ TURN_RESULT_FIELDS = {
     "knowledge",
     "redacted_keys",
     "refusal",
+    "tool_calls",
 }
 JUDGE_TOKENS = (11, 7)  # FakeOpenAI's default usage per call
 AGENT_TOKENS = (17, 3)  # FakeAgent's default usage per call
@@ -630,7 +631,12 @@ async def test_a_bad_template_ends_the_run_in_error_before_the_agent(
     assert done["turn_results"] == []
     assert agent.requests == [], "the agent got nothing"
     # The turn it ended on, with no message: none could be rendered, so none was sent.
-    assert done["error_turn"] == {"turn_index": 0, "user_message": None, "response_content": None}
+    assert done["error_turn"] == {
+        "turn_index": 0,
+        "user_message": None,
+        "response_content": None,
+        "tool_calls": [],
+    }
 
 
 async def test_every_top_level_key_of_the_context_is_a_template_variable(
@@ -768,7 +774,12 @@ async def test_agent_answering_500_ends_in_error(
     assert len(agent.requests) >= 2, "a 500 is retried"
     # The turn it ended on keeps the message that was sent; no reply came.
     sent = agent.requests[0].json["message"]
-    assert done["error_turn"] == {"turn_index": 0, "user_message": sent, "response_content": None}
+    assert done["error_turn"] == {
+        "turn_index": 0,
+        "user_message": sent,
+        "response_content": None,
+        "tool_calls": [],
+    }
 
 
 async def test_agent_reply_outside_the_protocol_ends_in_error(
@@ -905,7 +916,12 @@ async def test_llm_criterion_without_a_judge_provider_is_an_error(
     assert done["turn_results"] == []
     # The agent answered before the judge could not: the message and the reply are kept.
     reply = "Echo: one"
-    assert done["error_turn"] == {"turn_index": 0, "user_message": "one", "response_content": reply}
+    assert done["error_turn"] == {
+        "turn_index": 0,
+        "user_message": "one",
+        "response_content": reply,
+        "tool_calls": [],
+    }
 
 
 async def test_agent_deleted_after_the_run_was_created(

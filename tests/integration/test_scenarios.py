@@ -49,6 +49,7 @@ CRITERION_FIELDS = {
     "criteria_type",
     "few_shot_examples",
     "order_index",
+    "expected_arguments",
 }
 
 

@@ -20,7 +20,7 @@ Protocol fakes:
 * :class:`FakeOpenAI` — ``POST …/chat/completions`` → a chat completion;
 * :class:`FakeAnthropic` — ``POST …/v1/messages`` → an Anthropic message;
 * :class:`FakeAgent` — Spar's agent protocol ``spar``: ``POST <endpoint>`` →
-  ``{"content", "usage": {"input_tokens", "output_tokens"}}``;
+  ``{"content", "usage": {"input_tokens", "output_tokens"}, "tool_calls"}``;
 * :class:`FakeServer` — anything else (status codes, redirects, ``Retry-After``);
 * :class:`FakeEchoAgent`, :class:`FakeEchoJudge` — an agent and a judge that tell back the
   headers and query string they received (secret-redaction tests).
@@ -80,8 +80,13 @@ from anthropic.types import ErrorResponse as AnthropicErrorResponse
 from anthropic.types import Message, TextBlock, ToolUseBlock, Usage
 from openai.types import CompletionUsage
 from openai.types import ErrorObject as OpenAIErrorObject
-from openai.types.chat import ChatCompletion, ChatCompletionMessage
+from openai.types.chat import (
+    ChatCompletion,
+    ChatCompletionMessage,
+    ChatCompletionMessageFunctionToolCall,
+)
 from openai.types.chat.chat_completion import Choice
+from openai.types.chat.chat_completion_message_function_tool_call import Function
 
 from shared.outbound.egress import new_http_session
 
@@ -342,9 +347,19 @@ def openai_completion(
     prompt_tokens: int = 11,
     completion_tokens: int = 7,
     finish_reason: str = "stop",
+    tool_calls: list[tuple[str, str]] | None = None,
 ) -> dict[str, Any]:
     """A ``chat.completion`` object as the OpenAI API returns it (``openai.types``'s
-    ``ChatCompletion``); a refusal has ``content`` None and ``refusal`` set."""
+    ``ChatCompletion``); a refusal has ``content`` None and ``refusal`` set; ``tool_calls``
+    are function calls ``(name, arguments as the JSON string the API sends)``."""
+    calls = [
+        ChatCompletionMessageFunctionToolCall(
+            id=f"call_fake{next(_ids)}",
+            type="function",
+            function=Function(name=name, arguments=arguments),
+        )
+        for name, arguments in tool_calls or ()
+    ]
     completion = ChatCompletion(
         id=f"chatcmpl-fake{next(_ids)}",
         object="chat.completion",
@@ -353,7 +368,12 @@ def openai_completion(
         choices=[
             Choice(
                 index=0,
-                message=ChatCompletionMessage(role="assistant", content=content, refusal=refusal),
+                message=ChatCompletionMessage(
+                    role="assistant",
+                    content=content,
+                    refusal=refusal,
+                    **({"tool_calls": calls} if calls else {}),
+                ),
                 finish_reason=finish_reason,  # type: ignore[arg-type]
                 logprobs=None,
             )
@@ -564,12 +584,17 @@ def _anthropic_400(message: str) -> Reply:
     return Reply(status=400, json=anthropic_error("invalid_request_error", message))
 
 
+ToolCalls = Any | Callable[[Any], Any]
+
+
 class FakeAgent(FakeServer):
     """An agent under test speaking protocol ``spar`` on ``POST <any path>``.
 
     ``reply`` is the reply text or a function of the request body (``{"session_id",
     "message", "messages", "customer_context", "metadata"}``).  ``usage=None`` leaves the
-    optional ``usage`` out of the answer.
+    optional ``usage`` out of the answer.  ``tool_calls`` (a list, or a function of the
+    request body returning one) is sent as the answer's ``tool_calls``, as is (so it may
+    be malformed); ``None`` leaves the field out.
     """
 
     def __init__(
@@ -577,10 +602,12 @@ class FakeAgent(FakeServer):
         reply: ReplyText = "Hello from the fake agent.",
         *,
         usage: tuple[int, int] | None = (17, 3),
+        tool_calls: ToolCalls = None,
     ) -> None:
         super().__init__()
         self.reply = reply
         self.usage = usage
+        self.tool_calls = tool_calls
 
     def handle(self, request: RecordedRequest) -> Reply:
         if request.method != "POST":
@@ -591,6 +618,9 @@ class FakeAgent(FakeServer):
         answer: dict[str, Any] = {"content": _reply_text(self.reply, body)}
         if self.usage is not None:
             answer["usage"] = {"input_tokens": self.usage[0], "output_tokens": self.usage[1]}
+        calls = self.tool_calls(body) if callable(self.tool_calls) else self.tool_calls
+        if calls is not None:
+            answer["tool_calls"] = calls
         return Reply(json=answer)
 
 

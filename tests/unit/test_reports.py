@@ -36,6 +36,7 @@ from shared.batches.schemas import (
     ScenarioComparison,
     ScenarioTrials,
 )
+from shared.scenarios.schemas import criterion_label
 
 JUNIT_XSD = Path(__file__).parent.parent / "support" / "junit-10.xsd"
 # Every kind: C0 controls (NUL, BEL, ESC, a lone CR), DEL, a C1 control (CSI), a lone
@@ -123,6 +124,43 @@ def test_the_table_shows_escapes_and_brackets_as_text() -> None:
     assert not any(ch in printed for ch in "\x00\x07\x1b\x7f\x9b\r")
     assert "[bold]colour\\x1b" in printed and "[/]" in printed
     assert "\\x1b[31mred\\x1b[0m" in printed
+
+
+def test_a_failed_tool_check_is_named_by_what_it_checks_beside_the_calls_seen() -> None:
+    critique = "refund_order was not called; calls seen: lookup_order"
+    outcome = Outcome(
+        run_id=uuid.uuid4(),
+        scenario_id=uuid.uuid4(),
+        scenario="refunds",
+        status="failed",
+        passed_turns=0,
+        total_turns=1,
+        seconds=1.0,
+        failed=[
+            FailedTurn(
+                0,
+                "Refund AB-1",
+                "Looking into it.",
+                [(criterion_label("tool_called", "refund_order"), "FAIL", critique)],
+                tool_calls=['lookup_order({"order_id":"AB-1"}) -> {"total":40}'],
+            )
+        ],
+    )
+    failure = etree.fromstring(junit_xml(batch(), [outcome])).find("testcase/failure")
+    assert failure.get("message") == "turn 1: tool_called refund_order"
+    assert failure.text == (
+        "turn 1\n  user:  Refund AB-1\n  agent: Looking into it.\n"
+        '  tool call: lookup_order({"order_id":"AB-1"}) -> {"total":40}\n'
+        f"  FAIL: tool_called refund_order\n    critique: {critique}"
+    )
+    out = io.StringIO()
+    print_results(Console(file=out, width=400, highlight=False), batch(), [outcome])
+    assert "FAIL tool_called refund_order" in out.getvalue() and critique in out.getvalue()
+    (turn,) = json.loads(json_report(batch(), [outcome]))["scenarios"][0]["failed_turns"]
+    assert turn["tool_calls"] == ['lookup_order({"order_id":"AB-1"}) -> {"total":40}']
+    # The other types keep their question as their name.
+    assert criterion_label("contains", "refund") == "refund"
+    assert criterion_label("llm_evaluated", "Polite?") == "Polite?"
 
 
 # --- repetitions and a baseline ------------------------------------------------------------------

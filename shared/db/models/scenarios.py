@@ -18,6 +18,7 @@ from sqlalchemy import (
     false,
     text,
 )
+from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import Mapped, mapped_column, relationship
 
 from shared.db.base import Base, IdMixin, JSONType, TimestampMixin, utcnow
@@ -74,6 +75,11 @@ class Criterion(IdMixin, Base):
         UniqueConstraint("turn_id", "order_index"),
         not_negative("order_index"),
         one_of("criteria_type", CriteriaType),
+        CheckConstraint(
+            "expected_arguments IS NULL OR (criteria_type = 'tool_called'"
+            " AND jsonb_typeof(expected_arguments) = 'object')",
+            name="expected_arguments_of_tool_called",
+        ),
     )
 
     turn_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("scenario_turns.id", ondelete="CASCADE"))
@@ -81,6 +87,8 @@ class Criterion(IdMixin, Base):
     question: Mapped[str] = mapped_column(Text)
     criteria_type: Mapped[str] = mapped_column(String(32))
     few_shot_examples: Mapped[list[dict[str, Any]]] = mapped_column(JSONType, default=list)
+    # tool_called only: the arguments some call of the tool must carry (SQL NULL when none).
+    expected_arguments: Mapped[dict[str, Any] | None] = mapped_column(JSONB(none_as_null=True))
 
 
 class ScenarioRun(IdMixin, TimestampMixin, Base):
@@ -146,6 +154,7 @@ class TurnResult(IdMixin, Base):
     __table_args__ = (
         UniqueConstraint("run_id", "turn_index"),
         not_negative("turn_index"),
+        CheckConstraint("jsonb_typeof(tool_calls) = 'array'", name="tool_calls_array"),
     )
 
     run_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("scenario_runs.id", ondelete="CASCADE"))
@@ -164,6 +173,10 @@ class TurnResult(IdMixin, Base):
     )
     # The model refused: ``response_content`` is its refusal.
     refusal: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+    # The tools the agent called for the reply (redacted, capped: shared.outbound.tool_calls).
+    tool_calls: Mapped[list[dict[str, Any]]] = mapped_column(
+        JSONType, default=list, server_default=text("'[]'::jsonb")
+    )
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
     criteria_results: Mapped[list[CriterionResult]] = relationship(

@@ -11,7 +11,7 @@ A ``batch_run`` trigger's batches run each scenario ``repetitions`` times (1 for
 existing trigger).
 
 Revision ID: 0020
-Revises: 0017
+Revises: 0018
 Create Date: 2026-12-02 10:00:00
 """
 
@@ -22,8 +22,8 @@ from alembic import op
 from sqlalchemy.dialects import postgresql
 
 revision: str = "0020"
-# 0018 and 0019 are written on other branches: re-chained when they meet.
-down_revision: str | None = "0017"
+# 0019 is written on another branch: re-chained when they meet.
+down_revision: str | None = "0018"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
