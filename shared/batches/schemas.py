@@ -25,6 +25,12 @@ class BatchStatus(enum.StrEnum):
 
 
 MAX_BATCH_SCENARIOS = 10_000
+
+
+def _doc(description: str) -> msgspec.Meta:
+    return msgspec.Meta(description=description)
+
+
 MAX_REPETITIONS = 20
 Repetitions = Annotated[
     int,
@@ -155,19 +161,21 @@ class BatchRunRead(Output):
     status: BatchStatus
     # Runs, not scenarios, with repetitions: total is scenarios x repetitions, and each
     # counter counts runs (`scenarios` counts per scenario).
-    total_scenarios: int
-    completed_scenarios: int
-    passed_scenarios: int
-    failed_scenarios: int
-    error_scenarios: int
+    total_scenarios: Annotated[int, _doc("The batch's runs: scenarios x repetitions.")]
+    completed_scenarios: Annotated[int, _doc("Runs ended: passed + failed + error.")]
+    passed_scenarios: Annotated[int, _doc("Runs that passed.")]
+    failed_scenarios: Annotated[int, _doc("Runs that failed.")]
+    error_scenarios: Annotated[int, _doc("Runs that ended in error (or were cancelled).")]
     max_concurrency: int
     started_at: datetime | None
     completed_at: datetime | None
     created_at: datetime
     updated_at: datetime
     error_message: str | None = None
-    repetitions: int = 1  # runs of each scenario
-    baseline_batch_id: UUID | None = None  # the batch it is compared with
+    repetitions: Annotated[int, _doc("Runs of each scenario.")] = 1
+    baseline_batch_id: Annotated[
+        UUID | None, _doc("The batch this one is compared with, if any.")
+    ] = None
     runs: list[BatchRunItemSummary] | msgspec.UnsetType = msgspec.UNSET
     # The detail only: null while the batch runs; once it is over, each LLM-judged
     # criterion's raw pass rate and, where calibrated, the corrected one.
@@ -176,15 +184,51 @@ class BatchRunRead(Output):
     # destination (its agent's or its judge's host) refusing its calls now (a 429, 503 or
     # 529 in the last 30 s, or a Retry-After in force), else null.
     rate_limited: RateLimitedRead | None | msgspec.UnsetType = msgspec.UNSET
-    # The detail only: each scenario's trials and passes so far, in the batch's order, and
-    # what they say of the agent: pass^j for j = 1..repetitions (index j - 1; null where no
-    # scenario has j trials), pass@k (null before any trial) and the flaky scenarios.
-    scenarios: list[ScenarioTrials] | msgspec.UnsetType = msgspec.UNSET
-    pass_hat_k: list[float | None] | msgspec.UnsetType = msgspec.UNSET
-    pass_at_k: float | None | msgspec.UnsetType = msgspec.UNSET
-    flaky_scenarios: int | msgspec.UnsetType = msgspec.UNSET
-    # The detail only: with a baseline, its comparison once stored (null until then).
-    comparison: StoredComparison | None | msgspec.UnsetType = msgspec.UNSET
+    scenarios: (
+        Annotated[
+            list[ScenarioTrials],
+            _doc(
+                "The detail only: each scenario's trials (its runs that passed or failed; "
+                "a run in error is none), passes and runs in error so far."
+            ),
+        ]
+        | msgspec.UnsetType
+    ) = msgspec.UNSET
+    pass_hat_k: (
+        Annotated[
+            list[float | None],
+            _doc(
+                "The detail only: pass^j for j = 1..repetitions (index j - 1), the mean over "
+                "the scenarios with at least j trials of C(passes, j) / C(trials, j); null "
+                "where no scenario has j trials."
+            ),
+        ]
+        | msgspec.UnsetType
+    ) = msgspec.UNSET
+    pass_at_k: (
+        Annotated[
+            float | None,
+            _doc(
+                "The detail only: the share of scenarios with a trial that passed at least "
+                "once; null before any trial."
+            ),
+        ]
+        | msgspec.UnsetType
+    ) = msgspec.UNSET
+    flaky_scenarios: (
+        Annotated[int, _doc("The detail only: scenarios with 0 < passes < trials.")]
+        | msgspec.UnsetType
+    ) = msgspec.UNSET
+    comparison: (
+        Annotated[
+            StoredComparison | None,
+            _doc(
+                "The detail only: with a baseline, the comparison with it, stored once this "
+                "batch has completed and the baseline is over; null until then."
+            ),
+        ]
+        | msgspec.UnsetType
+    ) = msgspec.UNSET
 
 
 class BatchRunList(Output):
