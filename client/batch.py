@@ -4,7 +4,9 @@ progress bar, the table of failures, JUnit and JSON files) is :mod:`client.repor
 
 Exit codes: 0 every scenario passed; 1 a scenario failed (or, with ``--fail-under``, the
 pass rate is below it); 2 a scenario ended in error or the batch itself errored (this
-wins over 1); 3 a usage, configuration or connection problem.
+wins over 1); 3 a usage, configuration or connection problem.  With a baseline
+(``--baseline``), 1 only for a significant regression (or a pass rate under
+``--fail-under``): a failure the baseline had too, or a dip within chance, exits 0.
 """
 
 from __future__ import annotations
@@ -27,13 +29,15 @@ from client.reports import (
     Outcome,
     json_report,
     junit_xml,
+    print_comparison,
+    print_reliability,
     print_results,
     print_trust,
     progress_bar,
     shown,
 )
 from client.terminal import make_console, say
-from shared.batches.schemas import BatchRunItemSummary, BatchRunRead
+from shared.batches.schemas import BatchComparison, BatchRunItemSummary, BatchRunRead
 from shared.calibration.schemas import JudgeTrust
 from shared.scenarios.schemas import ScenarioRunRead, criterion_label
 
@@ -140,12 +144,51 @@ def pass_rate(batch: BatchRunRead) -> float:
     return batch.passed_scenarios / batch.total_scenarios if batch.total_scenarios else 1.0
 
 
-def exit_code(batch: BatchRunRead, found: list[Outcome], fail_under: float | None) -> int:
+def exit_code(
+    batch: BatchRunRead,
+    found: list[Outcome],
+    fail_under: float | None,
+    comparison: BatchComparison | None = None,
+) -> int:
+    """2 for any error; with a ``comparison`` (a baseline), 1 only for a significant
+    regression or a pass rate under ``fail_under``; else 1 for a pass rate under
+    ``fail_under``, or without it for any failure."""
     if batch.status == "error" or any(o.status not in ("passed", "failed") for o in found):
         return EXIT_ERROR
+    if fail_under is not None and pass_rate(batch) < fail_under:
+        return EXIT_FAILED
+    if comparison is not None:
+        return EXIT_FAILED if comparison.significant_regressions else EXIT_PASSED
     if fail_under is not None:
-        return EXIT_FAILED if pass_rate(batch) < fail_under else EXIT_PASSED
+        return EXIT_PASSED
     return EXIT_FAILED if any(o.status == "failed" for o in found) else EXIT_PASSED
+
+
+def baseline_verdict(comparison: BatchComparison | None, code: int) -> str | None:
+    """What decided the exit code, with a baseline."""
+    if comparison is None:
+        return None
+    if code == EXIT_ERROR:
+        return "errors exit 2, whatever the comparison"
+    count = comparison.significant_regressions
+    if count:
+        regressions = "regression" if count == 1 else "regressions"
+        return f"{count} significant {regressions} (p < 0.05) against the baseline: exit {code}"
+    return f"no significant regression against the baseline: exit {code}"
+
+
+def resolve_baseline(api: Api, baseline: str, agent_id: str) -> str | None:
+    """The baseline's id: ``latest`` is the organization's most recent completed batch of
+    the agent (``None`` when it has none yet); anything else is taken as a batch id."""
+    if baseline != "latest":
+        return baseline
+    path = api.path("scenarios/batch-runs")
+    query = {"agent_id": agent_id, "status": "completed"}
+    total = api.call("GET", path, params={**query, "limit": 1})["total"]
+    if not total:
+        return None
+    last = api.call("GET", path, params={**query, "limit": 1, "offset": total - 1})
+    return str(last["batch_runs"][0]["id"])
 
 
 def threshold_verdict(batch: BatchRunRead, code: int, fail_under: float | None) -> str | None:
@@ -201,7 +244,28 @@ def batch() -> None:
     "--fail-under",
     type=click.FloatRange(0.0, 1.0),
     metavar="RATE",
-    help="Exit 1 only when the share of scenarios passed is below RATE (0 to 1).",
+    help="Exit 1 only when the share of runs passed is below RATE (0 to 1).",
+)
+@click.option(
+    "--repetitions",
+    type=click.IntRange(1, 20),
+    default=1,
+    show_default=True,
+    metavar="K",
+    help="Run each scenario K times (1 to 20), each run its own conversation: the results "
+    "give each scenario's passes of its trials, pass^1..pass^K and the flaky scenarios (some "
+    "runs passed, some failed); JUnit marks a flaky scenario with flakyFailure elements.",
+)
+@click.option(
+    "--baseline",
+    metavar="ID|latest",
+    help="Compare with this batch run (its id), or with `latest`: the organization's most "
+    "recent completed batch run of the same agent (when there is none yet, the batch runs "
+    "without a baseline, and says so).  With a baseline, exit 1 only for a significant "
+    "regression: a scenario whose pass rate fell with p < 0.05 (one-sided Fisher exact "
+    "test on its trials; use --repetitions: with one run a side nothing is significant), "
+    "or a pass rate under --fail-under; errors still exit 2.  The table shows each changed "
+    "scenario's p-value.",
 )
 @output_file("--junit", "junit_path", "Write JUnit XML: one testcase per scenario.")
 @output_file("--json", "json_path", "Write the batch and every scenario's outcome as JSON.")
@@ -214,6 +278,8 @@ def run(
     concurrency: int,
     wait: bool,
     fail_under: float | None,
+    repetitions: int,
+    baseline: str | None,
     junit_path: Path | None,
     json_path: Path | None,
     profile: str | None,
@@ -221,9 +287,9 @@ def run(
 ) -> None:
     """Run scenarios (by --tag and/or --scenario) against an agent as one batch, follow it
     with a progress bar, then print what failed and the link to the results page.  Exit
-    0 all passed, 1 any failed (or the pass rate under --fail-under), 2 any error, 3 usage
-    or connection problems.  The agent and the scenarios are named as in the files (the
-    REST API takes their ids)."""
+    0 all passed, 1 any failed (or the pass rate under --fail-under; with --baseline, only
+    a significant regression), 2 any error, 3 usage or connection problems.  The agent and
+    the scenarios are named as in the files (the REST API takes their ids)."""
     if not tags and not scenario_names:
         raise click.UsageError("give --tag or --scenario (or both)")
     api = Api(target(profile, org))
@@ -236,6 +302,8 @@ def run(
             concurrency=concurrency,
             wait=wait,
             fail_under=fail_under,
+            repetitions=repetitions,
+            baseline=baseline,
             junit_path=junit_path,
             json_path=json_path,
         )
@@ -253,6 +321,8 @@ def run_batch(
     concurrency: int,
     wait: bool = True,
     fail_under: float | None = None,
+    repetitions: int = 1,
+    baseline: str | None = None,
     junit_path: Path | None = None,
     json_path: Path | None = None,
     console: Console | None = None,
@@ -260,6 +330,13 @@ def run_batch(
     """Start the batch and, with ``wait``, follow it to its end; the exit code."""
     console = console or make_console()
     chosen = api.resolve_agent(agent)
+    baseline_id = resolve_baseline(api, baseline, chosen["id"]) if baseline else None
+    if baseline and baseline_id is None:
+        say(
+            console,
+            f"no completed batch run of {shown(chosen['name'])} yet: running without a "
+            "baseline (exit 1 for any failure)",
+        )
     ids: list[str] = []
     if scenario_names:
         by_name = {s["name"]: s["id"] for s in api.pages("scenarios", "scenarios")}
@@ -272,11 +349,17 @@ def run_batch(
         "scenario_ids": ids,
         "tags": tags,
         "max_concurrency": concurrency,
+        "repetitions": repetitions,
     }
+    if baseline_id is not None:
+        body["baseline_batch_id"] = baseline_id
     made = api.read(api.path("scenarios/batch-runs"), BatchRunRead, method="POST", json=body)
+    scenarios = made.total_scenarios // made.repetitions
+    runs = f" x {made.repetitions} runs" if made.repetitions > 1 else ""
     say(
         console,
-        f"batch {made.id}: {made.total_scenarios} scenarios against {shown(chosen['name'])}",
+        f"batch {made.id}: {scenarios} scenarios{runs} against {shown(chosen['name'])}"
+        + (f", compared with batch {baseline_id}" if baseline_id else ""),
     )
     results = f"results: {api.url}/ui/orgs/{api.org}/batches/{made.id}"
     if not wait:
@@ -293,17 +376,30 @@ def run_batch(
         time.sleep(0.5)
         detail = api.read(detail_path, BatchRunRead)
     found = outcomes(api, detail)
+    comparison = None
+    if baseline_id is not None:
+        comparison = api.read(
+            api.path("scenarios/batch-runs/compare"),
+            BatchComparison,
+            params={"a": baseline_id, "b": str(made.id)},
+        )
     print_results(console, detail, found)
+    print_reliability(console, detail)
     print_trust(console, detail)
+    if comparison is not None:
+        print_comparison(console, comparison)
     if junit_path is not None:
         junit_path.write_bytes(junit_xml(detail, found))
         say(console, f"JUnit XML: {junit_path}")
     if json_path is not None:
-        json_path.write_text(json_report(detail, found))
+        json_path.write_text(json_report(detail, found, comparison))
         say(console, f"JSON: {json_path}")
     say(console, results)
-    code = exit_code(detail, found, fail_under)
-    threshold = threshold_verdict(detail, code, fail_under)
-    if threshold is not None:
-        say(console, threshold)
+    code = exit_code(detail, found, fail_under, comparison)
+    for verdict in (
+        threshold_verdict(detail, code, fail_under),
+        baseline_verdict(comparison, code),
+    ):
+        if verdict is not None:
+            say(console, verdict)
     return code

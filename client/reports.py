@@ -1,7 +1,8 @@
 r"""What ``spar batch run`` shows and writes of a batch, apart from the calls that follow it:
-the live progress bar, the table of what did not pass, the judge-trust table, the JUnit
-XML and the JSON result files.  Each takes the batch as the API answered it and the
-:class:`Outcome` of each of its scenarios.
+the live progress bar, the table of what did not pass, pass^k and the flaky scenarios,
+the judge-trust table, the comparison with a baseline, the JUnit XML and the JSON result
+files.  Each takes the batch as the API answered it and the :class:`Outcome` of each of
+its runs.
 
 What an agent says can hold any character: a reply coloured for a terminal
 (``\x1b[31m``), a stack trace with control characters.  XML 1.0 cannot hold most of them
@@ -28,7 +29,7 @@ from rich.table import Table
 from rich.text import Text
 
 from client.terminal import say
-from shared.batches.schemas import BatchRunRead, RateLimitedRead
+from shared.batches.schemas import BatchComparison, BatchRunRead, RateLimitedRead
 from shared.calibration.schemas import JudgeTrust
 
 # --- what a scenario's run came to ---------------------------------------------------------------
@@ -47,7 +48,7 @@ class FailedTurn:
 
 @dataclass
 class Outcome:
-    """A scenario's run in the batch and, when it did not pass, why: its failed turns and
+    """A run of a scenario in the batch and, when it did not pass, why: its failed turns and
     its failed conversation criteria (judged on the whole conversation)."""
 
     run_id: UUID
@@ -91,15 +92,20 @@ def shown(text: str) -> str:
 
 
 def junit_xml(batch: BatchRunRead, found: list[Outcome]) -> bytes:
-    """One ``testsuite`` of the batch, one ``testcase`` per scenario: a ``failure`` carrying
-    the failed turn, its criterion and the judge's critique; an ``error`` for a run that
-    ended in error."""
-    failures = sum(1 for o in found if o.status == "failed")
-    errors = sum(1 for o in found if o.status not in ("passed", "failed"))
+    """One ``testsuite`` of the batch, one ``testcase`` per scenario.  With one run each: a
+    ``failure`` carrying the failed turn, its criterion and the judge's critique; an
+    ``error`` for a run that ended in error.  With repetitions, as Maven Surefire writes
+    reruns (Jenkins reads them so): a scenario that passed at least once passes, each of
+    its other runs a ``flakyFailure`` (or ``flakyError``) — a flaky test; one that never
+    passed has its first failed run as the ``failure`` (else its first error as the
+    ``error``) and each other run as a ``rerunFailure`` or ``rerunError``."""
+    cases = _by_scenario(found)
+    failures = sum(1 for runs in cases if _final(runs) == "failure")
+    errors = sum(1 for runs in cases if _final(runs) == "error")
     suite = ET.Element(
         "testsuite",
         name=f"spar batch {batch.id}",
-        tests=str(len(found)),
+        tests=str(len(cases)),
         failures=str(failures),
         errors=str(errors),
         skipped="0",
@@ -107,31 +113,31 @@ def junit_xml(batch: BatchRunRead, found: list[Outcome]) -> bytes:
         timestamp=(batch.started_at or batch.created_at).strftime("%Y-%m-%dT%H:%M:%S"),
     )
     properties = ET.SubElement(suite, "properties")
-    for name in ("id", "agent_id", "agent_name", "status"):
+    for name in ("id", "agent_id", "agent_name", "status", "repetitions"):
         value = str(getattr(batch, name))
         ET.SubElement(properties, "property", name=f"batch.{name}", value=value)
-    for outcome in found:
+    for runs in cases:
         case = ET.SubElement(
             suite,
             "testcase",
             classname=f"spar.{batch.agent_name}",
-            name=outcome.scenario,
-            time=f"{outcome.seconds:.3f}",
+            name=runs[0].scenario,
+            time=f"{sum(o.seconds for o in runs):.3f}",
         )
-        if outcome.status == "failed":
-            failure = ET.SubElement(
-                case, "failure", message=_first_failure(outcome), type="criterion"
-            )
-            described = [_describe(turn) for turn in outcome.failed]
-            if outcome.failed_conversation:
-                described.append(_describe_conversation(outcome))
-            failure.text = "\n\n".join(described)
-        elif outcome.status != "passed":
-            error = ET.SubElement(
-                case, "error", message=outcome.error or outcome.status, type=outcome.status
-            )
-            error.text = outcome.error or ""
-        ET.SubElement(case, "system-out").text = f"run {outcome.run_id}"
+        final = _final(runs)
+        unpassed = [o for o in runs if o.status != "passed"]
+        if final == "failure":  # the first failed run stands for the testcase
+            unpassed.sort(key=lambda o: o.status != "failed")
+        for index, outcome in enumerate(unpassed):
+            failed = outcome.status == "failed"
+            if final is None:
+                tag = "flakyFailure" if failed else "flakyError"
+            elif index == 0:
+                tag = final
+            else:
+                tag = "rerunFailure" if failed else "rerunError"
+            _result(case, tag, outcome)
+        ET.SubElement(case, "system-out").text = "\n".join(f"run {o.run_id}" for o in runs)
     for element in suite.iter():  # every string in the file, whoever wrote it
         element.text = element.text and shown(element.text)
         element.attrib = {name: shown(value) for name, value in element.attrib.items()}
@@ -160,6 +166,42 @@ def _describe_conversation(outcome: Outcome) -> str:
     return "\n".join(lines)
 
 
+def _by_scenario(found: list[Outcome]) -> list[list[Outcome]]:
+    """The runs of each scenario, in the order of each scenario's first run."""
+    grouped: dict[UUID, list[Outcome]] = {}
+    for outcome in found:
+        grouped.setdefault(outcome.scenario_id, []).append(outcome)
+    return list(grouped.values())
+
+
+def _final(runs: list[Outcome]) -> str | None:
+    """A scenario's outcome as its testcase: ``None`` (passed: at least one run did),
+    ``failure`` (none passed, one failed) or ``error`` (every run ended in error)."""
+    if any(o.status == "passed" for o in runs):
+        return None
+    return "failure" if any(o.status == "failed" for o in runs) else "error"
+
+
+def _result(case: ET.Element, tag: str, outcome: Outcome) -> None:
+    """The ``tag`` element of one run that did not pass: its message, type and text; a
+    rerun's or a flaky run's text (Surefire's ``rerunType``) in its ``stackTrace``, with
+    the run's id as its ``system-out``."""
+    if outcome.status == "failed":
+        described = [_describe(turn) for turn in outcome.failed]
+        if outcome.failed_conversation:
+            described.append(_describe_conversation(outcome))
+        message, kind, text = _first_failure(outcome), "criterion", "\n\n".join(described)
+    else:
+        message = outcome.error or outcome.status
+        kind, text = outcome.status, outcome.error or ""
+    element = ET.SubElement(case, tag, message=message, type=kind)
+    if tag in ("failure", "error"):
+        element.text = text
+        return
+    ET.SubElement(element, "stackTrace").text = text
+    ET.SubElement(element, "system-out").text = f"run {outcome.run_id}"
+
+
 def _describe(turn: FailedTurn) -> str:
     lines = [
         f"turn {turn.turn_index + 1}",
@@ -180,12 +222,15 @@ _LONE_SURROGATE = re.compile(r"[\ud800-\udfff]")
 _JSON_ESCAPED = re.compile(r"[\x7f-\x9f\ufffe\uffff]")
 
 
-def json_report(batch: BatchRunRead, found: list[Outcome]) -> str:
-    """The batch and every scenario's outcome, each text exactly as the API gave it: the
-    characters of :data:`_UNSHOWABLE` as JSON escapes (``\\u001b``), which every JSON
-    reader turns back into them, except a lone surrogate, which is not a character (no
-    UTF-8 file can hold it): U+FFFD instead."""
-    report = {
+def json_report(
+    batch: BatchRunRead, found: list[Outcome], comparison: BatchComparison | None = None
+) -> str:
+    """The batch, every run's outcome and, with a baseline, the comparison with it (without
+    each scenario's run summaries), each text exactly as the API gave it: the characters
+    of :data:`_UNSHOWABLE` as JSON escapes (``\\u001b``), which every JSON reader turns
+    back into them, except a lone surrogate, which is not a character (no UTF-8 file can
+    hold it): U+FFFD instead."""
+    report: dict[str, object] = {
         "batch": msgspec.structs.replace(batch, runs=msgspec.UNSET),
         "scenarios": [
             {
@@ -217,6 +262,12 @@ def json_report(batch: BatchRunRead, found: list[Outcome]) -> str:
             for o in found
         ],
     }
+    if comparison is not None:
+        compared = msgspec.to_builtins(comparison)
+        compared["a"], compared["b"] = str(comparison.a.id), str(comparison.b.id)
+        for row in compared["scenarios"]:
+            del row["a"], row["b"]
+        report["comparison"] = compared
     encoded = msgspec.json.encode(_characters(msgspec.to_builtins(report)))
     text = msgspec.json.format(encoded, indent=2).decode()
     return _JSON_ESCAPED.sub(lambda match: f"\\u{ord(match.group()):04x}", text)
@@ -344,3 +395,69 @@ def print_trust(console: Console, batch: BatchRunRead) -> None:
                 Text(shown(u.question)), f"{u.raw_pass_rate:.0%}", passed, str(u.scenarios)
             )
         console.print(table)
+
+
+def _rate(rate: float | None) -> str:
+    return "-" if rate is None else f"{rate:.0%}"
+
+
+def print_reliability(console: Console, batch: BatchRunRead) -> None:
+    """With repetitions: pass^1..pass^k, pass@k and the flaky scenarios with their passes
+    of their trials."""
+    if batch.repetitions < 2 or not isinstance(batch.pass_hat_k, list):
+        return
+    k = batch.repetitions
+    hats = ", ".join(f"pass^{j} {_rate(rate)}" for j, rate in enumerate(batch.pass_hat_k, 1))
+    at_k = batch.pass_at_k if isinstance(batch.pass_at_k, float) else None
+    say(console, f"{k} runs of each scenario: {hats}; pass@{k} {_rate(at_k)}")
+    scenarios = batch.scenarios if isinstance(batch.scenarios, list) else []
+    flaky = [scenario for scenario in scenarios if scenario.flaky]
+    if not flaky:
+        say(console, "no flaky scenario")
+        return
+    say(console, f"{len(flaky)} flaky: passed some runs, failed others")
+    table = Table(title=f"Flaky scenarios ({len(flaky)})")
+    for column in ("scenario", "passed", "errors"):
+        table.add_column(column)
+    for scenario in flaky:
+        passed = f"{scenario.passes} of {scenario.trials}"
+        table.add_row(Text(shown(scenario.scenario_name)), passed, str(scenario.errors))
+    console.print(table)
+
+
+def print_comparison(console: Console, comparison: BatchComparison) -> None:
+    """The comparison with the baseline (A): each scenario that did not stay unchanged
+    with its passes of its trials on each side and the p-value of its regression test,
+    then the counts and the pass-rate difference with its interval."""
+    baseline = comparison.a
+    if baseline.status in ("queued", "running"):
+        say(console, f"the baseline {baseline.id} is still running: compared with its runs so far")
+    changed = [row for row in comparison.scenarios if row.change != "unchanged"]
+    if changed:
+        table = Table(title=f"Against the baseline {baseline.id}")
+        for column in ("scenario", "change", "baseline", "now", "p-value", ""):
+            table.add_column(column)
+        for row in changed:
+            p_value = "-" if row.p_value is None else f"{row.p_value:.4f}"
+            table.add_row(
+                Text(shown(row.scenario_name)),
+                str(row.change),
+                f"{row.a_passes} of {row.a_trials}",
+                f"{row.b_passes} of {row.b_trials}",
+                p_value,
+                Text("significant", "red") if row.significant else "",
+            )
+        console.print(table)
+    regressions = comparison.regressions
+    summary = (
+        f"against the baseline: {regressions} regression{'' if regressions == 1 else 's'} "
+        f"({comparison.significant_regressions} significant, p < 0.05), "
+        f"{comparison.fixes} fix{'' if comparison.fixes == 1 else 'es'}"
+    )
+    difference = comparison.pass_rate_difference
+    if difference is not None:
+        summary += (
+            f"; pass rate {difference.difference:+.1%} (95 % interval {difference.low:+.1%} "
+            f"to {difference.high:+.1%}, {difference.pairs} scenarios)"
+        )
+    say(console, summary)

@@ -11,7 +11,9 @@ and calibrations alike:
 * when the broker lost every message it held (a Redis restarted without persistence:
   the pass finds the broker's mark gone), every waiting unit is sent again at once;
 * every active batch is offered a dispatch, which hands out runs only if its window has
-  room (after a lost refill message, for instance).
+  room (after a lost refill message, for instance);
+* every completed batch whose comparison with its baseline is due has it stored, read or
+  not (:func:`shared.batches.comparisons.store_due`).
 
 Each unit taken is touched, so the next pass leaves it alone for as long again, and a
 duplicate message changes nothing: claims are guarded in SQL.  Runs of a batch that were
@@ -29,7 +31,7 @@ from dramatiq.brokers.redis import RedisBroker
 
 from scheduler.metrics import DISPATCHED, SWEEPER_RESENT
 from shared import work
-from shared.batches import window
+from shared.batches import comparisons, window
 from shared.db.engine import Database
 from shared.queue import RUN_SCENARIO, send
 from shared.settings import Settings
@@ -73,6 +75,9 @@ async def sweep(database: Database, broker: dramatiq.Broker, settings: Settings)
         mark_broker(broker)
     dispatched = await window.reoffer(database)
     sent[DISPATCHED] = _send(broker, RUN_SCENARIO, dispatched)
+    compared = await comparisons.store_due(database)
+    if compared:
+        log.info("sweeper stored %d batch comparisons with their baselines", compared)
     for label, ids in sent.items():
         SWEEPER_RESENT.labels(label).inc(len(ids))
     if any(sent.values()):

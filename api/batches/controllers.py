@@ -47,7 +47,14 @@ class BatchRunController(Controller):
         org_id: PathId,
         data: JSONBody[schemas.BatchRunCreate],
     ) -> schemas.BatchRunRead:
-        """Run many scenarios (by id and/or tag) against one agent: 201, status `queued`."""
+        """Run many scenarios (by id and/or tag) against one agent: 201, status `queued`.
+        Each scenario runs `repetitions` times (1-20, default 1), each run its own
+        conversation; `max_concurrency` bounds all of the batch's runs, and the counters
+        (`total_scenarios`, `completed_scenarios`, `passed_scenarios`, `failed_scenarios`,
+        `error_scenarios`) count runs: scenarios x repetitions.  `baseline_batch_id` names a
+        batch of the same organization (else 404) and agent (else 422) to compare this one
+        with: once it has completed and the baseline is over, the comparison is stored on
+        it (`comparison` in its detail)."""
         batch = await services.create_batch(
             db_session, access=access, body=data, broker=state.broker
         )
@@ -61,10 +68,14 @@ class BatchRunController(Controller):
         org_id: PathId,
         paging: Page,
         status: Annotated[schemas.BatchStatus | None, QueryParameter()] = None,
+        agent_id: Annotated[
+            UUID | None, QueryParameter(description="Only the batches of this agent.")
+        ] = None,
     ) -> schemas.BatchRunList:
-        """The organization's batch runs, paged; `status` keeps those in that state."""
+        """The organization's batch runs, paged, oldest first; `status` keeps those in that
+        state, `agent_id` those of that agent."""
         rows, total = await services.list_batches(
-            db_session, access=access, paging=paging, status=status
+            db_session, access=access, paging=paging, status=status, agent_id=agent_id
         )
         return schemas.BatchRunList(batch_runs=[services.batch_read(b) for b in rows], total=total)
 
@@ -78,8 +89,15 @@ class BatchRunController(Controller):
         b: Annotated[UUID, QueryParameter(description="Batch B (after).")],
     ) -> schemas.BatchComparison:
         """Two batch runs side by side, scenario by scenario (matched by scenario id):
-        `regressed` (passed in A, failed in B) first, then `fixed`, `changed`, `only_in_a`,
-        `only_in_b` and `unchanged`; `regressions` and `fixes` count them."""
+        `regressed` (a lower pass rate in B than in A: passed, then failed, with one run
+        each) first, then `fixed`, `changed`, `edited`, `only_in_a`, `only_in_b` and
+        `unchanged`; `regressions` and `fixes` count them.  A trial is a run that passed or
+        failed (an `error` run is none).  Each scenario with trials in both and not edited
+        has `p_value`, the one-sided Fisher exact test that B's pass proportion is lower
+        than A's, and `significant` (p < 0.05; `significant_regressions` counts them);
+        `pass_rate_difference` is the mean of those scenarios' pass-rate differences, B - A,
+        with its 95 % paired bootstrap interval (scenarios resampled with replacement,
+        2,000 resamples, seed 0)."""
         return await services.compare_batches(db_session, access=access, a_id=a, b_id=b)
 
     @get("/{batch_run_id:str}", operation_id="getBatchRun", access=requires("scenarios:read"))
@@ -91,11 +109,20 @@ class BatchRunController(Controller):
         org_id: PathId,
         batch_run_id: PathId,
     ) -> schemas.BatchRunRead:
-        """The batch with its counters, a summary of every run and, once it is over, its
-        judge trust: each LLM-judged criterion's pass rate with the judge's measured error
-        taken out (`computing` at first: the `calibration` queue works it out).  While it
-        runs, `rate_limited` names the destination (host, and `agent` or `judge`) whose rate
-        limit holds its calls back now, and since when; else null."""
+        """The batch with its counters (of runs), a summary of every run and, once it is
+        over, its judge trust: each LLM-judged criterion's pass rate with the judge's
+        measured error taken out (`computing` at first: the `calibration` queue works it
+        out).  While it runs, `rate_limited` names the destination (host, and `agent` or
+        `judge`) whose rate limit holds its calls back now, and since when; else null.
+        `scenarios` gives each scenario's `trials` (its runs that passed or failed; an
+        `error` run is no trial), `passes` and `errors` so far, and `flaky` (0 < passes <
+        trials); `pass_hat_k` is pass^j for j = 1..repetitions (index j - 1: the mean over
+        the scenarios with at least j trials of C(passes, j) / C(trials, j), null where
+        none has j), `pass_at_k` the share of scenarios with a trial that passed at least
+        once, `flaky_scenarios` how many are flaky.  With a baseline, `comparison` is its
+        comparison (as `compareBatchRuns` gives it, listing the scenarios that did not stay
+        unchanged), stored once the batch has completed and the baseline is over; null
+        until then."""
         return await services.batch_detail(
             db_session,
             access=access,

@@ -79,12 +79,22 @@ def _pct(rate: float | None) -> str:
     return "—" if rate is None else f"{rate * 100:.1f} %"
 
 
+def _signed_pct(rate: float) -> str:
+    return f"{rate * 100:+.1f} %"
+
+
+def _p_value(p: float | None) -> str:
+    return "—" if p is None else f"{p:.4f}"
+
+
 def _environment() -> Environment:
     environment = Environment(
         loader=FileSystemLoader(HERE / "templates"), autoescape=True, undefined=StrictUndefined
     )
     environment.filters["when"] = _when
     environment.filters["pct"] = _pct
+    environment.filters["signed_pct"] = _signed_pct
+    environment.filters["p_value"] = _p_value
     environment.filters["json"] = compact_json  # escaped by the template
     environment.filters["badge"] = ui_services.badge
     return environment
@@ -284,6 +294,8 @@ class BatchController(Controller):
             batch=batch,
             runs=ui_services.runs_in_order(batch),
             over=batches.is_over(batch),
+            flaky=ui_services.flaky(batch),
+            curve=ui_services.pass_hat_curve(batch),
         )
 
     @get("/{batch_id:str}/progress", access=READ)

@@ -1,6 +1,6 @@
 """What the UI's pages show that no API body carries as such: a run's transcript under the
 name of the scenario it played (from the run's snapshot), a batch's badge, the order its
-runs are listed in."""
+runs are listed in, its flaky scenarios and its pass^k curve."""
 
 from __future__ import annotations
 
@@ -63,3 +63,57 @@ def runs_in_order(batch: BatchRunRead) -> list[BatchRunItemSummary]:
     then the rest, each in the batch's order."""
     runs = batch.runs if isinstance(batch.runs, list) else []
     return sorted(runs, key=lambda run: _FIRST.get(run.status, 2))
+
+
+def flaky(batch: BatchRunRead) -> set[UUID]:
+    """The scenarios of the batch that passed some trials and failed others."""
+    scenarios = batch.scenarios if isinstance(batch.scenarios, list) else []
+    return {scenario.scenario_id for scenario in scenarios if scenario.flaky}
+
+
+class Point(msgspec.Struct, frozen=True):
+    j: int
+    value: float
+    x: float
+    y: float
+
+
+class Curve(msgspec.Struct, frozen=True):
+    """pass^j against j, drawn in an SVG ``width`` x ``height``: the plot's corners, the
+    points (j, pass^j) where some scenario had j trials, and the polyline through them."""
+
+    width: int
+    height: int
+    left: float
+    right: float
+    top: float
+    bottom: float
+    points: list[Point]
+    polyline: str
+
+
+def pass_hat_curve(batch: BatchRunRead, *, width: int = 360, height: int = 180) -> Curve:
+    """The batch's pass^1..pass^k as a curve: j along, the rate up (0 to 100 %)."""
+    left, right, top, bottom = 44.0, width - 12.0, 12.0, height - 28.0
+    rates = batch.pass_hat_k if isinstance(batch.pass_hat_k, list) else []
+    step = (right - left) / max(len(rates) - 1, 1)
+    points = [
+        Point(
+            j=j,
+            value=rate,
+            x=round(left + (j - 1) * step, 1),
+            y=round(bottom - rate * (bottom - top), 1),
+        )
+        for j, rate in enumerate(rates, 1)
+        if rate is not None
+    ]
+    return Curve(
+        width=width,
+        height=height,
+        left=left,
+        right=right,
+        top=top,
+        bottom=bottom,
+        points=points,
+        polyline=" ".join(f"{p.x},{p.y}" for p in points),
+    )

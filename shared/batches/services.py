@@ -4,16 +4,29 @@ cancelling, the progress its event stream reports, and two batches compared.
 The window, the hand-over, the counters, the cancel and dispatch live in
 :mod:`shared.batches.window`; this module calls them.
 
-Creating a batch resolves its scenarios (ids and/or tags) and inserts one pending run per
-scenario, each with its snapshot, in one ``INSERT … SELECT`` that PostgreSQL builds the
-snapshots in (:func:`shared.scenarios.services.snapshot_source`), and asks for the first
-window (the ``batches`` actor) once the caller commits: a message is only a pointer to a
-committed row.
+Creating a batch resolves its scenarios (ids and/or tags) and inserts ``repetitions``
+pending runs per scenario, each with its snapshot, in one ``INSERT … SELECT`` that
+PostgreSQL builds the snapshots in (:func:`shared.scenarios.services.snapshot_source`), and
+asks for the first window (the ``batches`` actor) once the caller commits: a message is
+only a pointer to a committed row.
+
+With repetitions the batch's counters (``total_scenarios``, ``completed_scenarios`` and the
+passed, failed and error ones) count runs, as the window does; the detail adds each
+scenario's trials and passes and what they say (:mod:`shared.calibration.reliability`).
+
+A batch with a baseline stores its comparison with it once it has completed and the
+baseline is over (:func:`store_comparison`): on the first read of its detail, or at the
+sweeper's next pass (:func:`shared.batches.comparisons.store_due`), whichever comes
+first.  The
+comparison is a function of the two batches' runs, all terminal by then, and its bootstrap
+is seeded, so whoever computes it computes the same; the write is guarded (``comparison IS
+NULL``), so it is stored once.
 """
 
 from __future__ import annotations
 
 import uuid
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 from uuid import UUID
@@ -23,6 +36,7 @@ import msgspec
 from sqlalchemy import (
     ARRAY,
     Insert,
+    Integer,
     Text,
     Uuid,
     bindparam,
@@ -32,13 +46,16 @@ from sqlalchemy import (
     literal_column,
     or_,
     select,
+    true,
+    update,
 )
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from shared.batches import schemas, window
 from shared.batches.schemas import BatchStatus
 from shared.batches.window import ACTIVE
-from shared.calibration import trust
+from shared.calibration import reliability, trust
+from shared.calibration.reliability import Tally
 from shared.db.base import NOW, utcnow
 from shared.db.models import BatchRun, Scenario, ScenarioRun, TurnResult
 from shared.db.queries import one_in_org
@@ -102,6 +119,16 @@ async def start_batch(
         raise NotFound(f"scenario not found: {', '.join(sorted(map(str, missing)))}")
     if not scenario_ids:
         raise InvalidInput(("body", "tags"), "no scenario matches these tags", input=body.tags)
+    if body.baseline_batch_id is not None:
+        baseline = await one_in_org(
+            session, BatchRun, organization_id, body.baseline_batch_id, "baseline batch run"
+        )
+        if baseline.agent_id != agent.id:
+            raise InvalidInput(
+                ("body", "baseline_batch_id"),
+                "the baseline batch run is of another agent: compare batches of one agent",
+                input=str(body.baseline_batch_id),
+            )
     now = utcnow()
     batch = BatchRun(
         id=uuid.uuid4(),
@@ -110,7 +137,9 @@ async def start_batch(
         agent_name=agent.name,
         status=BatchStatus.QUEUED,
         max_concurrency=body.max_concurrency,
-        total_scenarios=len(scenario_ids),
+        repetitions=body.repetitions,
+        baseline_batch_id=body.baseline_batch_id,
+        total_scenarios=len(scenario_ids) * body.repetitions,  # runs
         created_by_user_id=user_id,
         created_at=now,  # the instant its runs are created at (the fan-out's ``now``)
     )
@@ -120,6 +149,8 @@ async def start_batch(
         _FAN_OUT,
         {
             "p_ids": scenario_ids,
+            "p_count": len(scenario_ids),
+            "p_repetitions": body.repetitions,
             "p_org": organization_id,
             "p_agent": agent.id,
             "p_batch": batch.id,
@@ -132,15 +163,26 @@ async def start_batch(
 
 
 def _fan_out() -> Insert:
-    """One pending run per scenario of ``:p_ids``, each with its snapshot, built and
-    inserted by the database."""
+    """``:p_repetitions`` pending runs per scenario of ``:p_ids`` (``:p_count`` of them),
+    each with its snapshot, built once per scenario and inserted by the database: the
+    first run of every scenario, then the second of every one, and so on."""
     picked = (
         func.unnest(bindparam("p_ids", type_=ARRAY(Uuid())))
         .table_valued("id")
         .render_derived(name="picked")
     )
     built = snapshot_source(picked)
-    source = select(func.gen_random_uuid().label("id"), built).subquery("source")
+    repetition = (
+        func.generate_series(0, bindparam("p_repetitions", type_=Integer()) - 1)
+        .table_valued("repetition")
+        .render_derived(name="repetitions")
+    )
+    source = (
+        select(func.gen_random_uuid().label("id"), built, repetition.c.repetition)
+        .select_from(built.join(repetition, true()))
+        .subquery("source")
+    )
+    order = source.c.repetition * bindparam("p_count", type_=Integer())
     microsecond = literal_column("interval '1 microsecond'")
     return insert(_runs).from_select(
         [
@@ -169,7 +211,7 @@ def _fan_out() -> Insert:
             bindparam("p_batch", type_=Uuid()),
             bindparam("p_user", type_=Uuid()),
             # Distinct, ordered timestamps: runs are dispatched in the batch's order.
-            NOW + (source.c.position - 1) * microsecond,
+            NOW + (order + source.c.position - 1) * microsecond,
             NOW,
         ),
     )
@@ -190,12 +232,16 @@ async def list_batches(
     access: OrgAccess,
     paging: Paging,
     status: str | None = None,
+    agent_id: UUID | None = None,
     newest_first: bool = False,
 ) -> tuple[list[BatchRun], int]:
-    """The organization's batches, oldest first (the API's stable order) or newest first."""
+    """The organization's batches (of one agent, in one status, when given), oldest first
+    (the API's stable order) or newest first."""
     query = select(BatchRun).where(BatchRun.organization_id == access.organization_id)
     if status:
         query = query.where(BatchRun.status == status)
+    if agent_id is not None:
+        query = query.where(BatchRun.agent_id == agent_id)
     order = (BatchRun.created_at, BatchRun.id)
     if newest_first:
         order = (BatchRun.created_at.desc(), BatchRun.id.desc())
@@ -210,12 +256,14 @@ async def batch_detail(
     broker: dramatiq.Broker,
     limiter: DestinationLimiter,
 ) -> schemas.BatchRunRead:
-    """The batch with its counters, a summary of every run, the rate limit holding it back
-    if one does and, once it is over, its judge trust: asked of the ``calibration`` queue
-    (after commit) the first time it is read."""
+    """The batch with its counters, a summary of every run, each scenario's trials, the rate
+    limit holding it back if one does, once it is over its judge trust (asked of the
+    ``calibration`` queue, after commit, the first time it is read) and, with a baseline,
+    its comparison (stored here the first time it is due)."""
     batch = await get_batch(session, access=access, batch_id=batch_id)
     runs = await run_summaries(session, batch_id=batch.id)
     await trust.request(session, batch=batch, broker=broker)
+    await store_comparison(session, batch=batch)
     limited = await rate_limited(
         batch, limiter=limiter, destinations=await batch_destinations(session, batch=batch)
     )
@@ -356,13 +404,38 @@ def batch_read(
     detail: bool = False,
     limited: schemas.RateLimitedRead | None | msgspec.UnsetType = msgspec.UNSET,
 ) -> schemas.BatchRunRead:
-    """The batch's body; the detail's also holds its ``runs`` and its judge trust, and the
-    detail's and the progress events' the rate limit holding it back (``limited``)."""
+    """The batch's body; the detail's also holds its ``runs``, its scenarios' trials, its
+    judge trust and its comparison, and the detail's and the progress events' the rate
+    limit holding it back (``limited``)."""
+    if not detail:
+        return schemas.BatchRunRead.from_row(
+            batch,
+            runs=runs if runs is not None else msgspec.UNSET,
+            judge_trust=msgspec.UNSET,
+            rate_limited=limited,
+            comparison=msgspec.UNSET,
+        )
+    scenarios = [
+        schemas.ScenarioTrials(
+            scenario_id=scenario_id,
+            scenario_name=played.name,
+            trials=played.tally.trials,
+            passes=played.tally.passes,
+            errors=played.errors,
+            flaky=played.tally.flaky,
+        )
+        for scenario_id, played in _by_scenario(runs or []).items()
+    ]
+    tallies = [Tally(s.passes, s.trials) for s in scenarios]
     return schemas.BatchRunRead.from_row(
         batch,
         runs=runs if runs is not None else msgspec.UNSET,
-        judge_trust=trust.read(batch) if detail else msgspec.UNSET,
+        judge_trust=trust.read(batch),
         rate_limited=limited,
+        scenarios=scenarios,
+        pass_hat_k=reliability.pass_hat_k(tallies, batch.repetitions),
+        pass_at_k=reliability.pass_at_k(tallies),
+        flaky_scenarios=reliability.flaky(tallies),
     )
 
 
@@ -412,51 +485,113 @@ async def _played_by_scenario(session: AsyncSession, batch_id: UUID) -> dict[UUI
     return {scenario_id: _played(snapshot) for scenario_id, snapshot in rows}
 
 
-def _change(
-    a: schemas.BatchRunItemSummary | None,
-    b: schemas.BatchRunItemSummary | None,
-    edited: bool,
-) -> schemas.Change:
+@dataclass(slots=True)
+class _Outcomes:
+    """A scenario's runs in one batch, counted by how they ended: its first run (the one a
+    comparison links to) and its trials (:class:`reliability.Tally`: a run that ended in
+    error is no trial)."""
+
+    name: str
+    first: schemas.BatchRunItemSummary
+    passes: int = 0
+    failures: int = 0
+    errors: int = 0
+    unfinished: int = 0
+
+    @property
+    def tally(self) -> Tally:
+        return Tally(self.passes, self.passes + self.failures)
+
+
+def _by_scenario(runs: list[schemas.BatchRunItemSummary]) -> dict[UUID, _Outcomes]:
+    """The runs counted per scenario, in the order of each scenario's first run."""
+    found: dict[UUID, _Outcomes] = {}
+    for run in runs:
+        outcomes = found.setdefault(run.scenario_id, _Outcomes(run.scenario_name, run))
+        if run.status == "passed":
+            outcomes.passes += 1
+        elif run.status == "failed":
+            outcomes.failures += 1
+        elif run.status == "error":
+            outcomes.errors += 1
+        else:
+            outcomes.unfinished += 1
+    return found
+
+
+def _change(a: _Outcomes | None, b: _Outcomes | None, edited: bool) -> schemas.Change:
+    """With trials on both sides, a lower pass rate in B is a regression and a higher one a
+    fix (with one run a side: passed then failed, failed then passed); otherwise the same
+    rates, errors and unfinished runs are unchanged, and any other difference a change."""
     if b is None:
         return schemas.Change.ONLY_IN_A
     if a is None:
         return schemas.Change.ONLY_IN_B
     if edited:
         return schemas.Change.EDITED
-    if (a.status, b.status) == ("passed", "failed"):
-        return schemas.Change.REGRESSED
-    if (a.status, b.status) == ("failed", "passed"):
-        return schemas.Change.FIXED
-    return schemas.Change.UNCHANGED if a.status == b.status else schemas.Change.CHANGED
+    ta, tb = a.tally, b.tally
+    if ta.trials and tb.trials:
+        # passes_B / trials_B against passes_A / trials_A, in integers.
+        order = tb.passes * ta.trials - ta.passes * tb.trials
+        if order < 0:
+            return schemas.Change.REGRESSED
+        if order > 0:
+            return schemas.Change.FIXED
+    same_rates = bool(ta.trials) == bool(tb.trials)  # equal, or neither has a trial
+    if same_rates and (a.errors, a.unfinished) == (b.errors, b.unfinished):
+        return schemas.Change.UNCHANGED
+    return schemas.Change.CHANGED
 
 
 async def compare_batches(
     session: AsyncSession, *, access: OrgAccess, a_id: UUID, b_id: UUID
 ) -> schemas.BatchComparison:
     """Two batches of the organization side by side, scenario by scenario (matched by
-    ``scenario_id``): regressions (passed in A, failed in B) first, then fixes (failed, then
-    passed), other changes, scenarios edited between the two (whatever their outcomes),
-    scenarios run in one batch only, and the unchanged."""
+    ``scenario_id``): regressions (a lower pass rate in B) first, then fixes, other
+    changes, scenarios edited between the two (whatever their outcomes), scenarios run in
+    one batch only, and the unchanged; each scenario with trials on both sides tested for
+    a regression (one-sided Fisher exact), and the mean pass-rate difference over those
+    scenarios with its paired bootstrap interval."""
     batch_a = await get_batch(session, access=access, batch_id=a_id)
     batch_b = await get_batch(session, access=access, batch_id=b_id)
-    runs_a = {run.scenario_id: run for run in await run_summaries(session, batch_id=batch_a.id)}
-    runs_b = {run.scenario_id: run for run in await run_summaries(session, batch_id=batch_b.id)}
+    return await _compare(session, batch_a, batch_b)
+
+
+async def _compare(
+    session: AsyncSession, batch_a: BatchRun, batch_b: BatchRun
+) -> schemas.BatchComparison:
+    runs_a = _by_scenario(await run_summaries(session, batch_id=batch_a.id))
+    runs_b = _by_scenario(await run_summaries(session, batch_id=batch_b.id))
     played_a = await _played_by_scenario(session, batch_a.id)
     played_b = await _played_by_scenario(session, batch_b.id)
-    rows = []
+    rows, differences = [], []
     for scenario_id in runs_a.keys() | runs_b.keys():
         a, b = runs_a.get(scenario_id), runs_b.get(scenario_id)
         edited = played_a.get(scenario_id) != played_b.get(scenario_id)
+        ta = a.tally if a is not None else Tally(0, 0)
+        tb = b.tally if b is not None else Tally(0, 0)
+        p_value = None
+        if a is not None and b is not None and not edited:
+            p_value = reliability.regression_p_value(ta, tb)
+            if ta.rate is not None and tb.rate is not None:
+                differences.append(tb.rate - ta.rate)
         rows.append(
             schemas.ScenarioComparison(
                 scenario_id=scenario_id,
-                scenario_name=(b or a).scenario_name,  # type: ignore[union-attr]
+                scenario_name=(b or a).name,  # type: ignore[union-attr]
                 change=_change(a, b, edited),
-                a=a,
-                b=b,
+                a_trials=ta.trials,
+                a_passes=ta.passes,
+                b_trials=tb.trials,
+                b_passes=tb.passes,
+                p_value=p_value,
+                significant=p_value is not None and p_value < reliability.SIGNIFICANCE,
+                a=a.first if a is not None else None,
+                b=b.first if b is not None else None,
             )
         )
     rows.sort(key=lambda row: (_CHANGE_ORDER[row.change], row.scenario_name, row.scenario_id))
+    interval = reliability.paired_bootstrap(differences)
     return schemas.BatchComparison(
         a=batch_read(batch_a),
         b=batch_read(batch_b),
@@ -464,4 +599,61 @@ async def compare_batches(
         regressions=sum(row.change == schemas.Change.REGRESSED for row in rows),
         fixes=sum(row.change == schemas.Change.FIXED for row in rows),
         edited=sum(row.change == schemas.Change.EDITED for row in rows),
+        significant_regressions=sum(row.significant for row in rows),
+        pass_rate_difference=(
+            schemas.PassRateDifference(
+                difference=interval.difference,
+                low=interval.low,
+                high=interval.high,
+                pairs=interval.pairs,
+                resamples=interval.resamples,
+                seed=interval.seed,
+            )
+            if interval is not None
+            else None
+        ),
     )
+
+
+# --- a batch's comparison with its baseline, stored once ---------------------------------------
+
+
+async def store_comparison(session: AsyncSession, *, batch: BatchRun) -> bool:
+    """Store the comparison of ``batch`` (B) with its baseline (A) on it, if it is due: B
+    completed, A over, none stored yet.  True when this call stored it.  Guarded in SQL
+    (``comparison IS NULL``): of two callers at once, one writes; both computed the same
+    (every run of both batches is terminal, the bootstrap seeded)."""
+    if (
+        batch.status != BatchStatus.COMPLETED
+        or batch.baseline_batch_id is None
+        or batch.comparison is not None
+    ):
+        return False
+    baseline = await session.get(BatchRun, batch.baseline_batch_id)
+    if baseline is None or not is_over(baseline):
+        return False
+    found = await _compare(session, baseline, batch)
+    stored = schemas.StoredComparison(
+        baseline_batch_id=baseline.id,
+        computed_at=utcnow(),
+        regressions=found.regressions,
+        fixes=found.fixes,
+        edited=found.edited,
+        significant_regressions=found.significant_regressions,
+        pass_rate_difference=found.pass_rate_difference,
+        scenarios=[
+            schemas.ScenarioChange(
+                **{name: getattr(row, name) for name in schemas.ScenarioChange.__struct_fields__}
+            )
+            for row in found.scenarios
+            if row.change != schemas.Change.UNCHANGED
+        ],
+    )
+    written = await session.scalar(
+        update(BatchRun)
+        .where(BatchRun.id == batch.id, BatchRun.comparison.is_(None))
+        .values(comparison=msgspec.to_builtins(stored))
+        .returning(BatchRun.id)
+    )
+    await session.refresh(batch, ["comparison"])
+    return written is not None

@@ -107,7 +107,7 @@ def corrected_rate(raw: float, tpr: float, tnr: float) -> float | None:
     return min(1.0, max(0.0, (raw + tnr - 1) / informedness))
 
 
-def _binomial(rng: random.Random, n: int, p: float) -> int:
+def binomial(rng: random.Random, n: int, p: float) -> int:
     """One Binomial(n, p) draw.  Exact where the rarer outcome is expected under 30 times
     or n is at most 200: the gaps between rare outcomes are geometric, so a draw costs
     about n·min(p, 1-p) steps, not n.  Otherwise the normal approximation with
@@ -157,14 +157,19 @@ def correct(
     rng = random.Random(seed)  # noqa: S311 - a seeded simulation, not a secret
     estimates = []
     for _ in range(draws):
-        p = ratio(_binomial(rng, total, raw), total)
-        tpr_star = ratio(_binomial(rng, confusion.positives, tpr), confusion.positives)
-        tnr_star = ratio(_binomial(rng, confusion.negatives, tnr), confusion.negatives)
+        p = ratio(binomial(rng, total, raw), total)
+        tpr_star = ratio(binomial(rng, confusion.positives, tpr), confusion.positives)
+        tnr_star = ratio(binomial(rng, confusion.negatives, tnr), confusion.negatives)
         estimate = corrected_rate(p, tpr_star, tnr_star)
         # A draw where the judge looks no better than chance says nothing: it counts as
         # the widest answer, all of [0, 1], split evenly between the two ends.
         estimates.append(estimate if estimate is not None else float(len(estimates) % 2))
-    estimates.sort()
-    low = estimates[int(0.025 * (draws - 1))]
-    high = estimates[math.ceil(0.975 * (draws - 1))]
-    return Corrected(raw_rate=raw, rate=rate, interval=(low, high))
+    return Corrected(raw_rate=raw, rate=rate, interval=percentile_95(estimates))
+
+
+def percentile_95(estimates: list[float]) -> tuple[float, float]:
+    """The 2.5th and 97.5th percentiles of a bootstrap's estimates (sorted here): the
+    percentile 95 % interval, the lower end rounded down and the upper up."""
+    estimates = sorted(estimates)
+    last = len(estimates) - 1
+    return (estimates[int(0.025 * last)], estimates[math.ceil(0.975 * last)])

@@ -13,7 +13,9 @@ At least once, never twice where it counts:
   case that sends the message twice, under the same ``session_id``, which an agent can
   deduplicate on;
 * a batch is created under a lock on the execution row, in the transaction that records
-  its id: a second delivery finds the id and creates nothing.
+  its id: a second delivery finds the id and creates nothing.  Its baseline is the
+  trigger's previous batch (of the same agent), so each night's suite is compared with the
+  night before's.
 """
 
 from __future__ import annotations
@@ -25,13 +27,14 @@ from uuid import UUID
 
 import aiohttp
 from sqlalchemy import func, select
+from sqlalchemy.ext.asyncio import AsyncSession
 
 from shared import work
 from shared.batches.schemas import BatchRunCreate
 from shared.batches.services import start_batch
 from shared.db.base import NOW, utcnow
 from shared.db.engine import Database
-from shared.db.models import Organization, Trigger, TriggerExecution
+from shared.db.models import BatchRun, Organization, Trigger, TriggerExecution
 from shared.errors import InvalidInput, NotFound
 from shared.outbound.agents import call_agent
 from shared.outbound.configuration import load_outbound
@@ -183,6 +186,18 @@ async def _send_message(
     )
 
 
+async def _previous_batch(session: AsyncSession, trigger: Trigger) -> UUID | None:
+    """The latest batch the trigger started of its agent (it may have had another): the
+    baseline of the next."""
+    return await session.scalar(
+        select(BatchRun.id)
+        .join(TriggerExecution, TriggerExecution.batch_run_id == BatchRun.id)
+        .where(TriggerExecution.trigger_id == trigger.id, BatchRun.agent_id == trigger.agent_id)
+        .order_by(BatchRun.created_at.desc(), BatchRun.id.desc())
+        .limit(1)
+    )
+
+
 async def _start_suite(database: Database, claimed: _Claimed, *, broker: Any) -> None:
     trigger = claimed.trigger
     async with database.transaction() as session:
@@ -202,6 +217,8 @@ async def _start_suite(database: Database, claimed: _Claimed, *, broker: Any) ->
             scenario_ids=[UUID(i) for i in trigger.scenario_ids],
             tags=list(trigger.tags),
             max_concurrency=trigger.max_concurrency,
+            repetitions=trigger.repetitions,
+            baseline_batch_id=await _previous_batch(session, trigger),
         )
         try:
             async with session.begin_nested():

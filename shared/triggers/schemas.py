@@ -9,7 +9,7 @@ from uuid import UUID
 
 import msgspec
 
-from shared.batches.schemas import MAX_BATCH_SCENARIOS
+from shared.batches.schemas import MAX_BATCH_SCENARIOS, Repetitions
 from shared.scenarios.schemas import Tag
 from shared.schemas import STORABLE, Input, Name255, Output, TimezoneName, text
 
@@ -81,6 +81,7 @@ class TriggerCreate(Input):
     scenario_ids: ScenarioIds = []
     tags: Tags = []
     max_concurrency: Concurrency = 10
+    repetitions: Repetitions = 1
 
     def stored(self) -> dict[str, Any]:
         """The trigger's fields as a row holds them."""
@@ -100,6 +101,7 @@ class TriggerUpdate(Input):
     scenario_ids: ScenarioIds | UnsetType = UNSET
     tags: Tags | UnsetType = UNSET
     max_concurrency: Concurrency | UnsetType = UNSET
+    repetitions: Repetitions | UnsetType = UNSET
 
     def changes(self) -> dict[str, Any]:
         """The fields sent, as a row holds them."""
@@ -130,6 +132,7 @@ class TriggerRead(Output):
     scenario_ids: list[UUID]
     tags: list[str]
     max_concurrency: int
+    repetitions: int
     webhook_url: str
     # The next slot of an active scheduled trigger.
     next_run_at: datetime | None

@@ -2,10 +2,11 @@
 on the suite's database and Redis, the CLI run as its own process (its exit code and
 output are what CI sees), agents and the judge faked as loopback servers.
 
-Exit codes: 0 all passed, 1 a scenario failed (or under ``--fail-under``), 2 an error,
-3 usage or connection problems.  Also: push idempotence, YAML errors with file and line,
-JUnit XML read by lxml, Jenkins' JUnit schema (lxml and xmlschema) and junitparser, even
-when the agent answers with terminal colours or control characters, and the event
+Exit codes: 0 all passed, 1 a scenario failed (or under ``--fail-under``; with a
+baseline, only a significant regression), 2 an error, 3 usage or connection problems.
+Also: push idempotence, YAML errors with file and line, JUnit XML read by lxml, Jenkins'
+JUnit schema (lxml and xmlschema) and junitparser (flaky scenarios as Surefire's reruns),
+even when the agent answers with terminal colours or control characters, and the event
 stream's reconnection."""
 
 from __future__ import annotations
@@ -27,15 +28,29 @@ import junitparser
 import pytest
 import xmlschema
 from click.testing import CliRunner
+from junitparser import xunit2
 from litestar.testing import AsyncTestClient
 from lxml import etree
 
 from client.cli import main
 from tests.support.factories import Tenant, tenant
-from tests.support.fakes import FakeAgent, FakeOpenAI, FakeSimulator, Reply, verdict_from_marker
+from tests.support.fakes import (
+    FakeAgent,
+    FakeFlakyAgent,
+    FakeOpenAI,
+    FakeSimulator,
+    Reply,
+    verdict_from_marker,
+)
 from tests.support.processes import free_port, spar_executable, spar_process, suite_env
 from tests.support.proxy import DroppingProxy
-from tests.support.scenario_setup import create_judge_provider, outbound_setup
+from tests.support.scenario_setup import (
+    create_judge_provider,
+    create_scenario,
+    criterion,
+    outbound_setup,
+    turn,
+)
 
 # One worker takes the module: its spar serve and worker start once under xdist.
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("cli")]
@@ -577,6 +592,80 @@ async def test_a_simulated_scenario_pushed_from_yaml_runs_and_names_its_failed_c
     }
     assert (scenario["passed_turns"], scenario["total_turns"]) == (2, 2)
     assert simulator.asked_per_exchange() == {1: 1, 2: 1}
+
+
+@pytest.fixture(scope="module")
+def wobbly() -> Iterator[FakeFlakyAgent]:
+    with FakeFlakyAgent() as fake:
+        yield fake
+
+
+async def test_repetitions_show_the_flaky_and_a_baseline_exits_1_only_for_a_significant_regression(
+    client: AsyncTestClient, spar_api: str, wobbly: FakeFlakyAgent, tmp_path: Path
+) -> None:
+    t = await tenant(client)
+    await outbound_setup(client, t, wobbly.url, agent_fields={"name": "wobbly-bot"})
+    # The agent fails one conversation of every four of "wobbly" (flaky in every batch of
+    # four runs), and every conversation of "lost" from the ninth on (the third batch).
+    for name, share in (("steady", ""), ("wobbly", " [fails 1/4]"), ("lost", " [fails 4/12]")):
+        await create_scenario(
+            client,
+            t,
+            name=name,
+            tags=["rel"],
+            turns=[turn(f"hello {name}{share}", criterion("hello", "contains"))],
+        )
+
+    def batch(*args: str) -> subprocess.CompletedProcess[str]:
+        return cli(
+            "batch",
+            "run",
+            "--agent",
+            "wobbly-bot",
+            "--tag",
+            "rel",
+            "--repetitions",
+            "4",
+            *args,
+            url=spar_api,
+            token=t.owner.token,
+            cwd=tmp_path,
+        )
+
+    junit = tmp_path / "flaky.xml"
+    first = batch("--baseline", "latest", "--junit", str(junit))
+    output = first.stdout + first.stderr
+    # Nothing to compare with yet: a failure is a failure.
+    assert "no completed batch run of wobbly-bot yet: running without a baseline" in output
+    assert first.returncode == 1, output
+    assert "3 scenarios x 4 runs" in output
+    assert "11 passed, 1 failed, 0 error of 12" in output
+    assert "pass^1 92%, pass^2 83%, pass^3 75%, pass^4 67%; pass@4 100%" in output
+    assert "Flaky scenarios (1)" in output and "3 of 4" in output
+    root = check_junit(junit)
+    assert [c.get("name") for c in root.findall("testcase")] == ["steady", "wobbly", "lost"]
+    (suite,) = xunit2.JUnitXml.fromfile(str(junit))  # as Jenkins reads Surefire's reruns
+    cases = {case.name: case for case in suite}
+    assert cases["wobbly"].is_flaky and cases["wobbly"].is_passed
+    assert len(cases["wobbly"].flaky_failures()) == 1
+    assert not cases["steady"].is_flaky and not cases["lost"].is_flaky
+
+    # The same again against the latest: wobbly is as flaky as before, nothing regressed.
+    second = batch("--baseline", "latest")
+    output = second.stdout + second.stderr
+    assert second.returncode == 0, output
+    assert "no significant regression against the baseline: exit 0" in output
+    assert "0 regressions (0 significant, p < 0.05), 0 fixes; pass rate +0.0%" in output
+    (made,) = re.findall(r"^batch (\S{36}): 3 scenarios", second.stdout, re.MULTILINE)
+
+    # "lost" now fails every time: 4 of 4, then 0 of 4, p = 1/70.
+    third = batch("--baseline", made)
+    output = third.stdout + third.stderr
+    assert third.returncode == 1, output
+    assert f"compared with batch {made}" in output
+    assert "1 significant regression (p < 0.05) against the baseline: exit 1" in output
+    (row,) = [line for line in output.splitlines() if "lost" in line and "regressed" in line]
+    assert "4 of 4" in row and "0 of 4" in row and "0.0143" in row and "significant" in row
 
 
 async def test_control_characters_from_the_agent_reach_no_report_raw(

@@ -57,7 +57,7 @@ from tests.support.batches import (
     passing_turn,
 )
 from tests.support.factories import create_org, create_token, tenant
-from tests.support.fakes import FakeAgent, FakeSimulator, Reply
+from tests.support.fakes import FakeAgent, FakeFlakyAgent, FakeSimulator, Reply
 from tests.support.live_server import LiveServer
 
 # Debian's package (.ci/run installs it); SPAR_TEST_CHROMIUM names another Chromium or Chrome.
@@ -791,3 +791,55 @@ async def test_a_batch_that_is_over_shows_its_judge_trust(
         "Did it &lt;b&gt;upsell&lt;/b&gt;?: 25.0 %",
     ):
         assert shown in trust, shown
+
+
+async def test_a_repeated_batch_shows_pass_hat_k_its_flaky_scenarios_and_its_comparison(
+    client: AsyncTestClient, app: Litestar, settings: Settings, server: LiveServer
+) -> None:
+    """Four runs of each scenario, the second batch against the first: the page draws
+    pass^1..pass^4, badges the flaky scenario and shows the stored comparison with each
+    changed scenario's p-value and the pass-rate interval; so does the comparison page."""
+    with FakeFlakyAgent() as agent:
+        w = await make_world(client, agent)
+        # wobbly fails 1 of every 4 conversations; lost passes its first 4, then fails 4.
+        for name, share in (("steady", ""), ("wobbly", " [fails 1/4]"), ("lost", " [fails 4/8]")):
+            check = [{"question": "hello", "criteria_type": "contains"}]
+            turns = [{"user_message": f"hello {name}{share}", "criteria": check}]
+            await make_scenario(client, w, name, tags=["k"], turns=turns)
+        baseline = await create_batch(client, w, tags=["k"], repetitions=4)
+        await drain(app, settings, baseline["id"])
+        batch = await create_batch(
+            client, w, tags=["k"], repetitions=4, baseline_batch_id=baseline["id"]
+        )
+        await drain(app, settings, batch["id"])
+    mine = f"/ui/orgs/{w.t.id}/batches"
+    async with http(server, w.t.owner.token) as owner:
+        text = (await owner.get(f"{mine}/{batch['id']}")).text
+        compared = (await owner.get(f"{mine}/compare?a={baseline['id']}&b={batch['id']}")).text
+    reliability = text[text.index('id="reliability"') : text.index('id="comparison"')]
+    # steady 4/4, wobbly 3/4, lost 0/4: pass^j = (1 + C(3,j)/C(4,j) + 0) / 3.
+    cells = re.findall(r"<td>([^<]*)</td>", reliability[reliability.index('id="pass-hat-k"') :])
+    assert cells[:5] == ["58.3 %", "50.0 %", "41.7 %", "33.3 %", "66.7 %"]
+    assert reliability.count('<circle class="dot"') == 4
+    assert "<title>pass^4: 33.3 %</title>" in reliability
+    wobbly_row = reliability[reliability.index("<td>wobbly</td>") :].split("</tr>")[0]
+    assert "3 / 4" in wobbly_row and "status-flaky" in wobbly_row
+    assert reliability.count("status-flaky") == 1  # wobbly only
+    runs = text[text.index('id="runs"') :]
+    assert runs.count('wobbly <span class="status status-flaky">flaky</span>') == 4
+
+    comparison = text[text.index('id="comparison"') : text.index('id="runs"')]
+    assert '<strong id="significant">1</strong> significant' in comparison
+    lost = comparison[comparison.index("<td>lost</td>") :].split("</tr>")[0]
+    assert re.findall(r"<td>([^<]*)</td>", lost)[:5] == [
+        "lost",
+        "regressed",
+        "4 / 4",
+        "0 / 4",
+        "0.0143",
+    ]
+    assert "significant</span>" in lost
+    # The pairs' differences: 0, 0 and -1.
+    assert "<strong>-33.3 %</strong>" in comparison and "2000 resamples, seed 0" in comparison
+    assert '0.0143 <span class="status status-failed">significant</span>' in compared
+    assert "<strong>1</strong> significant\n  regression (p &lt; 0.05)" in compared

@@ -71,6 +71,8 @@ BATCH_FIELDS = {
     "failed_scenarios",
     "error_scenarios",
     "max_concurrency",
+    "repetitions",
+    "baseline_batch_id",
     "started_at",
     "completed_at",
     "created_at",
@@ -88,6 +90,17 @@ SUMMARY_FIELDS = {
     "completed_at",
 }
 TERMINAL = {"passed", "failed", "error"}
+# What the detail adds to a batch's body.
+DETAIL_FIELDS = {
+    "runs",
+    "judge_trust",
+    "rate_limited",
+    "scenarios",
+    "pass_hat_k",
+    "pass_at_k",
+    "flaky_scenarios",
+    "comparison",
+}
 
 
 # --- setup ----------------------------------------------------------------------------------------
@@ -156,13 +169,19 @@ async def test_create_by_ids_answers_201_queued_and_get_shows_the_runs(
     assert batch["error_message"] is None
 
     read = await get_batch(client, w, batch["id"])
-    assert set(read) == BATCH_FIELDS | {"runs", "judge_trust", "rate_limited"}
+    assert set(read) == BATCH_FIELDS | DETAIL_FIELDS
     assert read["judge_trust"] is None  # not over yet
-    assert {
-        k: v
-        for k, v in read.items()
-        if k not in {"runs", "updated_at", "judge_trust", "rate_limited"}
-    } == {k: v for k, v in batch.items() if k not in {"runs", "updated_at"}}
+    assert (batch["repetitions"], batch["baseline_batch_id"]) == (1, None)  # the defaults
+    assert {k: v for k, v in read.items() if k not in DETAIL_FIELDS | {"updated_at"}} == {
+        k: v for k, v in batch.items() if k not in {"runs", "updated_at"}
+    }
+    # Nothing tried yet: each scenario with no trial, pass^1 and pass@k unknown.
+    assert [(s["scenario_name"], s["trials"], s["passes"]) for s in read["scenarios"]] == [
+        ("one", 0, 0),
+        ("two", 0, 0),
+    ]
+    assert (read["pass_hat_k"], read["pass_at_k"], read["flaky_scenarios"]) == ([None], None, 0)
+    assert read["comparison"] is None
     runs = read["runs"]
     assert all(set(r) == SUMMARY_FIELDS for r in runs), runs
     assert [(r["scenario_id"], r["scenario_name"]) for r in runs] == [

@@ -29,6 +29,8 @@ BREAKS: list[tuple[str, dict[str, Any], str]] = [
         "ck_batch_runs_counts_not_negative",
     ),
     ("batch_runs", {"max_concurrency": 0}, "ck_batch_runs_max_concurrency_positive"),
+    ("batch_runs", {"repetitions": 0}, "ck_batch_runs_repetitions_in_range"),
+    ("batch_runs", {"repetitions": 21}, "ck_batch_runs_repetitions_in_range"),
     (
         "batch_runs",
         {"status": "error", "completed_scenarios": 1},
@@ -91,7 +93,7 @@ BREAKS: list[tuple[str, dict[str, Any], str]] = [
     ("criteria", {"criteria_type": "vibes"}, "ck_criteria_criteria_type"),
     # A criterion is a turn's or a conversation criterion of its scenario: never both, never
     # neither; so is a criterion result a turn result's or its run's.
-    ("criteria", {"scenario_id": uuid.uuid4()}, "ck_criteria_one_place"),
+    ("criteria", {"scenario_id": uuid.UUID(int=2)}, "ck_criteria_one_place"),
     ("criteria", {"turn_id": None}, "ck_criteria_one_place"),
     # Expected arguments: an object, on a tool_called criterion only.
     (
@@ -118,7 +120,7 @@ BREAKS: list[tuple[str, dict[str, Any], str]] = [
     ("turn_results", {"tool_calls": {"name": "x"}}, "ck_turn_results_tool_calls_array"),
     ("criterion_results", {"verdict": "MAYBE"}, "ck_criterion_results_verdict"),
     ("criterion_results", {"input_tokens": -1}, "ck_criterion_results_counts_not_negative"),
-    ("criterion_results", {"run_id": uuid.uuid4()}, "ck_criterion_results_one_place"),
+    ("criterion_results", {"run_id": uuid.UUID(int=1)}, "ck_criterion_results_one_place"),
     ("criterion_results", {"turn_result_id": None}, "ck_criterion_results_one_place"),
     ("calibrations", {"status": "paused"}, "ck_calibrations_status"),
     ("calibrations", {"example_count": -1}, "ck_calibrations_counts_not_negative"),
@@ -126,6 +128,7 @@ BREAKS: list[tuple[str, dict[str, Any], str]] = [
     ("triggers", {"status": "paused"}, "ck_triggers_status"),
     ("triggers", {"action": "reboot"}, "ck_triggers_action"),
     ("triggers", {"max_concurrency": 0}, "ck_triggers_max_concurrency_positive"),
+    ("triggers", {"repetitions": 21}, "ck_triggers_repetitions_in_range"),
     ("trigger_executions", {"source": "pigeon"}, "ck_trigger_executions_source"),
     ("trigger_executions", {"status": "paused"}, "ck_trigger_executions_status"),
     ("trigger_executions", {"attempts": -1}, "ck_trigger_executions_attempts_not_negative"),

@@ -91,11 +91,17 @@ async def calibrate(
 
 
 async def play_batch(
-    client: AsyncTestClient, app: Litestar, settings: Settings, t: Tenant, agent_id: str, tag: str
+    client: AsyncTestClient,
+    app: Litestar,
+    settings: Settings,
+    t: Tenant,
+    agent_id: str,
+    tag: str,
+    **body: Any,
 ) -> str:
     response = await client.post(
         f"/v1/orgs/{t.id}/scenarios/batch-runs",
-        json={"agent_id": agent_id, "tags": [tag], "max_concurrency": 5},
+        json={"agent_id": agent_id, "tags": [tag], "max_concurrency": 5, **body},
         headers=t.owner.headers,
     )
     assert response.status_code == 201, response.text
@@ -141,6 +147,33 @@ async def test_a_batch_without_an_llm_judged_criterion_is_ready_at_once(
         assert report["status"] == "ready" and report["computed_at"], report
         assert (report["criteria"], report["uncalibrated"]) == ([], [])
     assert judge_trust_messages(broker) == []
+
+
+async def test_judge_trust_counts_the_verdicts_of_every_repetition(
+    client: AsyncTestClient,
+    app: Litestar,
+    settings: Settings,
+    agent: FakeAgent,
+    judge: FakeOpenAI,
+    broker: Any,
+) -> None:
+    """Each run of a repeated scenario is judged on its own conversation: the criterion's
+    raw pass rate counts every run's verdict, its scenarios each scenario once."""
+    t = await tenant(client)
+    setup = await outbound_setup(client, t, agent.url, judge.url)
+    for n, marker in enumerate((" [judge:PASS]", "")):
+        await create_scenario(
+            client, t, name=f"s{n}", tags=["k"], turns=[turn(f"hi {n}{marker}", criterion(POLITE))]
+        )
+    batch_id = await play_batch(client, app, settings, t, setup.agent_id, "k", repetitions=3)
+    await trust.compute(app.state.database, UUID(batch_id))
+    one = f"/v1/orgs/{t.id}/scenarios/batch-runs/{batch_id}"
+    (polite,) = (await client.get(one, headers=t.owner.headers)).json()["judge_trust"][
+        "uncalibrated"
+    ]
+    assert (polite["judged"], polite["passed"], polite["scenarios"]) == (6, 3, 2)
+    assert polite["raw_pass_rate"] == pytest.approx(0.5)
+    assert len(polite["criteria_ids"]) == 2
 
 
 async def test_a_batch_reports_corrected_pass_rates_per_calibrated_criterion(

@@ -49,6 +49,7 @@ READ_FIELDS = {
     "scenario_ids",
     "tags",
     "max_concurrency",
+    "repetitions",
     "webhook_url",
     "next_run_at",
     "created_at",

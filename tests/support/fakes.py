@@ -26,7 +26,9 @@ Protocol fakes:
   headers and query string they received (secret-redaction tests);
 * :class:`FakeSimulator` — a simulated user's provider (OpenAI chat completions answering
   the simulator's structured output ``{message, done, outcome}``), done after a given
-  number of exchanges or never.
+  number of exchanges or never;
+* :class:`FakeFlakyAgent` — an agent that fails exactly m of every n conversations of a
+  scenario, whatever order they arrive in (repetitions, pass^k).
 
 The protocol fakes take ``reply``: a string, or a function of the parsed JSON request
 body returning the reply text, so a scenario can answer according to what it was sent.
@@ -96,6 +98,7 @@ __all__ = [
     "FakeAnthropic",
     "FakeEchoAgent",
     "FakeEchoJudge",
+    "FakeFlakyAgent",
     "FakeOpenAI",
     "FakeServer",
     "FakeSimulator",
@@ -625,6 +628,35 @@ class FakeAgent(FakeServer):
         if calls is not None:
             answer["tool_calls"] = calls
         return Reply(json=answer)
+
+
+class FakeFlakyAgent(FakeAgent):
+    """An agent that fails a known share of a scenario's conversations, whatever order they
+    arrive in: a message carrying ``[fails m/n]`` gets ``"I cannot help."`` in exactly m of
+    every n conversations (``session_id``) sending that message (the last m of each n to
+    arrive: with ``[fails 4/8]`` a first batch of four runs passes and the next four fail),
+    and is echoed (``"Echo: …"``) in the others; every later turn of a conversation is
+    answered as its first was.  Any other message is echoed."""
+
+    FAILING = "I cannot help."
+    _MARK = re.compile(r"\[fails (\d+)/(\d+)\]")
+
+    def __init__(self) -> None:
+        super().__init__(reply=self._answer)
+        self._decided = threading.Lock()
+        self._conversations: dict[str, dict[str, bool]] = {}  # message -> session -> fails
+        self._fails: dict[str, bool] = {}  # session -> fails
+
+    def _answer(self, body: dict[str, Any]) -> str:
+        message, session = str(body["message"]), str(body["session_id"])
+        mark = self._MARK.search(message)
+        with self._decided:
+            if mark is not None and session not in self._fails:
+                failing, every = int(mark.group(1)), int(mark.group(2))
+                seen = self._conversations.setdefault(message, {})
+                seen[session] = self._fails[session] = len(seen) % every >= every - failing
+            fails = self._fails.get(session, False)
+        return self.FAILING if fails else f"Echo: {message}"
 
 
 def echo_of_request(request: RecordedRequest, known: tuple[str, ...] = ()) -> str:

@@ -9,7 +9,7 @@ from typing import Any
 from sqlalchemy import CheckConstraint, ForeignKey, Index, Integer, String, Text, text
 from sqlalchemy.orm import Mapped, mapped_column
 
-from shared.batches.schemas import BatchStatus
+from shared.batches.schemas import MAX_REPETITIONS, BatchStatus
 from shared.db.base import Base, IdMixin, JSONType, TimestampMixin
 from shared.db.checks import in_list, not_negative, one_of
 
@@ -19,6 +19,12 @@ class BatchRun(IdMixin, TimestampMixin, Base):
     __table_args__ = (
         Index("ix_batch_runs_org_created", "organization_id", "created_at"),
         Index("ix_batch_runs_status", "status"),
+        # The completed batches whose comparison with their baseline is still to store.
+        Index(
+            "ix_batch_runs_comparison_due",
+            "id",
+            postgresql_where=text("baseline_batch_id IS NOT NULL AND comparison IS NULL"),
+        ),
         # The window's arithmetic (shared.batches.window, where these are explained).
         one_of("status", BatchStatus),
         not_negative(
@@ -31,6 +37,9 @@ class BatchRun(IdMixin, TimestampMixin, Base):
             name="counts_not_negative",
         ),
         CheckConstraint("max_concurrency >= 1", name="max_concurrency_positive"),
+        CheckConstraint(
+            f"repetitions >= 1 AND repetitions <= {MAX_REPETITIONS}", name="repetitions_in_range"
+        ),
         CheckConstraint(
             "completed_scenarios = passed_scenarios + failed_scenarios + error_scenarios",
             name="completed_is_sum",
@@ -52,6 +61,8 @@ class BatchRun(IdMixin, TimestampMixin, Base):
     agent_name: Mapped[str] = mapped_column(String(255))
     status: Mapped[str] = mapped_column(String(16), default="queued")
     max_concurrency: Mapped[int] = mapped_column(Integer, default=10)
+    # Runs of each scenario; the counters below count runs (scenarios x repetitions).
+    repetitions: Mapped[int] = mapped_column(Integer, default=1, server_default=text("1"))
     total_scenarios: Mapped[int] = mapped_column(Integer, default=0)
     completed_scenarios: Mapped[int] = mapped_column(Integer, default=0)
     passed_scenarios: Mapped[int] = mapped_column(Integer, default=0)
@@ -68,3 +79,10 @@ class BatchRun(IdMixin, TimestampMixin, Base):
     created_by_user_id: Mapped[uuid.UUID | None] = mapped_column(
         ForeignKey("users.id", ondelete="SET NULL")
     )
+    # The batch this one is compared with (same organization and agent), and that
+    # comparison (shared.batches.services.store_comparison): NULL until the batch has
+    # completed and both are over, then stored once.
+    baseline_batch_id: Mapped[uuid.UUID | None] = mapped_column(
+        ForeignKey("batch_runs.id", ondelete="SET NULL")
+    )
+    comparison: Mapped[dict[str, Any] | None] = mapped_column(JSONType)

@@ -7,9 +7,19 @@ import uuid
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import CheckConstraint, ForeignKey, Index, Integer, String, Text, UniqueConstraint
+from sqlalchemy import (
+    CheckConstraint,
+    ForeignKey,
+    Index,
+    Integer,
+    String,
+    Text,
+    UniqueConstraint,
+    text,
+)
 from sqlalchemy.orm import Mapped, mapped_column
 
+from shared.batches.schemas import MAX_REPETITIONS
 from shared.db.base import Base, IdMixin, JSONType, TimestampMixin
 from shared.db.checks import not_negative, one_of
 from shared.triggers.schemas import (
@@ -30,6 +40,9 @@ class Trigger(IdMixin, TimestampMixin, Base):
         one_of("status", TriggerStatus),
         one_of("action", TriggerAction),
         CheckConstraint("max_concurrency >= 1", name="max_concurrency_positive"),
+        CheckConstraint(
+            f"repetitions >= 1 AND repetitions <= {MAX_REPETITIONS}", name="repetitions_in_range"
+        ),
     )
 
     organization_id: Mapped[uuid.UUID] = mapped_column(
@@ -48,6 +61,7 @@ class Trigger(IdMixin, TimestampMixin, Base):
     scenario_ids: Mapped[list[str]] = mapped_column(JSONType, default=list)
     tags: Mapped[list[str]] = mapped_column(JSONType, default=list)
     max_concurrency: Mapped[int] = mapped_column(Integer, default=10)
+    repetitions: Mapped[int] = mapped_column(Integer, default=1, server_default=text("1"))
     webhook_secret_encrypted: Mapped[str] = mapped_column(Text)
     # After a rotation, the secret before it, still accepted until it expires: callers
     # switch to the new one without a delivery refused in between.
