@@ -37,14 +37,14 @@ from shared.errors import NotFound
 from shared.knowledge.context import AgentKnowledge, KnowledgeNotReady
 from shared.knowledge.context import load as load_knowledge
 from shared.llm.judge import Judgement, judge
-from shared.metrics import RUNS_IN_FLIGHT, in_flight, run_finished
+from shared.metrics import RUNS_IN_FLIGHT, in_flight
 from shared.outbound import tool_calls
 from shared.outbound.agents import AgentConfig, AgentReply, Message, call_agent
 from shared.outbound.configuration import load_outbound
 from shared.outbound.egress import EgressClient, EgressError, ProviderConfig
 from shared.outbound.limits import DestinationLimiter
 from shared.outbound.schemas import ToolCall
-from shared.scenarios import checks, sandbox, store
+from shared.scenarios import checks, sandbox, store, tracing
 from shared.scenarios.records import (
     CallCost,
     Claimed,
@@ -58,6 +58,7 @@ from shared.scenarios.records import (
     TurnRecord,
 )
 from shared.scenarios.schemas import TOOL_CRITERIA, RunStatus
+from shared.scenarios.tracing import run_finished
 from shared.settings import Settings
 from shared.work import RUNS
 
@@ -220,7 +221,7 @@ async def finish(
     already terminal, else the successors to send."""
     successors = await store.end(database, run_id, status, error, error_turn)
     if successors is not None:
-        run_finished(status)
+        run_finished(status, error)
     return successors
 
 
@@ -254,8 +255,9 @@ async def execute_run(
     async def give_up(reason: str) -> list[UUID] | None:
         return await finish(database, run_id, RunStatus.ERROR, reason)
 
+    traced = tracing.traced(database, run_id, run, play)  # the delivery's trace, when on
     return await work.perform(
-        RUNS, database, settings, run_id, run.attempts, play=play, give_up=give_up
+        RUNS, database, settings, run_id, run.attempts, play=traced, give_up=give_up
     )
 
 
@@ -270,7 +272,8 @@ async def _run_turns(
     if not remaining or any(t.stopped_early for t in done):  # nothing left to play
         return await finish(database, context.run_id, _outcome(all_passed))
     for position, turn in enumerate(remaining):
-        played = await _play(context, turn, history)
+        with tracing.turn(turn.order_index):
+            played = await _play(context, turn, history)
         all_passed = all_passed and played.record.passed
         last = played.record.stopped_early or position == len(remaining) - 1
         cost = context.cost + played.cost
@@ -367,6 +370,7 @@ async def _play(context: _Context, turn: SnapshotTurn, history: list[Message]) -
         )
     except RunAborted as exc:  # a check or the judge: the agent had answered
         raise exc.on(ErrorTurn(turn.order_index, message, reply.content, calls)) from None
+    tracing.verdicts(turn.criteria, verdicts)
     passed = all(v.verdict == "PASS" for v in verdicts)
     record = TurnRecord(
         id=uuid.uuid4(),

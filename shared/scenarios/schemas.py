@@ -245,6 +245,9 @@ class ScenarioRunRead(Output):
     turn_results: list[ScenarioTurnResultRead] | UnsetType = UNSET
     # A run that ended in error while playing a turn: that turn, with what was sent.
     error_turn: ErrorTurnRead | None = None
+    # The OpenTelemetry trace the run ended in (its latest delivery's), 32 hex digits; null
+    # when tracing is off.
+    trace_id: str | None = None
 
 
 class ScenarioRunList(Output):

@@ -61,6 +61,7 @@ RUN_FIELDS = {
     "batch_run_id",
     "turn_results",
     "error_turn",
+    "trace_id",
 }
 TURN_RESULT_FIELDS = {
     "id",

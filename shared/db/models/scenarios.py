@@ -114,6 +114,7 @@ class ScenarioRun(IdMixin, TimestampMixin, Base):
         one_of("status", RunStatus),
         not_negative("attempts"),
         CheckConstraint("status = 'error' OR error_turn IS NULL", name="error_turn_of_error"),
+        CheckConstraint("trace_id ~ '^[0-9a-f]{32}$'", name="trace_id_hex"),
     )
 
     organization_id: Mapped[uuid.UUID] = mapped_column(
@@ -143,6 +144,9 @@ class ScenarioRun(IdMixin, TimestampMixin, Base):
     # (shared.work): a run whose heartbeat stops is re-sent, one that keeps failing ends.
     attempts: Mapped[int] = mapped_column(Integer, default=0, server_default=text("0"))
     heartbeat_at: Mapped[datetime | None]
+    # The OpenTelemetry trace of the run's latest delivery (32 hex digits), when tracing is
+    # on (shared.scenarios.tracing).
+    trace_id: Mapped[str | None] = mapped_column(String(32))
 
     turn_results: Mapped[list[TurnResult]] = relationship(
         lazy="raise", order_by="TurnResult.turn_index", passive_deletes=True
