@@ -262,7 +262,9 @@ def _usage(span: Span, input_tokens: int, output_tokens: int) -> None:
 async def _traced_call(
     name: str, attributes: dict[str, Any], call: Awaitable[Any], usage_always: bool = True
 ) -> Any:
-    """Await ``call`` in a CLIENT span; its result's token usage on the span."""
+    """Await ``call`` in a CLIENT span; its result's token usage on the span.  (The
+    decorators below are plain functions handing back the call's own coroutine when off,
+    this one when on: off, a traced call costs no coroutine of its own.)"""
     with child(name, attributes, SpanKind.CLIENT) as span:
         token = _call.set(span)
         try:
@@ -281,23 +283,23 @@ def agent_span(fn: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]:
     conversation (``session_id``)."""
 
     @functools.wraps(fn)
-    async def traced(*args: P.args, **kwargs: P.kwargs) -> R:
+    def traced(*args: P.args, **kwargs: P.kwargs) -> Awaitable[R]:
         if _tracer is None or _root.get() is None:
-            return await fn(*args, **kwargs)
+            return fn(*args, **kwargs)  # the call's own coroutine: not one more of ours
         agent: Any = args[1]
         described = {gen_ai.GEN_AI_AGENT_NAME: agent.name, gen_ai.GEN_AI_AGENT_ID: str(agent.id)}
         if kwargs.get("session_id"):
             described[gen_ai.GEN_AI_CONVERSATION_ID] = kwargs["session_id"]
         if agent.kind == "llm" and agent.provider is not None:
             name, attributes = _chat("agent", agent.provider, agent.model)
-            return await _traced_call(name, {**attributes, **described}, fn(*args, **kwargs))
+            return _traced_call(name, {**attributes, **described}, fn(*args, **kwargs))
         attributes = {
             gen_ai.GEN_AI_OPERATION_NAME: INVOKE_AGENT,
             **described,
             **_server(agent.endpoint_url),
             "spar.agent.protocol": agent.protocol or "spar",
         }
-        return await _traced_call(
+        return _traced_call(
             f"{INVOKE_AGENT} {agent.name}",
             attributes,
             fn(*args, **kwargs),
@@ -315,12 +317,12 @@ def llm_span(kind: str) -> Callable[[Callable[P, Awaitable[R]]], Callable[P, Awa
 
     def decorate(fn: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]:
         @functools.wraps(fn)
-        async def traced(*args: P.args, **kwargs: P.kwargs) -> R:
+        def traced(*args: P.args, **kwargs: P.kwargs) -> Awaitable[R]:
             if _tracer is None or _root.get() is None:
-                return await fn(*args, **kwargs)
+                return fn(*args, **kwargs)
             name, attributes = _chat(kind, args[1], kwargs.get("model"))  # type: ignore[arg-type]
             attributes[gen_ai.GEN_AI_OUTPUT_TYPE] = JSON
-            return await _traced_call(name, attributes, fn(*args, **kwargs))
+            return _traced_call(name, attributes, fn(*args, **kwargs))
 
         return traced
 

@@ -66,6 +66,13 @@ def judge_answer(request: Any) -> Reply:
     )
 
 
+@pytest.fixture(autouse=True)
+def _tracing_stopped() -> Iterator[None]:
+    """No test leaves tracing on for the next, whatever it asserted."""
+    yield
+    traces.shutdown()
+
+
 @pytest.fixture
 def collector() -> Iterator[OTLPReceiver]:
     with OTLPReceiver() as receiver:
@@ -73,7 +80,7 @@ def collector() -> Iterator[OTLPReceiver]:
 
 
 @pytest.fixture
-def tracing(collector: OTLPReceiver, monkeypatch: pytest.MonkeyPatch) -> Iterator[OTLPReceiver]:
+def tracing(collector: OTLPReceiver, monkeypatch: pytest.MonkeyPatch) -> OTLPReceiver:
     """Tracing turned on as a worker process turns it on: the collector's address in
     ``OTEL_EXPORTER_OTLP_ENDPOINT`` (the exporter adds ``/v1/traces``), a header for it in
     ``OTEL_EXPORTER_OTLP_HEADERS``, no ``OTEL_SERVICE_NAME``."""
@@ -82,8 +89,7 @@ def tracing(collector: OTLPReceiver, monkeypatch: pytest.MonkeyPatch) -> Iterato
     monkeypatch.delenv("OTEL_SERVICE_NAME", raising=False)
     assert traces.configure("spar-worker")
     assert traces.enabled()
-    yield collector
-    traces.shutdown()
+    return collector
 
 
 def exported(collector: OTLPReceiver) -> list[ReceivedSpan]:
