@@ -34,6 +34,7 @@ anything but its host and port.
 from __future__ import annotations
 
 import functools
+import logging
 import os
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager, nullcontext
@@ -54,6 +55,7 @@ if TYPE_CHECKING:
     from opentelemetry.sdk.trace.export import SpanExporter
     from opentelemetry.trace import Span, Tracer
 
+log = logging.getLogger("spar.traces")
 P = ParamSpec("P")
 R = TypeVar("R")
 
@@ -107,6 +109,10 @@ def configure(default_service: str) -> bool:
         return True
     if not wanted():
         return False
+    for variable in ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL"):
+        protocol = os.environ.get(variable, "").strip()
+        if protocol and protocol != "http/protobuf":
+            log.warning("%s=%s: Spar exports traces over http/protobuf only", variable, protocol)
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
     start(OTLPSpanExporter(), default_service=default_service)
