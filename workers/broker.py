@@ -20,7 +20,7 @@ from shared.queue import get_broker
 from shared.runtime import get_runtime
 from shared.settings import get_settings
 from shared.work import Work
-from workers.observability import observe_messages
+from workers.observability import Tracing, observe_messages
 from workers.warmup import warm_up
 
 log = logging.getLogger("spar.worker")
@@ -79,6 +79,7 @@ broker = observe_messages(get_broker(settings))
 if not any(isinstance(m, WarmUp) for m in broker.middleware):
     broker.add_middleware(WarmUp())
     broker.add_middleware(OneStopSignal())
+    broker.add_middleware(Tracing())
 dramatiq.set_broker(broker)
 
 

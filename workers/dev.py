@@ -24,6 +24,7 @@ from api.cli import run_migrations, run_uvicorn
 from scheduler import metrics as scheduler_metrics
 from scheduler.leader import Leadership
 from scheduler.main import lead_forever
+from shared import traces
 from shared.db.embedded import DEFAULT_DATA_DIR, embedded_postgres
 from shared.logs import configure_logging
 from shared.settings import get_settings
@@ -107,6 +108,8 @@ def create_dev_app() -> Litestar:
     async def start_worker(app: Litestar) -> None:
         import workers.actors  # noqa: F401 - declares the actors on the in-memory broker
 
+        # Its runs play in this process: traced as the API's (the worker flushes on stop).
+        traces.configure("spar-api")
         app.state.worker = dramatiq.Worker(app.state.broker, worker_threads=8)
         app.state.worker.start()
         # The scheduler (trigger cron and sweeper) in the API's loop; it still takes the

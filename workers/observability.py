@@ -1,7 +1,8 @@
 """What a worker tells operators about each message, measured once by one middleware:
 the request id its sender passed on (:mod:`shared.logs`), one log line, and the actor's
 metrics (:mod:`workers.metrics`).  The API's counterpart for requests is
-:mod:`api.observability`."""
+:mod:`api.observability`.  And the traces of the runs it plays, when the environment asks
+for them (:class:`Tracing`, :mod:`shared.traces`)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from typing import Any
 import dramatiq
 from dramatiq.common import q_name
 
+from shared import traces
 from shared.logs import MESSAGE_OPTION, request_id
 from shared.metrics import mark_process_dead
 from workers.metrics import (
@@ -106,6 +108,20 @@ class MessageObservability(dramatiq.Middleware):
 
     def after_worker_shutdown(self, broker: dramatiq.Broker, worker: dramatiq.Worker) -> None:
         mark_process_dead()
+
+
+class Tracing(dramatiq.Middleware):
+    """Traces on in each worker process as it boots, when ``OTEL_EXPORTER_OTLP_ENDPOINT``
+    asks for them (service ``spar-worker`` unless ``OTEL_SERVICE_NAME`` says otherwise), and
+    what is still buffered exported as the worker stops (:mod:`shared.traces`)."""
+
+    SERVICE = "spar-worker"
+
+    def after_process_boot(self, broker: dramatiq.Broker) -> None:
+        traces.configure(self.SERVICE)
+
+    def after_worker_shutdown(self, broker: dramatiq.Broker, worker: dramatiq.Worker) -> None:
+        traces.shutdown()
 
 
 def observe_messages(broker: dramatiq.Broker) -> dramatiq.Broker:

@@ -31,6 +31,7 @@ from shared.outbound.egress import (
     ProviderConfig,
     decode_json,
 )
+from shared.traces import response_model
 
 ANTHROPIC_VERSION = "2023-06-01"
 SCHEMA_NAME = "response"  # the JSON schema's (OpenAI) and the forced tool's (Anthropic) name
@@ -128,12 +129,14 @@ def _ok_json(response: EgressResponse, who: str) -> Any:
 def _result(
     response: EgressResponse, received: str, usage: Any, model: str, *, refusal: bool = False
 ) -> ChatResult:
+    model = response.redactor.text(model)
+    response_model(model)
     return ChatResult(
         content=response.redactor.text(received),
         input_tokens=int(usage[0] or 0),
         output_tokens=int(usage[1] or 0),
         latency_ms=response.latency_ms,
-        model=response.redactor.text(model),
+        model=model,
         received=received,
         refusal=refusal,
     )

@@ -21,6 +21,7 @@ from shared.llm.clients import LLMError, answer_object, chat
 from shared.metrics import judge_labels, observed_call
 from shared.outbound.agents import Message
 from shared.outbound.egress import EgressClient, ProviderConfig, storable
+from shared.traces import llm_span
 
 VERDICT_SCHEMA: dict[str, Any] = {
     "type": "object",
@@ -124,6 +125,7 @@ def parse_verdict(content: str) -> tuple[str, str, str] | None:
 
 
 @observed_call("judge", judge_labels)
+@llm_span("judge")
 async def judge(
     egress: EgressClient,
     provider: ProviderConfig,

@@ -26,6 +26,7 @@ import msgspec
 from shared.llm.clients import LLMError, answer_object, chat
 from shared.metrics import judge_labels, observed_call
 from shared.outbound.egress import EgressClient, ProviderConfig, storable
+from shared.traces import llm_span
 
 Outcome = Literal["goal_reached", "gave_up"]
 OUTCOMES: tuple[Outcome, ...] = ("goal_reached", "gave_up")
@@ -117,6 +118,7 @@ def parse_answer(content: str) -> tuple[str, bool, Outcome | None] | None:
 
 
 @observed_call("simulator", judge_labels)
+@llm_span("simulator")
 async def next_turn(
     egress: EgressClient,
     provider: ProviderConfig,

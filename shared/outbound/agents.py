@@ -15,6 +15,7 @@ from shared.metrics import agent_labels, observed_call
 from shared.outbound import tool_calls
 from shared.outbound.egress import EgressClient, EgressError, ProviderConfig
 from shared.outbound.schemas import ToolCall
+from shared.traces import agent_span
 
 
 class AgentError(EgressError):
@@ -104,6 +105,7 @@ def _reply(
 
 
 @observed_call("agent", agent_labels)
+@agent_span
 async def call_agent(
     egress: EgressClient,
     agent: AgentConfig,

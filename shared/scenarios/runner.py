@@ -52,14 +52,14 @@ from shared.knowledge.context import AgentKnowledge, KnowledgeNotReady
 from shared.knowledge.context import load as load_knowledge
 from shared.llm import simulator
 from shared.llm.judge import Judgement, judge
-from shared.metrics import RUNS_IN_FLIGHT, in_flight, run_finished
+from shared.metrics import RUNS_IN_FLIGHT, in_flight
 from shared.outbound import tool_calls
 from shared.outbound.agents import AgentConfig, AgentReply, Message, call_agent
 from shared.outbound.configuration import load_outbound, load_provider
 from shared.outbound.egress import EgressClient, EgressError, ProviderConfig
 from shared.outbound.limits import DestinationLimiter
 from shared.outbound.schemas import ToolCall
-from shared.scenarios import checks, sandbox, store
+from shared.scenarios import checks, sandbox, store, tracing
 from shared.scenarios.records import (
     CallCost,
     Claimed,
@@ -74,6 +74,7 @@ from shared.scenarios.records import (
     TurnRecord,
 )
 from shared.scenarios.schemas import TOOL_CRITERIA, RunStatus
+from shared.scenarios.tracing import run_finished
 from shared.settings import Settings
 from shared.work import RUNS
 
@@ -334,7 +335,7 @@ async def finish(
     already terminal, else the successors to send."""
     successors = await store.end(database, run_id, status, error, error_turn)
     if successors is not None:
-        run_finished(status)
+        run_finished(status, error)
     return successors
 
 
@@ -368,8 +369,9 @@ async def execute_run(
     async def give_up(reason: str) -> list[UUID] | None:
         return await finish(database, run_id, RunStatus.ERROR, reason)
 
+    traced = tracing.traced(database, run_id, run, play)  # the delivery's trace, when on
     return await work.perform(
-        RUNS, database, settings, run_id, run.attempts, play=play, give_up=give_up
+        RUNS, database, settings, run_id, run.attempts, play=traced, give_up=give_up
     )
 
 
@@ -441,7 +443,8 @@ async def _run_turns(
         return await finish(database, context.run_id, _outcome(progress.all_passed))
     try:
         for position, turn in enumerate(remaining):
-            played = await _play_scripted(context, turn, progress.history)
+            with tracing.turn(turn.order_index, "scripted"):
+                played = await _play_scripted(context, turn, progress.history)
             progress.played(played)
             last = played.record.stopped_early or (position == len(remaining) - 1 and not goes_on)
             # The turns a failed required turn leaves unplayed are recorded with the run's end.
@@ -502,16 +505,17 @@ async def _simulate(
                 raise _Overtaken
             return outcome
         index = len(context.snapshot.turns) + progress.simulated
-        played = await _play(
-            context,
-            index=index,
-            message=answer.message,
-            criteria=[],
-            required=False,
-            history=progress.history,
-            source="simulated",
-            extra=answer.cost,
-        )
+        with tracing.turn(index, "simulated"):
+            played = await _play(
+                context,
+                index=index,
+                message=answer.message,
+                criteria=[],
+                required=False,
+                history=progress.history,
+                source="simulated",
+                extra=answer.cost,
+            )
         await _commit(database, context, played)
         progress.played(played)
         progress.simulated += 1
@@ -570,6 +574,7 @@ async def _conclude(
     verdicts = await asyncio.gather(
         *(_evaluate_conversation(context, c, progress) for c in criteria)
     )
+    tracing.verdicts(criteria, verdicts)  # on the run's span
     results = [_result(criterion, v) for criterion, v in zip(criteria, verdicts, strict=True)]
     judged = _judge_cost(context, verdicts)
     passed = progress.all_passed and all(v.verdict == "PASS" for v in verdicts)
@@ -675,6 +680,7 @@ async def _play(
         matches = await _conversation_matches(context, reply)
     except RunAborted as exc:  # a check or the judge: the agent had answered
         raise exc.on(ErrorTurn(index, message, reply.content, calls)) from None
+    tracing.verdicts(criteria, verdicts)
     passed = all(v.verdict == "PASS" for v in verdicts)
     record = TurnRecord(
         id=uuid.uuid4(),

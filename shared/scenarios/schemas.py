@@ -308,6 +308,9 @@ class ScenarioRunRead(Output):
     # The verdicts of the scenario's conversation criteria, judged once the conversation
     # ended (none when a failed required turn stopped the run).
     conversation_results: list[CriterionResultRead] | UnsetType = UNSET
+    # The OpenTelemetry trace the run ended in (its latest delivery's), 32 hex digits; null
+    # when tracing is off.
+    trace_id: str | None = None
 
 
 class ScenarioRunList(Output):

@@ -370,6 +370,32 @@ async def conclude(
     return [ended.successor] if ended.successor is not None else []
 
 
+# --- the trace ---------------------------------------------------------------------------------
+
+# The run's trace id set to the delivery's, in a statement that also reads what the run's
+# span needs beyond the claim, and the trace id it replaces ("previous": the row as it was).
+_previous = _runs.alias("previous")
+_TRACE = Statement(
+    update(_runs)
+    .where(_runs.c.id == _run, _runs.c.status == "running", _previous.c.id == _runs.c.id)
+    .values(trace_id=bindparam("p_trace"), updated_at=NOW)
+    .returning(
+        _runs.c.scenario_id,
+        _runs.c.batch_run_id,
+        _previous.c.trace_id.label("previous_trace_id"),
+    )
+)
+
+
+async def trace(database: Database, run_id: UUID, trace_id: str) -> Any | None:
+    """Record ``trace_id`` (32 hex digits) as the trace of the running run ``run_id``; its
+    ``scenario_id``, ``batch_run_id`` and the ``previous_trace_id`` it replaced, or ``None``
+    when the run is not running."""
+    async with database.connection() as conn:
+        rows = await _TRACE.rows(conn, p_run=run_id, p_trace=trace_id, now=utcnow())
+    return rows[0] if rows else None
+
+
 # --- boot -----------------------------------------------------------------------------------------
 
 

@@ -20,6 +20,7 @@ from shared.settings import Settings
 from tests.support.calibration import EXAMPLES
 from tests.support.factories import tenant
 from tests.support.fakes import FakeAgent, FakeOpenAI, FakeSimulator, verdict_from_marker
+from tests.support.otlp import OTLPReceiver
 from tests.support.processes import spar_process, suite_env
 from tests.support.scenario_setup import (
     create_judge_provider,
@@ -115,13 +116,17 @@ async def _result_counts(db, run_id: str) -> tuple[int, int, int]:
     return turns, distinct, criteria
 
 
-async def test_a_worker_process_runs_a_scenario_to_passed(client, db, worker_env, tmp_path: Path):
+async def test_a_worker_process_runs_a_scenario_to_passed_and_exports_its_trace(
+    client, db, worker_env, tmp_path: Path
+):
     with (
         FakeAgent(reply=lambda body: f"Sure: {body['message']}") as agent,
         FakeOpenAI(reply=VERDICT) as judge,
+        OTLPReceiver() as collector,
         spar_process(
             ["worker", "--processes", "1", "--threads", "4", "--queues", "runs"],
-            worker_env,
+            # Traces on, as an operator turns them on (docs/operations.md, "Traces").
+            {**worker_env, "OTEL_EXPORTER_OTLP_ENDPOINT": collector.url},
             cwd=tmp_path,
         ),
     ):
@@ -149,6 +154,19 @@ async def test_a_worker_process_runs_a_scenario_to_passed(client, db, worker_env
     assert run["cost_summary"]["judge"]["calls"] == 2
     assert len(agent.requests) == 2
     assert await _result_counts(db, run["id"]) == (2, 2, 4)
+    # Its spans, exported by the worker process as it stopped (SIGTERM): the run's trace.
+    spans = collector.spans()
+    assert {span.trace_id for span in spans} == {run["trace_id"]}
+    assert {span.resource["service.name"] for span in spans} == {"spar-worker"}
+    assert sorted(span.name for span in spans) == [
+        "chat judge-1",
+        "chat judge-1",
+        "invoke_agent bot",
+        "invoke_agent bot",
+        "scenario_run greeting",
+        "turn 0",
+        "turn 1",
+    ]
 
 
 async def test_the_same_message_delivered_twice_runs_once(

@@ -115,6 +115,8 @@ BREAKS: list[tuple[str, dict[str, Any], str]] = [
         {"status": "passed", "error_turn": {"turn_index": 0}},
         "ck_scenario_runs_error_turn_of_error",
     ),
+    # A trace id is 32 lower-case hex digits (W3C trace context), or null.
+    ("scenario_runs", {"trace_id": "not-a-trace-id"}, "ck_scenario_runs_trace_id_hex"),
     ("turn_results", {"turn_index": -1}, "ck_turn_results_turn_index_not_negative"),
     ("turn_results", {"source": "dreamt"}, "ck_turn_results_source"),
     ("turn_results", {"tool_calls": {"name": "x"}}, "ck_turn_results_tool_calls_array"),

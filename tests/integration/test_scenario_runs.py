@@ -63,6 +63,7 @@ RUN_FIELDS = {
     "error_turn",
     "simulation_outcome",
     "conversation_results",
+    "trace_id",
 }
 TURN_RESULT_FIELDS = {
     "id",

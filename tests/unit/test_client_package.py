@@ -25,6 +25,7 @@ SERVER_LIBRARIES = (
     "apscheduler",
     "uvicorn",
     "aiohttp",
+    "opentelemetry",
 )
 # The modules the client decodes and validates with, shared with the server.
 SHARED_WITH_THE_CLIENT = (

@@ -141,6 +141,7 @@ class ScenarioRun(IdMixin, TimestampMixin, Base):
         one_of("simulation_outcome", SimulationOutcome),
         not_negative("attempts"),
         CheckConstraint("status = 'error' OR error_turn IS NULL", name="error_turn_of_error"),
+        CheckConstraint("trace_id ~ '^[0-9a-f]{32}$'", name="trace_id_hex"),
     )
 
     organization_id: Mapped[uuid.UUID] = mapped_column(
@@ -173,6 +174,9 @@ class ScenarioRun(IdMixin, TimestampMixin, Base):
     # How a simulated conversation ended (null for a scripted scenario, and until it ends):
     # committed as soon as it is known, so a redelivery never asks the simulator again.
     simulation_outcome: Mapped[str | None] = mapped_column(String(16))
+    # The OpenTelemetry trace of the run's latest delivery (32 hex digits), when tracing is
+    # on (shared.scenarios.tracing).
+    trace_id: Mapped[str | None] = mapped_column(String(32))
 
     turn_results: Mapped[list[TurnResult]] = relationship(
         lazy="raise", order_by="TurnResult.turn_index", passive_deletes=True
