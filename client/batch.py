@@ -1,6 +1,7 @@
 """``spar batch run``: a batch run from CI — start it, follow its events, gather what
 failed, and an exit code that tells failures from errors.  What it shows and writes (the
-progress bar, the table of failures, JUnit and JSON files) is :mod:`client.reports`.
+progress bar, the table of failures, JUnit and JSON files) is :mod:`client.reports`; the
+Markdown summary for a pull request (``--summary``), :mod:`client.summary`.
 
 Exit codes: 0 every scenario passed; 1 a scenario failed (or, with ``--fail-under``, the
 pass rate is below it); 2 a scenario ended in error or the batch itself errored (this
