@@ -673,7 +673,8 @@ async def test_control_characters_from_the_agent_reach_no_report_raw(
     client: AsyncTestClient, spar_api: str, shop: ShopAgent, judge: FakeOpenAI, tmp_path: Path
 ) -> None:
     """A reply in terminal colours and a 500 whose body holds ESC: JUnit that every reader
-    accepts and JSON that keeps the text exactly; the table shows the escapes as text."""
+    accepts and JSON that keeps the text exactly; the table and the Markdown summary show
+    the escapes as text."""
     token = await pushed_world(client, spar_api, shop, judge, tmp_path)
     ansi_suite(tmp_path / "ansi")
     pushed = cli(
@@ -681,6 +682,7 @@ async def test_control_characters_from_the_agent_reach_no_report_raw(
     )
     assert pushed.returncode == 0, pushed.stderr
     junit, report = tmp_path / "ansi.xml", tmp_path / "ansi.json"
+    summary = tmp_path / "ansi.md"
     done = cli(
         "batch",
         "run",
@@ -692,6 +694,8 @@ async def test_control_characters_from_the_agent_reach_no_report_raw(
         str(junit),
         "--json",
         str(report),
+        "--summary",
+        str(summary),
         url=spar_api,
         token=token,
         cwd=tmp_path,
@@ -723,6 +727,12 @@ async def test_control_characters_from_the_agent_reach_no_report_raw(
     by_name = {s["scenario"]: s for s in body["scenarios"]}
     assert by_name["colour"]["failed_turns"][0]["response"] == RED
     assert CRASH in by_name["crash"]["error"]
+
+    # The Markdown summary: the escapes as text, in the code blocks of what did not pass.
+    markdown = summary.read_text()
+    assert "\x1b" not in markdown and "\x07" not in markdown
+    assert "agent: \\x1b[31mred\\x1b[0m" in markdown
+    assert "\\x1b[1mTraceback\\x1b[0m: [/bold] boom\\x07" in markdown
 
     # The terminal: the agent's escapes as text, its brackets as text (no markup).
     assert "\x1b" not in done.stdout and "\x07" not in done.stdout
