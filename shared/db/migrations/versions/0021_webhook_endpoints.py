@@ -11,6 +11,7 @@ Revises: 0017
 Create Date: 2026-11-29 10:00:00
 """
 
+import json
 from collections.abc import Sequence
 
 import sqlalchemy as sa
@@ -179,13 +180,14 @@ def upgrade() -> None:
         unique=False,
     )
     for role, granted in _GRANTS.items():
-        for permission in granted:
-            op.execute(
-                sa.text(
-                    "UPDATE roles SET permissions = permissions || to_jsonb(CAST(:p AS text))"
-                    " WHERE is_system AND name = :role AND NOT permissions ? :p"
-                ).bindparams(p=permission, role=role)
-            )
+        op.execute(
+            sa.text(
+                "UPDATE roles SET permissions = permissions || COALESCE(("
+                " SELECT jsonb_agg(p) FROM jsonb_array_elements_text(CAST(:granted AS jsonb)) p"
+                " WHERE NOT roles.permissions ? p), '[]'::jsonb)"
+                " WHERE is_system AND name = :role"
+            ).bindparams(granted=json.dumps(granted), role=role)
+        )
 
 
 def downgrade() -> None:
