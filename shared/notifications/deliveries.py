@@ -44,7 +44,7 @@ from uuid import UUID
 import aiohttp
 import dramatiq
 import msgspec
-from sqlalchemy import select, update
+from sqlalchemy import or_, select, update
 from standardwebhooks import Webhook
 
 from shared import work
@@ -84,6 +84,14 @@ def _where(url: str) -> str:
     return f"{parts.scheme}://{parts.netloc.rpartition('@')[2]}{parts.path}"
 
 
+def _head(body: bytes) -> str:
+    """At most :data:`MAX_LOGGED_BODY` bytes of an answer's body, as storable text."""
+    text = storable(body[:MAX_LOGGED_BODY].decode("utf-8", errors="replace"))
+    while len(text.encode()) > MAX_LOGGED_BODY:  # a character cut in two became U+FFFD
+        text = text[:-1]
+    return text
+
+
 @dataclass(frozen=True, slots=True)
 class _Answer:
     code: int | None
@@ -95,9 +103,15 @@ class _Answer:
         return self.code is not None and 200 <= self.code < 300
 
 
+# A waiting delivery only once it is due; one in flight with a dead heartbeat at once.
 _CLAIM = (
     WEBHOOK_DELIVERIES.claim()
-    .where(WebhookDelivery.next_attempt_at <= NOW)
+    .where(
+        or_(
+            WebhookDelivery.status != WEBHOOK_DELIVERIES.waiting,
+            WebhookDelivery.next_attempt_at <= NOW,
+        )
+    )
     .returning(WebhookDelivery.id, WebhookDelivery.attempts)
 )
 
@@ -124,7 +138,9 @@ async def deliver(
         await _attempt(database, settings, delivery_id, broker, http, resolver)
 
     async def give_up(reason: str) -> None:
-        await _record(database, delivery_id, claimed.attempts, _Answer(None, None, reason), broker)
+        # Spar's failure, not the endpoint's: the delivery ends, the endpoint's count stays.
+        answer = _Answer(None, None, reason)
+        await _record(database, delivery_id, claimed.attempts, answer, broker, final=True)
 
     await work.perform(
         WEBHOOK_DELIVERIES,
@@ -197,18 +213,26 @@ async def _post(
         )
     except EgressError as exc:
         return _Answer(None, None, str(exc)[:2000])
-    text = storable(response.content[:MAX_LOGGED_BODY].decode("utf-8", errors="replace"))
+    text = _head(response.content)
     code = response.status_code
     error = None if 200 <= code < 300 else f"{_where(endpoint.url)} answered {code}"
     return _Answer(code, text, error)
 
 
 async def _record(
-    database: Database, delivery_id: UUID, attempts: int, answer: _Answer, broker: Any
+    database: Database,
+    delivery_id: UUID,
+    attempts: int,
+    answer: _Answer,
+    broker: Any,
+    *,
+    final: bool = False,
 ) -> None:
     """Record the attempt's outcome (while the delivery is still ``sending``): succeeded,
     due again, or failed; the endpoint's failures counted, and the endpoint disabled after
-    24 hours of them.  Waits out a database that is away: the receiver has the delivery."""
+    24 hours of them.  ``final``: the delivery is given up (:mod:`shared.work`), failed
+    whatever the endpoint's state.  Waits out a database that is away: the receiver has
+    the delivery."""
     now = utcnow()
 
     async def once() -> tuple[str, datetime | None, str] | None:
@@ -219,7 +243,10 @@ async def _record(
                 .where(WebhookDelivery.id == delivery_id)
                 .with_for_update(key_share=True, of=WebhookEndpoint)
             )
-            delivery = await session.get(WebhookDelivery, delivery_id)
+            # The endpoint first, then the delivery: the lock order of every write to both.
+            delivery = await session.scalar(
+                select(WebhookDelivery).where(WebhookDelivery.id == delivery_id).with_for_update()
+            )
             if endpoint is None or delivery is None or delivery.status != DeliveryStatus.SENDING:
                 return None  # another delivery ended it
             ended: dict[str, Any] = {
@@ -228,12 +255,22 @@ async def _record(
                 "last_response_body": answer.body,
                 "last_error": answer.error,
             }
-            failing_since = None if answer.succeeded else (endpoint.failing_since or now)
+            if final:
+                failing_since = endpoint.failing_since
+            elif answer.succeeded:
+                failing_since = None
+            else:
+                failing_since = endpoint.failing_since or now
             disable = (
-                endpoint.active and failing_since is not None and now - failing_since >= RETRY_FOR
+                not final
+                and endpoint.active
+                and failing_since is not None
+                and now - failing_since >= RETRY_FOR
             )
             retry_at = None if answer.succeeded else now + retry_delay(attempts)
-            if answer.succeeded:
+            if final:
+                status, outcome = DeliveryStatus.FAILED, "given up"
+            elif answer.succeeded:
                 status, outcome = DeliveryStatus.SUCCEEDED, "delivered"
             elif not endpoint.active or disable:
                 status, outcome = DeliveryStatus.FAILED, "failed: the endpoint is inactive"

@@ -112,6 +112,12 @@ async def update_endpoint(
     if body.active is True and not endpoint.active:
         computed.update(disabled_reason=None, disabled_at=None, failing_since=None)
     elif body.active is False and endpoint.active:
+        # The endpoint's row before its deliveries', as an attempt's outcome takes them.
+        await session.execute(
+            select(WebhookEndpoint.id)
+            .where(WebhookEndpoint.id == endpoint.id)
+            .with_for_update(key_share=True)
+        )
         await fail_pending(session, endpoint_id=endpoint.id, reason=DEACTIVATED)
     body.apply_to(endpoint, **computed)
     await session.flush()

@@ -24,15 +24,22 @@ from scheduler.sweeper import sweep
 from shared.calibration.judging import judge_examples
 from shared.db.base import utcnow
 from shared.db.models import BatchRun, NotificationEvent, WebhookDelivery, WebhookEndpoint
-from shared.notifications.announce import emit_batch_regressed
+from shared.notifications.announce import announce, emit_batch_regressed
 from shared.notifications.deliveries import MAX_RETRY_S, deliver, retry_delay
 from shared.settings import Settings
 from shared.triggers.executions import execute
-from shared.work import WEBHOOK_DELIVERIES
+from shared.work import NOTIFICATION_EVENTS, WEBHOOK_DELIVERIES
 from tests.support.batches import create_batch, drain, make_scenario, make_world
 from tests.support.calibration import EXAMPLES
 from tests.support.factories import Tenant, stub_broker, tenant
-from tests.support.fakes import FakeAgent, FakeOpenAI, FakeServer, RecordedRequest, Reply
+from tests.support.fakes import (
+    FakeAgent,
+    FakeOpenAI,
+    FakeServer,
+    RecordedRequest,
+    Reply,
+    verdict_from_marker,
+)
 from tests.support.notifications import (
     announce_recorded,
     create_endpoint,
@@ -563,8 +570,6 @@ async def test_a_calibration_completing_sends_calibration_completed_with_its_agr
     agent: FakeAgent,
     receiver: FakeServer,
 ) -> None:
-    from tests.support.fakes import verdict_from_marker
-
     with FakeOpenAI(reply=verdict_from_marker) as judge:
         t = await tenant(client)
         setup = await outbound_setup(client, t, agent.url, judge.url)
@@ -612,10 +617,59 @@ async def test_an_event_whose_message_is_lost_is_announced_by_the_sweeper_once(
     # Announced twice over (the sweeper's message and the lost one turning up): once.
     assert await announce_recorded(app, settings, stub_broker()) != []
     await announce_recorded(app, settings, stub_broker())
-    from shared.notifications.announce import announce
-
     await announce(app.state.database, settings, UUID(message.args[0]), broker=stub_broker())
     assert len(receiver.requests) == 1
     assert len(await deliveries(client, t, endpoint["id"])) == 1
     assert await db.scalar(select(NotificationEvent.status)) == "announced"
+    await db.commit()
+
+
+async def test_a_delivery_and_an_event_whose_workers_kept_dying_end_failed(
+    client: AsyncTestClient,
+    app: Litestar,
+    settings: Settings,
+    agent: FakeAgent,
+    receiver: FakeServer,
+    db: AsyncSession,
+) -> None:
+    """Claimed as many times as allowed by deliveries that never finished: the next one
+    ends it ``failed`` with the reason, sends nothing, and leaves the endpoint's count."""
+    t = await tenant(client)
+    setup = await outbound_setup(client, t, agent.url)
+    endpoint = await create_endpoint(client, t, receiver.url, "trigger.execution.failed")
+    broker = stub_broker()
+    await failed_execution(client, app, settings, t, setup.agent_id, broker)
+    (announce_message,) = sent(broker)
+    long_ago = utcnow() - timedelta(hours=1)
+    await db.execute(
+        update(NotificationEvent).values(
+            status="announcing",
+            heartbeat_at=long_ago,
+            attempts=NOTIFICATION_EVENTS.max_deliveries,
+        )
+    )
+    await db.commit()
+    await announce(app.state.database, settings, UUID(announce_message.args[0]), broker=broker)
+    event = await db.scalar(select(NotificationEvent))
+    await db.commit()
+    assert event is not None and event.status == "failed"
+    assert event.error == "error: gave up after 5 deliveries that did not finish"
+
+    await failed_execution(client, app, settings, t, setup.agent_id, broker)
+    await play_notifications(app, settings, broker)
+    (row,) = await deliveries(client, t, endpoint["id"])
+    await db.execute(
+        update(WebhookDelivery).values(
+            status="sending",
+            heartbeat_at=long_ago,
+            attempts=WEBHOOK_DELIVERIES.max_deliveries,
+        )
+    )
+    await db.commit()
+    await deliver(app.state.database, settings, UUID(row["id"]), broker=broker)
+    (done,) = await deliveries(client, t, endpoint["id"])
+    assert done["status"] == "failed" and done["next_attempt_at"] is None
+    assert done["last_error"] == "error: gave up after 40 deliveries that did not finish"
+    assert len(receiver.requests) == 1  # the first round's only
+    assert await db.scalar(select(WebhookEndpoint.failing_since)) is None
     await db.commit()
