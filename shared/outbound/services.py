@@ -75,7 +75,11 @@ def normalize_domain(raw: str, loc: tuple[str, ...] = ("body", "domain")) -> str
 def check_url(url: str, loc: tuple[str, ...]) -> str:
     from urllib.parse import urlsplit
 
-    parts = urlsplit(url)
+    try:
+        parts = urlsplit(url)
+        _ = parts.port  # raises for a port that is not a number from 0 to 65535
+    except ValueError:  # an unclosed "[" (IPv6), a bad port
+        raise InvalidInput(loc, "Expected an absolute http(s) URL", input=url) from None
     if parts.scheme not in {"http", "https"} or not parts.hostname:
         raise InvalidInput(loc, "Expected an absolute http(s) URL", input=url)
     return url

@@ -244,8 +244,12 @@ async def test_a_redelivery_sends_the_same_webhook_id_and_body_again(
     assert paused.status_code == 200
     inactive = await client.post(redeliver, headers=t.owner.headers)
     assert inactive.status_code == 409 and "inactive" in inactive.json()["detail"]
-    viewer = await tenant(client)  # someone else's token: the delivery is not theirs
-    assert (await client.post(redeliver, headers=viewer.owner.headers)).status_code == 404
+    other = await tenant(client)  # another organization: the delivery is not theirs
+    assert (await client.post(redeliver, headers=other.owner.headers)).status_code == 404
+    theirs = await create_endpoint(client, other, receiver.url)
+    under_theirs = endpoints_path(other, theirs["id"], "deliveries", row["id"], "redeliver")
+    assert (await client.post(under_theirs, headers=other.owner.headers)).status_code == 404
+    assert len(receiver.requests) == 2
 
 
 # --- the egress policy ----------------------------------------------------------------------------

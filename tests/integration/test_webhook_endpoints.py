@@ -90,6 +90,12 @@ async def test_another_endpoint_gets_another_secret(client: AsyncTestClient) -> 
         ),
         ({"url": "/relative/path", "events": ["batch.completed"]}, ["body", "url"], None),
         ({"url": "https://", "events": ["batch.completed"]}, ["body", "url"], None),
+        ({"url": "http://[::1/hooks", "events": ["batch.completed"]}, ["body", "url"], None),
+        (
+            {"url": "http://hooks.example.com:99999/", "events": ["batch.completed"]},
+            ["body", "url"],
+            None,
+        ),
         (
             {"url": "https://user:pw@hooks.example.com/", "events": ["batch.completed"]},
             ["body", "url"],
