@@ -34,6 +34,7 @@ bounded.
 from __future__ import annotations
 
 import logging
+import math
 import random
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -69,6 +70,7 @@ RETRY_FACTOR = 4
 MAX_RETRY_S = 2 * 3600.0
 JITTER = 0.1
 SHORT_WAIT_S = 60.0
+DUE_MARGIN_MS = 250
 USER_AGENT = "Spar-Webhooks/1"
 
 
@@ -324,4 +326,7 @@ async def _record(
     if retry_at is not None:
         wait_s = (retry_at - utcnow()).total_seconds()
         if wait_s <= SHORT_WAIT_S:
-            send(broker, DELIVER_WEBHOOK, str(delivery_id), delay_ms=max(int(wait_s * 1000), 0))
+            # Never before it is due (a claim would find it early and leave it to the
+            # sweeper): rounded up, with a margin for the clocks of two workers.
+            delay_ms = max(math.ceil(wait_s * 1000), 0) + DUE_MARGIN_MS
+            send(broker, DELIVER_WEBHOOK, str(delivery_id), delay_ms=delay_ms)
