@@ -172,6 +172,7 @@ async def test_a_failed_attempt_is_retried_with_the_same_webhook_id_and_both_ver
     assert first.path == second.path == "/hooks" and first.query == {"team": ["evals"]}
     assert first.header("webhook-id") == second.header("webhook-id") == row["webhook_id"]
     assert first.header("content-type") == "application/json"
+    assert first.header("user-agent") == "Spar-Webhooks/1"
     assert first.body == second.body
     payload = verified(endpoint["secret"], first)
     assert verified(endpoint["secret"], second) == payload
