@@ -19,6 +19,7 @@ from api.identity.controllers import CONTROLLERS as IDENTITY_CONTROLLERS
 from api.knowledge.controllers import CONTROLLERS as KNOWLEDGE_CONTROLLERS
 from api.metrics import FAMILIES as METRIC_FAMILIES
 from api.metrics import metrics
+from api.notifications.controllers import CONTROLLERS as NOTIFICATION_CONTROLLERS
 from api.observability import ObservabilityMiddleware
 from api.openapi import docs_assets, finish_openapi, openapi_config
 from api.outbound.controllers import CONTROLLERS as OUTBOUND_CONTROLLERS
@@ -43,6 +44,7 @@ V1_CONTROLLERS: list[Any] = [
     *CALIBRATION_CONTROLLERS,
     *KNOWLEDGE_CONTROLLERS,
     *TRIGGER_CONTROLLERS,
+    *NOTIFICATION_CONTROLLERS,
 ]
 
 

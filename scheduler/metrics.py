@@ -25,7 +25,8 @@ DISPATCHED = "batch_runs"  # the sweeper's label for the runs it handed out to b
 SWEEPER_RESENT = Counter(
     "spar_sweeper_resent_total",
     "Work the sweeper sent again or handed out: stalled runs, batch runs dispatched, "
-    "trigger executions, knowledge documents, calibrations.",
+    "trigger executions, knowledge documents, calibrations, notification events, webhook "
+    "deliveries due.",
     ["kind"],
 )
 

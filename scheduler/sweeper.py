@@ -1,13 +1,15 @@
 """The sweeper: no lost message, dead worker or emptied broker strands a unit of work
 (DESIGN §5.3, :mod:`shared.work`).
 
-Each pass, in the active scheduler, for runs, trigger executions, knowledge documents
-and calibrations alike:
+Each pass, in the active scheduler, for runs, trigger executions, knowledge documents,
+calibrations, notification events and webhook deliveries alike:
 
 * a unit in flight whose heartbeat stopped for ``SPAR_RUN_HEARTBEAT_TIMEOUT_S`` (a killed
   worker) is sent again: the next delivery claims it and resumes it;
 * a unit still waiting for its message after its stall period (``SPAR_RUN_STALL_S``; a
-  minute for trigger executions) is sent again (a lost message);
+  minute for trigger executions, 5 s for notification events, 30 s for a webhook delivery
+  once its next attempt is due) is sent again (a lost message, or none sent: a batch's
+  completion recorded by the run engine, a delivery's retry hours away);
 * when the broker lost every message it held (a Redis restarted without persistence:
   the pass finds the broker's mark gone), every waiting unit is sent again at once;
 * every active batch is offered a dispatch, which hands out runs only if its window has

@@ -109,7 +109,8 @@ DOCUMENTS_PROCESSED = Counter(
 WORK_GIVEN_UP = Counter(
     "spar_work_given_up_total",
     "Units of work ended in error because their deliveries ran out (a unit that kept "
-    "failing, or kept killing its worker): run, trigger_execution, document, calibration.",
+    "failing, or kept killing its worker): run, trigger_execution, document, calibration, "
+    "notification_event, webhook_delivery.",
     ["kind"],
 )
 

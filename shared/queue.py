@@ -33,13 +33,15 @@ from shared.logs import MESSAGE_OPTION, current_request_id, new_request_id
 from shared.settings import Settings
 
 MAINTENANCE_CHANCE = 10_000  # per million broker commands
-QUEUES = ("runs", "batches", "documents", "calibration", "triggers")
+QUEUES = ("runs", "batches", "documents", "calibration", "triggers", "notifications")
 RUN_SCENARIO = ("runs", "run_scenario")
 DISPATCH_BATCH = ("batches", "dispatch_batch")
 RUN_TRIGGER = ("triggers", "run_trigger_execution")
 PROCESS_DOCUMENT = ("documents", "process_document")
 CALIBRATE = ("calibration", "calibrate")
 JUDGE_TRUST = ("calibration", "judge_trust")
+ANNOUNCE_EVENT = ("notifications", "announce_event")
+DELIVER_WEBHOOK = ("notifications", "deliver_webhook")
 
 
 class _AsyncIO(AsyncIO):
@@ -122,15 +124,19 @@ def get_broker(settings: Settings) -> dramatiq.Broker:
     return broker
 
 
-def send(broker: dramatiq.Broker, target: tuple[str, str], *args: Any) -> None:
+def send(
+    broker: dramatiq.Broker, target: tuple[str, str], *args: Any, delay_ms: int | None = None
+) -> None:
     """Send ``args`` to the actor ``target`` (queue, actor name), with the current request
-    id (or a new one) so the worker's log lines for it can be found by that id."""
+    id (or a new one) so the worker's log lines for it can be found by that id; with
+    ``delay_ms``, to be delivered that much later (Dramatiq's delay queue)."""
     queue_name, actor_name = target
     options = {MESSAGE_OPTION: current_request_id() or new_request_id()}
     broker.enqueue(
         dramatiq.Message(
             queue_name=queue_name, actor_name=actor_name, args=args, kwargs={}, options=options
-        )
+        ),
+        delay=delay_ms,
     )
 
 

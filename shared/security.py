@@ -1,7 +1,9 @@
-"""Secrets at rest: opaque tokens (stored as SHA-256 digests) and argon2id password hashes."""
+"""Secrets at rest: opaque tokens (stored as SHA-256 digests), argon2id password hashes, and
+the Standard Webhooks secrets webhooks are signed with."""
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import secrets
 from functools import cache
@@ -25,6 +27,18 @@ DEFAULT_PASSWORD_HASH_PROFILE = Settings().password_hash_profile
 def new_token(prefix: str) -> str:
     """A fresh opaque token: the prefix and 256 random bits."""
     return prefix + secrets.token_urlsafe(32)
+
+
+WEBHOOK_SECRET_PREFIX = "whsec_"
+WEBHOOK_SECRET_BYTES = 32
+
+
+def new_webhook_secret() -> str:
+    """A Standard Webhooks secret: ``whsec_`` and 32 random bytes in base64 (a trigger's,
+    which callers sign with; a webhook endpoint's, which Spar signs with)."""
+    return (
+        WEBHOOK_SECRET_PREFIX + base64.b64encode(secrets.token_bytes(WEBHOOK_SECRET_BYTES)).decode()
+    )
 
 
 def token_digest(token: str) -> str:

@@ -1,7 +1,8 @@
 """Units of work: the one way each is claimed, kept alive, retried and given up on.
 
-Four kinds of unit live in PostgreSQL and travel through the queues as ids: scenario runs,
-trigger executions, knowledge documents and calibrations.  Dramatiq delivers at least
+Six kinds of unit live in PostgreSQL and travel through the queues as ids: scenario runs,
+trigger executions, knowledge documents, calibrations, notification events and webhook
+deliveries.  Dramatiq delivers at least
 once, a worker can die holding a unit, Redis can restart empty.  For every kind alike:
 
 1. **Claim** (:meth:`Work.claim`): a delivery takes a unit only while it is *waiting*
@@ -49,6 +50,7 @@ from sqlalchemy import (
     and_,
     any_,
     bindparam,
+    func,
     null,
     or_,
     select,
@@ -64,9 +66,23 @@ from shared.db.base import NOW, UTCDateTime, utcnow
 from shared.db.direct import Statement
 from shared.db.engine import Database
 from shared.db.errors import database_unavailable, describe_database_error
-from shared.db.models import Calibration, KnowledgeDocument, ScenarioRun, TriggerExecution
+from shared.db.models import (
+    Calibration,
+    KnowledgeDocument,
+    NotificationEvent,
+    ScenarioRun,
+    TriggerExecution,
+    WebhookDelivery,
+)
 from shared.metrics import WORK_GIVEN_UP
-from shared.queue import CALIBRATE, PROCESS_DOCUMENT, RUN_SCENARIO, RUN_TRIGGER
+from shared.queue import (
+    ANNOUNCE_EVENT,
+    CALIBRATE,
+    DELIVER_WEBHOOK,
+    PROCESS_DOCUMENT,
+    RUN_SCENARIO,
+    RUN_TRIGGER,
+)
 from shared.settings import Settings
 
 log = logging.getLogger("spar.work")
@@ -224,6 +240,31 @@ CALIBRATIONS = Work(
     max_deliveries=5,
     message=CALIBRATE,
 )
+# An event recorded in the statement that completed a batch has no message: the sweeper
+# sends it after a few seconds (shared.notifications.outbox).
+NOTIFICATION_EVENTS = Work(
+    "notification_event",
+    NotificationEvent,
+    waiting="pending",
+    running="announcing",
+    max_deliveries=5,
+    message=ANNOUNCE_EVENT,
+    waiting_stall=timedelta(seconds=5),
+)
+# A delivery waits for its next attempt (``next_attempt_at``) as much as for its message:
+# the sweeper sends those that are due, and a claim takes only those
+# (shared.notifications.deliveries).  Bounded by its 24 hours of retries first; the bound
+# on deliveries is above the attempts those allow.
+WEBHOOK_DELIVERIES = Work(
+    "webhook_delivery",
+    WebhookDelivery,
+    waiting="pending",
+    running="sending",
+    max_deliveries=40,
+    message=DELIVER_WEBHOOK,
+    waiting_stall=timedelta(seconds=30),
+    sweepable=WebhookDelivery.next_attempt_at <= func.now(),
+)
 
 
 # --- playing a claimed unit ----------------------------------------------------------------------
@@ -306,11 +347,21 @@ async def _release(work: Work, database: Database, unit_id: UUID) -> None:
         log.warning("could not release %s %s", work.kind, unit_id, exc_info=True)
 
 
-async def finish(work: Work, database: Database, unit_id: UUID, status: str, **values: Any) -> bool:
+async def finish(
+    work: Work,
+    database: Database,
+    unit_id: UUID,
+    status: str,
+    *,
+    then: Callable[[AsyncSession], Awaitable[Any]] | None = None,
+    **values: Any,
+) -> bool:
     """End the unit ``unit_id`` as ``status`` with ``values`` (its end stamped, for a kind
     that has one) if it is still running: ``False`` if another delivery ended it first.
-    Waits out a database that is away (:func:`persist`): what the unit's delivery learned
-    (an agent's reply, a judge's verdicts) is not thrown away for a moment without one."""
+    ``then(session)`` runs in the same transaction once it ended it (what the end causes,
+    such as the event it announces: :mod:`shared.notifications.outbox`).  Waits out a
+    database that is away (:func:`persist`): what the unit's delivery learned (an agent's
+    reply, a judge's verdicts) is not thrown away for a moment without one."""
     ended = {work.status_column: status, **values}
     if work.ended_column is not None:
         ended[work.ended_column] = utcnow()
@@ -323,7 +374,10 @@ async def finish(work: Work, database: Database, unit_id: UUID, status: str, **v
 
     async def once() -> bool:
         async with database.transaction() as session:
-            return await session.scalar(statement) is not None
+            ended = await session.scalar(statement) is not None
+            if ended and then is not None:
+                await then(session)
+            return ended
 
     return await persist(once)
 

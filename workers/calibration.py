@@ -15,7 +15,7 @@ from shared.calibration.judging import judge_examples
 from shared.queue import JUDGE_TRUST
 from shared.runtime import get_runtime
 from shared.work import CALIBRATIONS
-from workers.broker import unit_actor
+from workers.broker import broker, unit_actor
 
 
 @unit_actor(
@@ -32,6 +32,7 @@ async def calibrate(calibration_id: str) -> None:
         UUID(calibration_id),
         http=runtime.http,
         limiter=runtime.limiter,
+        broker=broker,
     )
 
 

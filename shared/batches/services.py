@@ -61,6 +61,7 @@ from shared.db.models import BatchRun, Scenario, ScenarioRun, TurnResult
 from shared.db.queries import one_in_org
 from shared.errors import Conflict, InvalidInput, NotFound
 from shared.identity.access import OrgAccess
+from shared.notifications import outbox
 from shared.outbound.configuration import destinations_of
 from shared.outbound.limits import Destination, DestinationLimiter
 from shared.outbound.services import agent_in_org
@@ -656,4 +657,13 @@ async def store_comparison(session: AsyncSession, *, batch: BatchRun) -> bool:
         .returning(BatchRun.id)
     )
     await session.refresh(batch, ["comparison"])
+    if written is not None and stored.significant_regressions:
+        # batch.regressed, recorded with the comparison that finds it; the sweeper
+        # announces it (docs/notifications.md).
+        await outbox.emit(
+            session,
+            event_type=outbox.BATCH_REGRESSED,
+            organization_id=batch.organization_id,
+            subject_id=batch.id,
+        )
     return written is not None

@@ -78,6 +78,7 @@ from shared.batches.schemas import BatchStatus
 from shared.db.base import NOW, utcnow
 from shared.db.engine import Database
 from shared.db.models import BatchRun, ScenarioRun
+from shared.notifications.outbox import recorded_when_completed
 from shared.scenarios.schemas import RunStatus
 
 ACTIVE = (BatchStatus.QUEUED, BatchStatus.RUNNING)
@@ -136,8 +137,10 @@ def settle(
     ``RETURNING batch_run_id, status``), as columns to select in the same statement:
 
     * a run's end (``cancel`` false; ``ended`` holds one run, its batch read from it):
-      ``successor``, the run handed out in its place (``NULL`` if none), and ``counted``
-      (1 when it was counted in a batch);
+      ``successor``, the run handed out in its place (``NULL`` if none), ``events`` (the
+      ``batch.completed`` event recorded when this end completed the batch:
+      :mod:`shared.notifications.outbox`) and ``counted`` (1 when it was counted in a
+      batch);
     * a cancel (``batch_id`` given): ``counted`` is 1 when the batch was still active and
       is now ``error`` with the ended runs counted, 0 when it had already ended.
 
@@ -179,9 +182,12 @@ def settle(
                 completed_at=case((ends, NOW), else_=_batches.c.completed_at),
                 updated_at=NOW,
             )
-            .returning(_batches.c.id)
+            .returning(_batches.c.id, _batches.c.organization_id, _batches.c.status)
             .cte("counted")
         )
+        # The batch's completion, announced to its organization's webhooks: recorded in the
+        # statement that completes it, never lost between two commits.
+        columns.append(recorded_when_completed(counted))
     columns.append(select(func.count()).select_from(counted).scalar_subquery().label("counted"))
     return columns
 

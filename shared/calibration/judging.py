@@ -28,6 +28,7 @@ from shared.db.models import Calibration, Organization
 from shared.errors import NotFound
 from shared.identity.access import OrgAccess
 from shared.llm.judge import JudgeError, judge
+from shared.notifications import outbox
 from shared.outbound.configuration import load_outbound
 from shared.outbound.egress import EgressClient, EgressError
 from shared.outbound.limits import DestinationLimiter
@@ -117,10 +118,13 @@ async def judge_examples(
     *,
     http: aiohttp.ClientSession | None = None,
     limiter: DestinationLimiter | None = None,
+    broker: dramatiq.Broker | None = None,
 ) -> None:
     """Judge every example (at most ``SPAR_CALIBRATION_CONCURRENCY`` at once) with the
-    agent's judge and store the metrics.  Idempotent: an ended calibration is left alone,
-    and a redelivered one is judged again from the start."""
+    agent's judge and store the metrics, recording ``calibration.completed`` for the
+    organization's webhooks in the same commit (announced through ``broker``, else by the
+    sweeper).  Idempotent: an ended calibration is left alone, and a redelivered one is
+    judged again from the start."""
     claimed = await _claim(database, settings, calibration_id)
     if claimed is None:
         return
@@ -143,6 +147,7 @@ async def judge_examples(
             version,
             http=http,
             limiter=limiter,
+            broker=broker,
         ),
         give_up=give_up,
     )
@@ -157,6 +162,7 @@ async def _judge(
     *,
     http: aiohttp.ClientSession | None,
     limiter: DestinationLimiter | None,
+    broker: dramatiq.Broker | None,
 ) -> None:
     calibration_id = calibration.id
     if calibration.agent_id is None:
@@ -216,4 +222,11 @@ async def _judge(
         calibration_id,
         status=CalibrationStatus.COMPLETED,
         metrics=msgspec.to_builtins(metrics),
+        then=lambda session: outbox.emit(
+            session,
+            event_type=outbox.CALIBRATION_COMPLETED,
+            organization_id=calibration.organization_id,
+            subject_id=calibration_id,
+            broker=broker,
+        ),
     )

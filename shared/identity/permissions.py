@@ -27,6 +27,8 @@ Permission = Literal[
     "knowledge:delete",
     "triggers:read",
     "triggers:write",
+    "notifications:read",
+    "notifications:write",
 ]
 
 ALL_PERMISSIONS: tuple[str, ...] = get_args(Permission)

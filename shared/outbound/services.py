@@ -80,10 +80,14 @@ def normalize_domain(raw: str, loc: tuple[str, ...] = ("body", "domain")) -> str
     return domain
 
 
-def _check_url(url: str, loc: tuple[str, ...]) -> str:
+def check_url(url: str, loc: tuple[str, ...]) -> str:
     from urllib.parse import urlsplit
 
-    parts = urlsplit(url)
+    try:
+        parts = urlsplit(url)
+        _ = parts.port  # raises for a port that is not a number from 0 to 65535
+    except ValueError:  # an unclosed "[" (IPv6), a bad port
+        raise InvalidInput(loc, "Expected an absolute http(s) URL", input=url) from None
     if parts.scheme not in {"http", "https"} or not parts.hostname:
         raise InvalidInput(loc, "Expected an absolute http(s) URL", input=url)
     return url
@@ -364,7 +368,7 @@ async def _settle_provider(session: AsyncSession, provider: LLMProvider) -> None
                 ("body", "base_url"), "base_url is required for openai_compatible providers"
             )
         provider.base_url = DEFAULT_BASE_URLS[provider.provider]
-    _check_url(provider.base_url, ("body", "base_url"))
+    check_url(provider.base_url, ("body", "base_url"))
     _check_request_options(provider.request_options)
     if provider.provider == "anthropic":
         provider.anthropic_version = provider.anthropic_version or ANTHROPIC_VERSION
@@ -428,7 +432,7 @@ async def _settle_agent(session: AsyncSession, agent: Agent) -> None:
                 raise InvalidInput(
                     ("body", "endpoint_url"), "endpoint_url is required for http agents"
                 )
-            _check_url(agent.endpoint_url, ("body", "endpoint_url"))
+            check_url(agent.endpoint_url, ("body", "endpoint_url"))
             agent.protocol = agent.protocol or "spar"
         elif agent.llm_provider_id is None:
             raise InvalidInput(

@@ -15,7 +15,9 @@ At least once, never twice where it counts:
 * a batch is created under a lock on the execution row, in the transaction that records
   its id: a second delivery finds the id and creates nothing.  Its baseline is the
   trigger's previous batch (of the same agent), so each night's suite is compared with the
-  night before's.
+  night before's;
+* an execution that ends ``failed`` records ``trigger.execution.failed`` for the
+  organization's webhooks in the commit that ends it (:mod:`shared.notifications.outbox`).
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from shared.db.base import NOW, utcnow
 from shared.db.engine import Database
 from shared.db.models import BatchRun, Organization, Trigger, TriggerExecution
 from shared.errors import InvalidInput, NotFound
+from shared.notifications import outbox
 from shared.outbound.agents import call_agent
 from shared.outbound.configuration import load_outbound
 from shared.outbound.egress import EgressClient, EgressError
@@ -97,12 +100,12 @@ async def execute(
         if claimed.trigger.action == "batch_run":
             await _start_suite(database, claimed, broker=broker)
         else:
-            await _send_message(database, settings, claimed, http=http, limiter=limiter)
+            await _send_message(
+                database, settings, claimed, broker=broker, http=http, limiter=limiter
+            )
 
     async def give_up(reason: str) -> None:
-        await work.finish(
-            TRIGGER_EXECUTIONS, database, execution_id, ExecutionStatus.FAILED, error=reason
-        )
+        await _fail(database, claimed, broker, error=reason)
 
     await work.perform(
         TRIGGER_EXECUTIONS,
@@ -115,11 +118,39 @@ async def execute(
     )
 
 
+async def _fail(database: Database, claimed: _Claimed, broker: Any, **values: Any) -> None:
+    """End the execution ``failed`` and record ``trigger.execution.failed`` in the same
+    commit (:mod:`shared.notifications.outbox`)."""
+    await work.finish(
+        TRIGGER_EXECUTIONS,
+        database,
+        claimed.execution.id,
+        ExecutionStatus.FAILED,
+        then=lambda session: _announce_failure(
+            session, claimed.trigger, claimed.execution.id, broker
+        ),
+        **values,
+    )
+
+
+async def _announce_failure(
+    session: AsyncSession, trigger: Trigger, execution_id: UUID, broker: Any
+) -> None:
+    await outbox.emit(
+        session,
+        event_type=outbox.TRIGGER_EXECUTION_FAILED,
+        organization_id=trigger.organization_id,
+        subject_id=execution_id,
+        broker=broker,
+    )
+
+
 async def _send_message(
     database: Database,
     settings: Settings,
     claimed: _Claimed,
     *,
+    broker: Any,
     http: aiohttp.ClientSession | None,
     limiter: DestinationLimiter | None,
 ) -> None:
@@ -134,13 +165,7 @@ async def _send_message(
             },
         )
     except sandbox.TemplateFailed as exc:
-        await work.finish(
-            TRIGGER_EXECUTIONS,
-            database,
-            execution.id,
-            ExecutionStatus.FAILED,
-            error=f"trigger message template failed: {exc}",
-        )
+        await _fail(database, claimed, broker, error=f"trigger message template failed: {exc}")
         return
     try:
         outbound = await load_outbound(
@@ -167,14 +192,7 @@ async def _send_message(
         )
     except (NotFound, EgressError) as exc:
         detail = exc.detail if isinstance(exc, NotFound) else str(exc)
-        await work.finish(
-            TRIGGER_EXECUTIONS,
-            database,
-            execution.id,
-            ExecutionStatus.FAILED,
-            message=message,
-            error=detail[:2000],
-        )
+        await _fail(database, claimed, broker, message=message, error=detail[:2000])
         return
     await work.finish(
         TRIGGER_EXECUTIONS,
@@ -232,6 +250,7 @@ async def _start_suite(database: Database, claimed: _Claimed, *, broker: Any) ->
         except (NotFound, InvalidInput) as exc:
             execution.status = ExecutionStatus.FAILED
             execution.error = f"could not start the batch run: {exc.detail}"
+            await _announce_failure(session, trigger, execution.id, broker)
         else:
             execution.status = ExecutionStatus.SUCCEEDED
             execution.batch_run_id = batch.id

@@ -9,8 +9,6 @@ the ``triggers`` queue once the caller commits.
 
 from __future__ import annotations
 
-import base64
-import secrets
 import uuid
 from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
@@ -37,22 +35,16 @@ from shared.paging import Paging, paginate
 from shared.queue import RUN_TRIGGER, send_after_commit
 from shared.scenarios import templates
 from shared.schemas import UnstorableJson, check_json
+from shared.security import new_webhook_secret
 from shared.settings import Settings
 from shared.triggers import schemas
 from shared.triggers.schedule import Schedule, ScheduleError, check
 from shared.triggers.schemas import ExecutionSource, ExecutionStatus, TriggerStatus
 
-SECRET_PREFIX = "whsec_"  # noqa: S105 - the scheme's prefix, not a secret
-SECRET_BYTES = 32
 MAX_WEBHOOK_BODY = 256 * 1024
 # What a message template may name.  ``payload`` is the webhook's body (or a manual fire's),
 # whose shape only the sender knows: its paths are not checked at save.
 TEMPLATE_VARIABLES = ("trigger", "now", "payload")
-
-
-def new_webhook_secret() -> str:
-    """A Standard Webhooks secret: ``whsec_`` and 32 random bytes in base64."""
-    return SECRET_PREFIX + base64.b64encode(secrets.token_bytes(SECRET_BYTES)).decode()
 
 
 def webhook_url(settings: Settings, trigger_id: UUID) -> str:

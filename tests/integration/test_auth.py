@@ -426,7 +426,7 @@ async def test_auth_me_lists_each_organization_with_role_and_permissions(
     assert owned["owner_user_id"] == org.owner.id
     assert owned["role"] == {"id": org.roles["OWNER"], "name": "OWNER", "is_system": True}
     assert set(owned["permissions"]) == ALL_PERMISSIONS
-    assert len(owned["permissions"]) == 22
+    assert len(owned["permissions"]) == 24
 
     assert viewer_me.status_code == 200, viewer_me.text
     [viewed] = viewer_me.json()["organizations"]

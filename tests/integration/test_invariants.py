@@ -134,6 +134,12 @@ BREAKS: list[tuple[str, dict[str, Any], str]] = [
     ("trigger_executions", {"source": "pigeon"}, "ck_trigger_executions_source"),
     ("trigger_executions", {"status": "paused"}, "ck_trigger_executions_status"),
     ("trigger_executions", {"attempts": -1}, "ck_trigger_executions_attempts_not_negative"),
+    ("notification_events", {"type": "batch.exploded"}, "ck_notification_events_type"),
+    ("notification_events", {"status": "lost"}, "ck_notification_events_status"),
+    ("notification_events", {"attempts": -1}, "ck_notification_events_attempts_not_negative"),
+    ("webhook_deliveries", {"event_type": "batch.exploded"}, "ck_webhook_deliveries_event_type"),
+    ("webhook_deliveries", {"status": "lost"}, "ck_webhook_deliveries_status"),
+    ("webhook_deliveries", {"attempts": -1}, "ck_webhook_deliveries_attempts_not_negative"),
 ]
 
 # What a valid row needs beyond its columns' defaults: a batch of four runs, a window of two.
@@ -147,6 +153,8 @@ VALID: dict[str, dict[str, Any]] = {
     "criterion_results": {"verdict": "PASS", "turn_result_id": uuid.uuid4()},
     "triggers": {"trigger_type": "webhook"},
     "trigger_executions": {"source": "manual"},
+    "notification_events": {"type": "batch.completed", "status": "pending"},
+    "webhook_deliveries": {"event_type": "batch.completed", "status": "pending"},
 }
 
 

@@ -1,15 +1,17 @@
 """Alembic migrations are the schema's only source: they must match the models exactly."""
 
+import json
 import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime
 
 import pytest
+from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from sqlalchemy import Engine, column, create_engine, insert, make_url, table, text
 
-from shared.db.migrate import upgrade
+from shared.db.migrate import alembic_config, upgrade
 from shared.db.models import Base
 from tests.support.processes import admin_sql
 
@@ -203,3 +205,62 @@ def test_the_invariants_migration_refuses_rows_that_break_them_and_keeps_good_on
     assert ("batch_runs", "ck_batch_runs_completed_is_sum") in {
         (table, name) for table, name, _ in _checks(url)
     }
+
+
+def test_existing_system_roles_gain_the_notification_permissions(empty_database_url):
+    """0021 gives every organization's system roles what a new organization's hold:
+    ``notifications:read`` to every role holding every ``:read``, ``notifications:write``
+    to OWNER and ADMIN; custom roles and platform tokens keep what they hold.  Going back
+    takes both away from every role and token."""
+    url = empty_database_url
+    upgrade(url, "0017")
+    engine = create_engine(url)
+    reads = ["org:read", "triggers:read"]
+    held = {
+        "OWNER": [*reads, "org:write", "triggers:write"],
+        "ADMIN": [*reads, "org:write", "triggers:write"],
+        "MEMBER": [*reads, "triggers:write"],
+        "VIEWER": reads,
+        "GUEST": [],
+        "custom": reads,
+    }
+    now = datetime.now(UTC)
+    try:
+        with engine.begin() as conn:
+            conn.execute(text("SET LOCAL session_replication_role = replica"))
+            for name, permissions in held.items():
+                conn.execute(
+                    text(
+                        "INSERT INTO roles (id, organization_id, name, is_system, permissions,"
+                        " created_at, updated_at) VALUES (:id, :org, :name, :system,"
+                        " CAST(:permissions AS jsonb), :now, :now)"
+                    ),
+                    {
+                        "id": uuid.uuid4(),
+                        "org": uuid.uuid4(),
+                        "name": name,
+                        "system": name != "custom",
+                        "permissions": json.dumps(permissions),
+                        "now": now,
+                    },
+                )
+
+        def roles() -> dict[str, list[str]]:
+            with engine.connect() as conn:
+                rows = conn.execute(text("SELECT name, permissions FROM roles")).all()
+            return {name: permissions for name, permissions in rows}
+
+        upgrade(url, "0021")
+        upgrade(url, "0021")  # already there: nothing twice
+        assert roles() == {
+            "OWNER": [*held["OWNER"], "notifications:read", "notifications:write"],
+            "ADMIN": [*held["ADMIN"], "notifications:read", "notifications:write"],
+            "MEMBER": [*held["MEMBER"], "notifications:read"],
+            "VIEWER": [*reads, "notifications:read"],
+            "GUEST": [],
+            "custom": reads,
+        }
+        command.downgrade(alembic_config(url), "0017")
+        assert roles() == held
+    finally:
+        engine.dispose()

@@ -80,7 +80,7 @@ async def test_creating_an_organization_makes_the_creator_its_owner(
     assert mine[org["id"]]["role"]["name"] == "OWNER"
     assert mine[org["id"]]["role"]["is_system"] is True
     assert set(mine[org["id"]]["permissions"]) == set(ALL_PERMISSIONS)
-    assert len(ALL_PERMISSIONS) == 22
+    assert len(ALL_PERMISSIONS) == 24
 
     members = await client.get(f"/v1/organizations/{org['id']}/members", headers=user.headers)
     assert members.status_code == 200, members.text

@@ -541,6 +541,115 @@ async def test_platform_token_matrix(client: AsyncTestClient) -> None:
     assert not problems, report(problems)
 
 
+# --- webhook endpoints ---------------------------------------------------------------------------
+
+
+async def test_webhook_endpoint_matrix(client: AsyncTestClient) -> None:
+    world = await build_world(client)
+    hooks = f"/v1/orgs/{world.org_id}/webhook-endpoints"
+    body = {"url": "https://hooks.example.com/spar", "events": ["batch.completed"]}
+
+    async def fixed(path: str, json: Any = None) -> Call:
+        return Call(path=path, json=json)
+
+    async def endpoint() -> str:
+        response = await client.post(hooks, json=body, headers=world.owner.headers)
+        assert response.status_code == 201, response.text
+        return response.json()["id"]
+
+    existing = await endpoint()
+
+    async def create_call(p: Principal) -> Call:
+        description = f"made by {p.name}"
+        return Call(hooks, {**body, "description": description}, target={"d": description})
+
+    async def after_create(p: Principal, call: Call, response: Any, ok: bool) -> str | None:
+        listing = await owner_get(world, f"{hooks}?limit=500")
+        made = {e["description"] for e in listing["webhook_endpoints"]}
+        if ok != (call.target["d"] in made):
+            return f"endpoint {call.target['d']!r} listed afterwards: {not ok}"
+        if ok and not response.json().get("secret", "").startswith("whsec_"):
+            return f"the create answer has no whsec_ secret: {response.text[:300]}"
+        return None
+
+    async def patch_call(p: Principal) -> Call:
+        return Call(f"{hooks}/{await endpoint()}", {"description": f"changed by {p.name}"})
+
+    async def after_patch(p: Principal, call: Call, response: Any, ok: bool) -> str | None:
+        description = (await owner_get(world, call.path))["description"]
+        if ok != (description == call.json["description"]):
+            return f"the endpoint's description is {description!r} afterwards"
+        return None
+
+    async def delete_call(p: Principal) -> Call:
+        return Call(f"{hooks}/{await endpoint()}")
+
+    async def after_delete(p: Principal, call: Call, response: Any, ok: bool) -> str | None:
+        status = await get_status(world, call.path)
+        if status != (404 if ok else 200):
+            return f"the owner's GET of the endpoint answers {status} afterwards"
+        return None
+
+    unknown = "00000000-0000-4000-8000-000000000000"
+    endpoints = [
+        Endpoint(
+            "webhook endpoints list",
+            "GET",
+            200,
+            needs("notifications:read"),
+            lambda p: fixed(hooks),
+        ),
+        Endpoint(
+            "webhook endpoint get",
+            "GET",
+            200,
+            needs("notifications:read"),
+            lambda p: fixed(f"{hooks}/{existing}"),
+        ),
+        Endpoint(
+            "webhook deliveries list",
+            "GET",
+            200,
+            needs("notifications:read"),
+            lambda p: fixed(f"{hooks}/{existing}/deliveries"),
+        ),
+        Endpoint(
+            "webhook endpoint create",
+            "POST",
+            201,
+            needs("notifications:write"),
+            create_call,
+            after_create,
+        ),
+        Endpoint(
+            "webhook endpoint patch",
+            "PATCH",
+            200,
+            needs("notifications:write"),
+            patch_call,
+            after_patch,
+        ),
+        Endpoint(
+            "webhook endpoint delete",
+            "DELETE",
+            204,
+            needs("notifications:write"),
+            delete_call,
+            after_delete,
+        ),
+        # Refused before it is looked up: a delivery nobody made is 404 only to a writer.
+        Endpoint(
+            "webhook redeliver",
+            "POST",
+            404,
+            needs("notifications:write"),
+            lambda p: fixed(f"{hooks}/{existing}/deliveries/{unknown}/redeliver"),
+        ),
+    ]
+    problems = await run_matrix(world, endpoints)
+    assert not problems, report(problems)
+
+
 # --- the roles themselves -------------------------------------------------------------------------
 
 

@@ -88,7 +88,7 @@ async def test_an_organization_starts_with_the_five_system_roles(client: AsyncTe
         assert role["is_system"] is True
         assert role["organization_id"] == org.id
     permissions = {name: set(role["permissions"]) for name, role in roles.items()}
-    assert len(ALL_PERMISSIONS) == 22
+    assert len(ALL_PERMISSIONS) == 24
     assert permissions["OWNER"] == set(ALL_PERMISSIONS)
     assert permissions["ADMIN"] == set(ALL_PERMISSIONS)
     assert permissions["MEMBER"] == READS | {

@@ -25,6 +25,8 @@ PERMISSION_CATALOGUE: tuple[str, ...] = (
     "knowledge:delete",
     "triggers:read",
     "triggers:write",
+    "notifications:read",
+    "notifications:write",
 )
 ALL_PERMISSIONS = frozenset(PERMISSION_CATALOGUE)
 READS = frozenset(p for p in PERMISSION_CATALOGUE if p.endswith(":read"))

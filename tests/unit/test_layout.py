@@ -91,7 +91,16 @@ def test_only_services_send_after_commit() -> None:
 
 # The domains' packages; shared/db, shared/work, shared/queue and shared/paging are the
 # plumbing services are made of, with signatures of their own.
-DOMAINS = ("identity", "outbound", "scenarios", "batches", "knowledge", "calibration", "triggers")
+DOMAINS = (
+    "identity",
+    "outbound",
+    "scenarios",
+    "batches",
+    "knowledge",
+    "calibration",
+    "triggers",
+    "notifications",
+)
 
 
 def _service_functions() -> Iterator[tuple[str, object]]:

@@ -17,6 +17,7 @@ from shared.db.models.knowledge import (
     KnowledgeCollection,
     KnowledgeDocument,
 )
+from shared.db.models.notifications import NotificationEvent, WebhookDelivery, WebhookEndpoint
 from shared.db.models.outbound import Agent, AllowedDomain, Credential, LLMProvider
 from shared.db.models.scenarios import (
     Criterion,
@@ -43,6 +44,7 @@ __all__ = [
     "KnowledgeDocument",
     "LLMProvider",
     "Membership",
+    "NotificationEvent",
     "Organization",
     "PlatformToken",
     "Role",
@@ -54,4 +56,6 @@ __all__ = [
     "TurnResult",
     "User",
     "UserToken",
+    "WebhookDelivery",
+    "WebhookEndpoint",
 ]

@@ -5,7 +5,7 @@ the latest one's id: 32 lower-case hex digits (a CHECK constraint), null when tr
 off and for every existing run.
 
 Revision ID: 0022
-Revises: 0020
+Revises: 0021
 Create Date: 2026-12-04 10:00:00
 """
 
@@ -16,7 +16,7 @@ from alembic import op
 
 revision: str = "0022"
 # 0019-0021 are on other branches: re-chained to the last of them when they are merged.
-down_revision: str | None = "0020"
+down_revision: str | None = "0021"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
