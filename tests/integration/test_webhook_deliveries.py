@@ -50,7 +50,7 @@ from tests.support.notifications import (
     sent,
 )
 from tests.support.scenario_setup import outbound_setup
-from tests.support.triggers import create
+from tests.support.triggers import create, scheduled
 from tests.support.triggers import path as trigger_path
 from tests.support.triggers import webhook as webhook_trigger
 
@@ -561,6 +561,55 @@ async def test_batch_regressed_is_sent_only_for_a_significant_regression(
         assert scenario["p_value"] == pytest.approx(1 / 70)
         assert payload["data"]["batch_run"]["id"] == batch["id"]
         assert payload["data"]["links"]["ui"].endswith(f"/batches/{batch['id']}")
+
+
+async def test_a_nightly_suite_that_regresses_against_the_night_before_posts_batch_regressed(
+    client: AsyncTestClient,
+    app: Litestar,
+    settings: Settings,
+    receiver: FakeServer,
+) -> None:
+    """A nightly ``batch_run`` trigger (4 runs of each scenario): the first night passes,
+    the second the agent has changed and every run fails; its batch takes the first night's
+    as baseline, and once the sweeper stores the comparison a signed ``batch.regressed``
+    names the scenario, p = 1/70."""
+    said = {"reply": "hello there"}
+    with FakeAgent(reply=lambda body: said["reply"]) as changing:
+        w = await make_world(client, changing)
+        await make_scenario(client, w, "greets", tags=["nightly"])
+        endpoint = await create_endpoint(client, w.t, receiver.url, "batch.regressed")
+        trigger = await create(
+            client,
+            w.t,
+            scheduled(w.agent_id, action="batch_run", tags=["nightly"], repetitions=4),
+        )
+        nights = []
+        for reply in ("hello there", "goodbye"):
+            said["reply"] = reply
+            fired = await client.post(trigger_path(w.t, trigger["id"], "fire"), headers=w.headers)
+            execution = UUID(fired.json()["id"])
+            await execute(app.state.database, settings, execution, broker=stub_broker())
+            done = await client.get(
+                trigger_path(w.t, trigger["id"], "executions", str(execution)), headers=w.headers
+            )
+            nights.append(done.json()["batch_run_id"])
+            await drain(app, settings, nights[-1])
+    assert await store_due(app.state.database) == 1  # the second night's: the first has none
+    await announce_recorded(app, settings, stub_broker())
+
+    (request,) = receiver.requests
+    payload = verified(endpoint["secret"], request)
+    assert payload["type"] == "batch.regressed"
+    assert payload["data"]["batch_run"]["id"] == nights[1]
+    comparison = payload["data"]["comparison"]
+    assert comparison["baseline_batch_run_id"] == nights[0]
+    (scenario,) = comparison["scenarios"]
+    assert (scenario["scenario_name"], scenario["a_passes"], scenario["b_passes"]) == (
+        "greets",
+        4,
+        0,
+    )
+    assert scenario["p_value"] == pytest.approx(1 / 70) and scenario["significant"]
 
 
 async def test_a_calibration_completing_sends_calibration_completed_with_its_agreement(
