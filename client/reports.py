@@ -402,8 +402,14 @@ def _rate(rate: float | None) -> str:
 
 
 def print_reliability(console: Console, batch: BatchRunRead) -> None:
-    """With repetitions: pass^1..pass^k, pass@k and the flaky scenarios with their passes
-    of their trials."""
+    """With judge votes, the judge's flip rate; with repetitions: pass^1..pass^k, pass@k and
+    the flaky scenarios with their passes of their trials."""
+    if batch.judge_repetitions > 1 and isinstance(batch.judge_flip_rate, float):
+        say(
+            console,
+            f"judge: {batch.judge_repetitions} votes on each judged criterion; "
+            f"{batch.judge_flip_rate:.0%} of them split (its flip rate)",
+        )
     if batch.repetitions < 2 or not isinstance(batch.pass_hat_k, list):
         return
     k = batch.repetitions
