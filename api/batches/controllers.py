@@ -54,7 +54,10 @@ class BatchRunController(Controller):
         `error_scenarios`) count runs: scenarios x repetitions.  `baseline_batch_id` names a
         batch of the same organization (else 404) and agent (else 422) to compare this one
         with: once it has completed and the baseline is over, the comparison is stored on
-        it (`comparison` in its detail)."""
+        it (`comparison` in its detail).  `judge_repetitions` (1-5, default 1) has the judge
+        decide each `llm_evaluated` criterion that many times on the same conversation: the
+        verdict is the majority (a tie is FAIL), each such criterion result carries its
+        `votes`, and every vote counts in the cost."""
         batch = await services.create_batch(
             db_session, access=access, body=data, broker=state.broker
         )
@@ -122,7 +125,9 @@ class BatchRunController(Controller):
         once, `flaky_scenarios` how many are flaky.  With a baseline, `comparison` is its
         comparison (as `compareBatchRuns` gives it, listing the scenarios that did not stay
         unchanged), stored once the batch has completed and the baseline is over; null
-        until then."""
+        until then.  `judge_flip_rate` is the share of the criterion results the judge
+        decided whose votes were not unanimous (null with `judge_repetitions` 1);
+        `replays` the batches replaying this one."""
         return await services.batch_detail(
             db_session,
             access=access,
