@@ -32,6 +32,13 @@ A text check among the conversation criteria reads every reply as it was sent to
 it finds in each is committed with its turn (``conversation_matches``), so its verdict at
 the end does not depend on which delivery played which turn; a tool check among them
 reads every turn's calls as they were committed.
+
+The judge decides each ``llm_evaluated`` criterion ``judge_repetitions`` times (the run's,
+so a resumed run judges the same), its calls at once; the verdict is their majority (a tie
+fails) and the result keeps the votes.  A replay's run (``replay_of_run_id``) plays the
+conversation its source run stored (:mod:`shared.scenarios.replay`): each message and
+reply, tool calls and simulated turns taken from it, the agent and the simulator never
+called; deterministic checks then read the stored (redacted) reply.
 """
 
 from __future__ import annotations
@@ -251,7 +258,7 @@ class _Verdict:
         return {"PASS": passes, "FAIL": len(self.judgements) - passes}
 
 
-def majority(judgements: Sequence[Judgement]) -> _Verdict:
+def _majority(judgements: Sequence[Judgement]) -> _Verdict:
     """The verdict of the judge's votes on one criterion: PASS when more than half passed
     (a tie is FAIL), with the critique and evidence of the first vote that agrees."""
     passes = sum(j.verdict == "PASS" for j in judgements)
@@ -319,7 +326,7 @@ async def _judged(
         )
     except EgressError as exc:
         raise RunAborted(f"judge: {exc}") from None
-    return majority(votes)
+    return _majority(votes)
 
 
 async def _conversation_matches(context: _Context, reply: AgentReply) -> dict[str, str] | None:
@@ -716,12 +723,13 @@ async def _play(
     source: str = "scripted",
     extra: CostSummary | None = None,
 ) -> _Played:
-    """Send the turn's message to the agent, judge every criterion of the turn at once and
-    look for the conversation criteria's texts in the reply.  ``extra``: what the turn
-    cost besides the agent and the judge (the simulator that wrote its message)."""
+    """Send the turn's message to the agent (a replay's: take the reply its source run
+    stored), judge every criterion of the turn at once and look for the conversation
+    criteria's texts in the reply.  ``extra``: what the turn cost besides the agent and the
+    judge (the simulator that wrote its message)."""
     if context.replay is not None:
-        reply, given, searched = _replayed(_stored(context.replay, index)), None, []
-        given = context.replay.turns[index].knowledge
+        stored = _stored(context.replay, index)
+        reply, given, searched = _replayed(stored), stored.knowledge, []
     else:
         reply, given, searched = await _call_agent(context, index, message, history)
     # What the agent did for this reply: Spar's knowledge search for an llm agent, the
