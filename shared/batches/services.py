@@ -47,6 +47,7 @@ from sqlalchemy import (
     or_,
     select,
     true,
+    union_all,
     update,
 )
 from sqlalchemy.ext.asyncio import AsyncSession
@@ -289,17 +290,17 @@ async def judge_flip_rate(session: AsyncSession, *, batch: BatchRun) -> float | 
         return None
     result = CriterionResult.__table__
     turn = TurnResult.__table__
-    split = (result.c.votes["PASS"].as_integer() > 0) & (result.c.votes["FAIL"].as_integer() > 0)
     of_batch = select(_runs.c.id).where(_runs.c.batch_run_id == batch.id)
+    # Each way down the indexes: a turn's results by its run, a conversation's by the run.
+    votes = union_all(
+        select(result.c.votes)
+        .join(turn, turn.c.id == result.c.turn_result_id)
+        .where(turn.c.run_id.in_(of_batch), result.c.votes.is_not(None)),
+        select(result.c.votes).where(result.c.run_id.in_(of_batch), result.c.votes.is_not(None)),
+    ).subquery("votes")
+    split = (votes.c.votes["PASS"].as_integer() > 0) & (votes.c.votes["FAIL"].as_integer() > 0)
     judged, flipped = (
-        await session.execute(
-            select(func.count(), func.count().filter(split))
-            .select_from(result.outerjoin(turn, turn.c.id == result.c.turn_result_id))
-            .where(
-                result.c.votes.is_not(None),
-                or_(result.c.run_id.in_(of_batch), turn.c.run_id.in_(of_batch)),
-            )
-        )
+        await session.execute(select(func.count(), func.count().filter(split)).select_from(votes))
     ).one()
     return flipped / judged if judged else None
 
