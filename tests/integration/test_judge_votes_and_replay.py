@@ -9,6 +9,8 @@ agent echoes the user message; every fake counts the requests it received."""
 
 from __future__ import annotations
 
+import asyncio
+import threading
 from collections.abc import Iterator
 from typing import Any
 from uuid import UUID
@@ -17,12 +19,19 @@ import pytest
 from litestar import Litestar
 from litestar.testing import AsyncTestClient
 
+from shared.batches.window import dispatch_committed
 from shared.calibration import trust
 from shared.scenarios.runner import execute_run
 from shared.settings import Settings
 from tests.support.batches import drain
 from tests.support.factories import Tenant, member_holding, single_validation_entry, tenant
-from tests.support.fakes import FakeAgent, FakeOpenAI, FakeSimulator, VoteQuota
+from tests.support.fakes import (
+    FakeAgent,
+    FakeOpenAI,
+    FakeSimulator,
+    VoteQuota,
+    verdict_from_marker,
+)
 from tests.support.scenario_setup import (
     create_judge_provider,
     create_scenario,
@@ -342,6 +351,62 @@ async def test_a_replay_rejudges_the_stored_conversations_without_calling_anyone
                 f"scenario changed: scenario {deleted['id']} was deleted"
             )
     assert simulated["id"]
+
+
+async def test_an_interrupted_replay_run_resumes_from_the_stored_conversation(
+    client: AsyncTestClient, app: Litestar, settings: Settings, agent: FakeAgent
+) -> None:
+    """A replay's run stopped while its second turn is judged resumes there: the first
+    turn is neither written nor judged again, and the agent is never called."""
+    hold, released = threading.Event(), threading.Event()
+
+    def verdict(body: dict[str, Any]) -> str:
+        prompt = "\n".join(str(m.get("content", "")) for m in body["messages"])
+        if "[hold]" in prompt and hold.is_set():
+            released.wait(10)
+        return verdict_from_marker(body)
+
+    with FakeOpenAI(reply=verdict) as judge:
+        t = await tenant(client)
+        setup = await outbound_setup(client, t, agent.url, judge.url)
+        turns = [
+            turn("first", criterion("Good? [judge:PASS]")),
+            turn("second", criterion("Still good? [hold] [judge:PASS]")),
+        ]
+        await create_scenario(client, t, name="two", tags=["two"], turns=turns)
+        source = await play(client, app, settings, t, setup.agent_id, "two")
+        assert source["passed_scenarios"] == 1
+        asked = len(agent.requests)
+        hold.set()
+        made = await client.post(f"{batches(t)}/{source['id']}/replay", headers=t.owner.headers)
+        assert made.status_code == 201, made.text
+        database = app.state.database
+        (run_id,) = await dispatch_committed(database, UUID(made.json()["id"]))
+        task = asyncio.create_task(execute_run(database, settings, run_id))
+        try:
+            await judge.requests_received(len(judge.requests) + 2, wait_s=10)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+        finally:
+            hold.clear()
+            released.set()
+        interrupted = await get_run(client, t, str(run_id))
+        assert interrupted["status"] == "running"
+        assert [r["turn_index"] for r in interrupted["turn_results"]] == [0]
+        judged = len(judge.requests)
+
+        await execute_run(database, settings, run_id)
+        done = await get_run(client, t, str(run_id))
+        assert done["status"] == "passed", done
+        assert [r["response_content"] for r in done["turn_results"]] == [
+            "Echo: first",
+            "Echo: second",
+        ]
+        assert done["turn_results"][0] == interrupted["turn_results"][0]
+        assert len(judge.requests) == judged + 1  # the second turn only
+        assert len(agent.requests) == asked
+        assert (await read(client, t, made.json()["id"]))["passed_scenarios"] == 1
 
 
 async def test_a_replay_is_of_a_completed_batch_of_the_organization_by_who_may_run(
