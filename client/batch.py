@@ -39,7 +39,7 @@ from client.reports import (
 from client.terminal import make_console, say
 from shared.batches.schemas import BatchComparison, BatchRunItemSummary, BatchRunRead
 from shared.calibration.schemas import JudgeTrust
-from shared.scenarios.schemas import ScenarioRunRead, criterion_label
+from shared.scenarios.schemas import CriterionResultRead, ScenarioRunRead, criterion_label
 
 EXIT_PASSED, EXIT_FAILED, EXIT_ERROR = 0, 1, 2
 RECONNECTS = 20  # consecutive failed reconnections before giving up
@@ -92,6 +92,16 @@ def _seconds(run: ScenarioRunRead | BatchRunItemSummary) -> float:
     return max(0.0, (run.completed_at - run.started_at).total_seconds())
 
 
+def _named(result: CriterionResultRead) -> str:
+    """A criterion as reports name it, with the judge's votes when it voted more than once
+    (``Polite? (votes 1 to 2)``, an en dash between: PASS then FAIL)."""
+    label = criterion_label(result.criteria_type, result.question)
+    votes = result.votes
+    if votes and sum(votes.values()) > 1:
+        label += f" (votes {votes.get('PASS', 0)}\N{EN DASH}{votes.get('FAIL', 0)})"
+    return label
+
+
 def outcomes(api: Api, batch: BatchRunRead) -> list[Outcome]:
     """Every run of the batch; the failed and errored ones with their failed turns."""
     found = []
@@ -112,7 +122,7 @@ def outcomes(api: Api, batch: BatchRunRead) -> list[Outcome]:
         outcome.error = run.error_message
         outcome.simulation_outcome = run.simulation_outcome
         outcome.failed_conversation = [
-            (criterion_label(c.criteria_type, c.question), c.verdict, c.critique)
+            (_named(c), c.verdict, c.critique)
             for c in run.conversation_results or []
             if c.verdict != "PASS"
         ]
@@ -127,7 +137,7 @@ def outcomes(api: Api, batch: BatchRunRead) -> list[Outcome]:
                     # Each result names what it asked (the run's own copy of the
                     # scenario): the scenario may have been edited or deleted since.
                     criteria=[
-                        (criterion_label(c.criteria_type, c.question), c.verdict, c.critique)
+                        (_named(c), c.verdict, c.critique)
                         for c in turn.criteria_results
                         if c.verdict != "PASS"
                     ],

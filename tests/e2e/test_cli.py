@@ -706,7 +706,8 @@ async def test_judge_votes_show_the_flip_rate_and_a_replay_rejudges_without_the_
         ran = spar_here("batch", "replay", made, "--json", str(json_path), config=tmp_path, env=env)
         output = ran.stdout + ran.stderr
         assert ran.code == 1, output
-        assert f"replaying batch {made}" in output and "Polite now?" in output
+        assert f"replaying batch {made}" in output
+        assert "(votes 1\N{EN DASH}2)" in output  # the failed criterion's votes
         assert len(shop.requests) == asked
         report = json.loads(json_path.read_text())
         assert report["batch"]["replay_of"] == made
