@@ -1,6 +1,7 @@
 """``spar batch run``: a batch run from CI — start it, follow its events, gather what
 failed, and an exit code that tells failures from errors.  What it shows and writes (the
-progress bar, the table of failures, JUnit and JSON files) is :mod:`client.reports`.
+progress bar, the table of failures, JUnit and JSON files) is :mod:`client.reports`; the
+Markdown summary for a pull request (``--summary``), :mod:`client.summary`.
 
 Exit codes: 0 every scenario passed; 1 a scenario failed (or, with ``--fail-under``, the
 pass rate is below it); 2 a scenario ended in error or the batch itself errored (this
@@ -36,6 +37,7 @@ from client.reports import (
     progress_bar,
     shown,
 )
+from client.summary import markdown_summary, write_summary
 from client.terminal import make_console, say
 from shared.batches.schemas import BatchComparison, BatchRunItemSummary, BatchRunRead
 from shared.calibration.schemas import JudgeTrust
@@ -291,6 +293,13 @@ judge_repetitions_option = click.option(
 @judge_repetitions_option
 @output_file("--junit", "junit_path", "Write JUnit XML: one testcase per scenario.")
 @output_file("--json", "json_path", "Write the batch and every scenario's outcome as JSON.")
+@output_file(
+    "--summary",
+    "summary_path",
+    "Write a summary in GitHub Markdown, for a pull-request comment or $GITHUB_STEP_SUMMARY "
+    "(at most 60,000 characters; `-`: standard output, the rest of the output then going "
+    "to standard error).",
+)
 @profile_option
 @org_option
 def run(
@@ -305,6 +314,7 @@ def run(
     judge_repetitions: int | None,
     junit_path: Path | None,
     json_path: Path | None,
+    summary_path: Path | None,
     profile: str | None,
     org: str | None,
 ) -> None:
@@ -315,6 +325,8 @@ def run(
     the scenarios are named as in the files (the REST API takes their ids)."""
     if not tags and not scenario_names:
         raise click.UsageError("give --tag or --scenario (or both)")
+    if summary_path is not None and not wait:
+        raise click.UsageError("--summary summarizes the batch at its end: not with --no-wait")
     api = Api(target(profile, org))
     try:
         code = run_batch(
@@ -330,6 +342,8 @@ def run(
             judge_repetitions=judge_repetitions,
             junit_path=junit_path,
             json_path=json_path,
+            summary_path=summary_path,
+            console=make_console(stderr=str(summary_path) == "-"),
         )
     finally:
         api.close()
@@ -351,6 +365,7 @@ def run_batch(
     replay_of: str | None = None,
     junit_path: Path | None = None,
     json_path: Path | None = None,
+    summary_path: Path | None = None,
     console: Console | None = None,
 ) -> int:
     """Start the batch (with ``replay_of``, a replay of that batch) and, with ``wait``,
@@ -396,7 +411,8 @@ def run_batch(
         f"batch {made.id}: {scenarios} scenarios{runs} against {shown(chosen['name'])}"
         + (f", compared with batch {baseline_id}" if baseline_id else ""),
     )
-    results = f"results: {api.url}/ui/orgs/{api.org}/batches/{made.id}"
+    link = f"{api.url}/ui/orgs/{api.org}/batches/{made.id}"
+    results = f"results: {link}"
     if not wait:
         say(console, results)
         return EXIT_PASSED
@@ -429,6 +445,8 @@ def run_batch(
     if json_path is not None:
         json_path.write_text(json_report(detail, found, comparison))
         say(console, f"JSON: {json_path}")
+    if summary_path is not None:
+        write_summary(summary_path, markdown_summary(detail, found, link, comparison))
     say(console, results)
     code = exit_code(detail, found, fail_under, comparison)
     for verdict in (

@@ -30,7 +30,7 @@ from rich.text import Text
 
 from client.terminal import say
 from shared.batches.schemas import BatchComparison, BatchRunRead, RateLimitedRead
-from shared.calibration.schemas import JudgeTrust
+from shared.calibration.schemas import JudgeTrust, TrustedCriterion
 
 # --- what a scenario's run came to ---------------------------------------------------------------
 
@@ -145,7 +145,7 @@ def junit_xml(batch: BatchRunRead, found: list[Outcome]) -> bytes:
     return ET.tostring(suite, encoding="utf-8", xml_declaration=True)
 
 
-def _first_failure(outcome: Outcome) -> str:
+def first_failure(outcome: Outcome) -> str:
     """What failed first: a turn's criterion, else a conversation criterion."""
     first = outcome.failed[0] if outcome.failed else None
     if first and first.criteria:
@@ -155,7 +155,9 @@ def _first_failure(outcome: Outcome) -> str:
     return "a required turn failed"
 
 
-def _describe_conversation(outcome: Outcome) -> str:
+def describe_conversation(outcome: Outcome) -> str:
+    """The failed conversation criteria of a run as text, with its simulated user's
+    outcome."""
     lines = ["the whole conversation"]
     if outcome.simulation_outcome:
         lines.append(f"  simulated user: {outcome.simulation_outcome}")
@@ -187,10 +189,10 @@ def _result(case: ET.Element, tag: str, outcome: Outcome) -> None:
     rerun's or a flaky run's text (Surefire's ``rerunType``) in its ``stackTrace``, with
     the run's id as its ``system-out``."""
     if outcome.status == "failed":
-        described = [_describe(turn) for turn in outcome.failed]
+        described = [describe_turn(turn) for turn in outcome.failed]
         if outcome.failed_conversation:
-            described.append(_describe_conversation(outcome))
-        message, kind, text = _first_failure(outcome), "criterion", "\n\n".join(described)
+            described.append(describe_conversation(outcome))
+        message, kind, text = first_failure(outcome), "criterion", "\n\n".join(described)
     else:
         message = outcome.error or outcome.status
         kind, text = outcome.status, outcome.error or ""
@@ -202,7 +204,9 @@ def _result(case: ET.Element, tag: str, outcome: Outcome) -> None:
     ET.SubElement(element, "system-out").text = f"run {outcome.run_id}"
 
 
-def _describe(turn: FailedTurn) -> str:
+def describe_turn(turn: FailedTurn) -> str:
+    """A failed turn as text: what the user said, the reply, its tool calls, each failed
+    criterion with its critique (the JUnit file's and the Markdown summary's)."""
     lines = [
         f"turn {turn.turn_index + 1}",
         f"  user:  {turn.user_message}",
@@ -361,6 +365,14 @@ def print_results(console: Console, batch: BatchRunRead, found: list[Outcome]) -
     )
 
 
+def corrected_rate(criterion: TrustedCriterion) -> str:
+    """A calibrated criterion's corrected pass rate with its 95 % interval, as shown."""
+    if criterion.corrected_pass_rate is None or criterion.interval is None:
+        return "no better than chance"
+    low, high = criterion.interval.low, criterion.interval.high
+    return f"{criterion.corrected_pass_rate:.0%} ({low:.0%} to {high:.0%})"
+
+
 def print_trust(console: Console, batch: BatchRunRead) -> None:
     """The batch's judge trust as its results page shows it: the calibrated criteria with
     their corrected pass rates, then the uncalibrated ones with their raw rates only."""
@@ -375,13 +387,10 @@ def print_trust(console: Console, batch: BatchRunRead) -> None:
         for column in ("criterion", "raw", "corrected (95 % interval)", ""):
             table.add_column(column)
         for c in trust.criteria:
-            if c.corrected_pass_rate is None or c.interval is None:
-                corrected = "no better than chance"
-            else:
-                low, high = c.interval.low, c.interval.high
-                corrected = f"{c.corrected_pass_rate:.0%} ({low:.0%} to {high:.0%})"
             note = Text(shown(f"stale: {c.stale_reason}"), "yellow") if c.stale else ""
-            table.add_row(Text(shown(c.question)), f"{c.raw_pass_rate:.0%}", corrected, note)
+            table.add_row(
+                Text(shown(c.question)), f"{c.raw_pass_rate:.0%}", corrected_rate(c), note
+            )
         console.print(table)
     if trust.uncalibrated:
         table = Table(
@@ -401,21 +410,37 @@ def _rate(rate: float | None) -> str:
     return "-" if rate is None else f"{rate:.0%}"
 
 
-def print_reliability(console: Console, batch: BatchRunRead) -> None:
-    """With judge votes, the judge's flip rate; with repetitions: pass^1..pass^k, pass@k and
-    the flaky scenarios with their passes of their trials."""
-    if batch.judge_repetitions > 1 and isinstance(batch.judge_flip_rate, float):
-        say(
-            console,
-            f"judge: {batch.judge_repetitions} votes on each judged criterion; "
-            f"{batch.judge_flip_rate:.0%} of them split (its flip rate)",
-        )
+def judge_votes_line(batch: BatchRunRead) -> str | None:
+    """With judge votes (``judge_repetitions`` above 1), how many and the judge's flip rate
+    in a line; else ``None``."""
+    if batch.judge_repetitions < 2 or not isinstance(batch.judge_flip_rate, float):
+        return None
+    return (
+        f"judge: {batch.judge_repetitions} votes on each judged criterion; "
+        f"{batch.judge_flip_rate:.0%} of them split (its flip rate)"
+    )
+
+
+def reliability_line(batch: BatchRunRead) -> str | None:
+    """With repetitions, pass^1..pass^k and pass@k in a line; else ``None``."""
     if batch.repetitions < 2 or not isinstance(batch.pass_hat_k, list):
-        return
+        return None
     k = batch.repetitions
     hats = ", ".join(f"pass^{j} {_rate(rate)}" for j, rate in enumerate(batch.pass_hat_k, 1))
     at_k = batch.pass_at_k if isinstance(batch.pass_at_k, float) else None
-    say(console, f"{k} runs of each scenario: {hats}; pass@{k} {_rate(at_k)}")
+    return f"{k} runs of each scenario: {hats}; pass@{k} {_rate(at_k)}"
+
+
+def print_reliability(console: Console, batch: BatchRunRead) -> None:
+    """With judge votes, the judge's flip rate; with repetitions: pass^1..pass^k, pass@k and
+    the flaky scenarios with their passes of their trials."""
+    votes = judge_votes_line(batch)
+    if votes is not None:
+        say(console, votes)
+    line = reliability_line(batch)
+    if line is None:
+        return
+    say(console, line)
     scenarios = batch.scenarios if isinstance(batch.scenarios, list) else []
     flaky = [scenario for scenario in scenarios if scenario.flaky]
     if not flaky:
@@ -454,16 +479,22 @@ def print_comparison(console: Console, comparison: BatchComparison) -> None:
                 Text("significant", "red") if row.significant else "",
             )
         console.print(table)
+    say(console, f"against the baseline: {comparison_counts(comparison)}")
+
+
+def comparison_counts(comparison: BatchComparison) -> str:
+    """The regressions (how many significant), the fixes and the pass-rate difference with
+    its interval, in a line."""
     regressions = comparison.regressions
-    summary = (
-        f"against the baseline: {regressions} regression{'' if regressions == 1 else 's'} "
+    counts = (
+        f"{regressions} regression{'' if regressions == 1 else 's'} "
         f"({comparison.significant_regressions} significant, p < 0.05), "
         f"{comparison.fixes} fix{'' if comparison.fixes == 1 else 'es'}"
     )
     difference = comparison.pass_rate_difference
     if difference is not None:
-        summary += (
+        counts += (
             f"; pass rate {difference.difference:+.1%} (95 % interval {difference.low:+.1%} "
             f"to {difference.high:+.1%}, {difference.pairs} scenarios)"
         )
-    say(console, summary)
+    return counts

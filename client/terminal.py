@@ -32,8 +32,10 @@ json_option = click.option(
 )
 
 
-def make_console() -> Console:
-    return Console(highlight=False)
+def make_console(*, stderr: bool = False) -> Console:
+    """Where a command prints: standard output, or standard error when standard output
+    carries what the command writes (``spar batch run --summary -``)."""
+    return Console(highlight=False, stderr=stderr)
 
 
 def say(console: Console, *parts: str | Text) -> None:

@@ -33,6 +33,7 @@ from litestar.testing import AsyncTestClient
 from lxml import etree
 
 from client.cli import main
+from tests.support.action import SCRIPT, script_env
 from tests.support.factories import Tenant, tenant
 from tests.support.fakes import (
     FakeAgent,
@@ -718,7 +719,8 @@ async def test_control_characters_from_the_agent_reach_no_report_raw(
     client: AsyncTestClient, spar_api: str, shop: ShopAgent, judge: FakeOpenAI, tmp_path: Path
 ) -> None:
     """A reply in terminal colours and a 500 whose body holds ESC: JUnit that every reader
-    accepts and JSON that keeps the text exactly; the table shows the escapes as text."""
+    accepts and JSON that keeps the text exactly; the table and the Markdown summary show
+    the escapes as text."""
     token = await pushed_world(client, spar_api, shop, judge, tmp_path)
     ansi_suite(tmp_path / "ansi")
     pushed = cli(
@@ -726,6 +728,7 @@ async def test_control_characters_from_the_agent_reach_no_report_raw(
     )
     assert pushed.returncode == 0, pushed.stderr
     junit, report = tmp_path / "ansi.xml", tmp_path / "ansi.json"
+    summary = tmp_path / "ansi.md"
     done = cli(
         "batch",
         "run",
@@ -737,6 +740,8 @@ async def test_control_characters_from_the_agent_reach_no_report_raw(
         str(junit),
         "--json",
         str(report),
+        "--summary",
+        str(summary),
         url=spar_api,
         token=token,
         cwd=tmp_path,
@@ -768,6 +773,12 @@ async def test_control_characters_from_the_agent_reach_no_report_raw(
     by_name = {s["scenario"]: s for s in body["scenarios"]}
     assert by_name["colour"]["failed_turns"][0]["response"] == RED
     assert CRASH in by_name["crash"]["error"]
+
+    # The Markdown summary: the escapes as text, in the code blocks of what did not pass.
+    markdown = summary.read_text()
+    assert "\x1b" not in markdown and "\x07" not in markdown
+    assert "agent: \\x1b[31mred\\x1b[0m" in markdown
+    assert "\\x1b[1mTraceback\\x1b[0m: [/bold] boom\\x07" in markdown
 
     # The terminal: the agent's escapes as text, its brackets as text (no markup).
     assert "\x1b" not in done.stdout and "\x07" not in done.stdout
@@ -1116,3 +1127,100 @@ def test_spar_demo_beside_a_running_spar_prints_the_token_to_sign_in_with(
         assert "spar_ui_token" in signed_in.headers["set-cookie"]
         page = http.get(signed_in.headers["location"], follow_redirects=True)
         assert page.status_code == 200 and "/ui/orgs/" in str(page.url), page.url
+
+
+async def test_the_github_action_leaves_a_summary_junit_and_outputs_and_exits_by_spar_codes(
+    client: AsyncTestClient, spar_api: str, shop: ShopAgent, judge: FakeOpenAI, tmp_path: Path
+) -> None:
+    """The Action's script (.github/actions/spar/run.sh) with the environment action.yml
+    gives it and the runner's files (GITHUB_STEP_SUMMARY, GITHUB_OUTPUT): it pushes the
+    scenarios, runs the batch, appends the Markdown summary to the job summary, writes
+    the JUnit file and the outputs, and exits 0 for a suite that passed, 1 for one that
+    failed, 2 for an error; the token appears nowhere."""
+    t = await world(client, shop, judge)
+    suite(tmp_path / "scenarios")
+    step_summary, outputs = tmp_path / "step-summary.md", tmp_path / "outputs"
+
+    def step(**inputs: str) -> tuple[subprocess.CompletedProcess[str], dict[str, str]]:
+        outputs.write_text("")
+        given = {
+            "url": spar_api,
+            "token": t.owner.token,
+            "agent": "support-bot",
+            "scenarios": str(tmp_path / "scenarios"),
+            **inputs,
+        }
+        env = {
+            **{k: v for k, v in os.environ.items() if not k.startswith("SPAR_")},
+            # The client's install, as actions/setup-python puts it first on the PATH.
+            "PATH": f"{Path(spar_executable()).parent}{os.pathsep}{os.environ['PATH']}",
+            "GITHUB_STEP_SUMMARY": str(step_summary),
+            "GITHUB_OUTPUT": str(outputs),
+            "RUNNER_TEMP": str(tmp_path),
+            "XDG_CONFIG_HOME": str(tmp_path / "config"),
+            **script_env(**given),
+        }
+        ran = subprocess.run(
+            ["bash", str(SCRIPT)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            cwd=tmp_path,
+            env=env,
+            check=False,
+        )
+        written = dict(line.split("=", 1) for line in outputs.read_text().splitlines())
+        return ran, written
+
+    passed, written = step(tags="ok", baseline="latest", junit=str(tmp_path / "ok.xml"))
+    assert passed.returncode == 0, passed.stdout + passed.stderr
+    assert "3 created" in passed.stdout  # spar scenarios push
+    assert "no completed batch run of support-bot yet" in passed.stdout  # --baseline latest
+    assert (written["exit-code"], written["pass-rate"]) == ("0", "1.0")
+    batch_id = written["batch-id"]
+    summary = step_summary.read_text()
+    assert "### Spar: 1 passed, 0 failed, 0 error of 1 runs (100% passed)" in summary
+    assert f"[results page]({spar_api}/ui/orgs/{t.id}/batches/{batch_id})" in summary
+    assert Path(written["summary-file"]).read_text() in summary  # noqa: ASYNC240
+    assert [c.get("name") for c in check_junit(tmp_path / "ok.xml").findall("testcase")] == [
+        "greet"
+    ]
+
+    # Two tags, between a comma and a space; two runs of each; the JUnit file by default.
+    failed, written = step(tags="smoke, bad", repetitions="2")
+    assert failed.returncode == 1, failed.stdout + failed.stderr
+    assert "0 created, 0 updated, 0 deleted, 3 unchanged" in failed.stdout
+    assert (written["exit-code"], written["pass-rate"]) == ("1", "0.5")
+    assert written["batch-id"] != batch_id
+    summary = step_summary.read_text()
+    assert summary.count("### Spar: ") == 2  # appended to what the job summary had
+    assert "### Spar: 2 passed, 2 failed, 0 error of 4 runs (50% passed)" in summary
+    assert "2 scenarios x 2 runs" in summary and "pass^1 50%, pass^2 50%" in summary
+    assert "<summary>refund: turn 2: 30 days</summary>" in summary
+    assert "FAIL: 30 days\n    critique: " in summary
+    cases = check_junit(tmp_path / "spar-junit.xml").findall("testcase")
+    assert sorted(c.get("name") for c in cases) == ["greet", "refund"]
+
+    # No directory to push: the scenarios already in Spar; an agent failing: exit 2.
+    errored, written = step(tags="err", scenarios="", junit="")
+    assert errored.returncode == 2, errored.stdout + errored.stderr
+    assert "created" not in errored.stdout
+    assert written["exit-code"] == "2" and written["pass-rate"] == "0.0"
+    for text in (passed.stdout, passed.stderr, failed.stdout, failed.stderr, errored.stdout):
+        assert t.owner.token not in text
+    assert t.owner.token not in step_summary.read_text() + outputs.read_text()
+
+    # --summary -: the Markdown alone on standard output, the rest on standard error.
+    env = {"SPAR_URL": spar_api, "SPAR_TOKEN": t.owner.token}
+    out = spar_here(
+        "batch", "run", "--agent", "support-bot", "--tag", "ok", "--summary", "-",
+        config=tmp_path, env=env,
+    )  # fmt: skip
+    assert out.code == 0, out
+    assert out.stdout.startswith("### Spar: 1 passed, 0 failed, 0 error of 1 runs")
+    assert "results: " in out.stderr and "results: " not in out.stdout
+    no_wait = spar_here(
+        "batch", "run", "--agent", "x", "--tag", "ok", "--summary", "s.md", "--no-wait",
+        config=tmp_path, env=env,
+    )  # fmt: skip
+    assert no_wait.code == 3 and "not with --no-wait" in no_wait.stderr
