@@ -41,7 +41,7 @@ from client.summary import markdown_summary, write_summary
 from client.terminal import make_console, say
 from shared.batches.schemas import BatchComparison, BatchRunItemSummary, BatchRunRead
 from shared.calibration.schemas import JudgeTrust
-from shared.scenarios.schemas import ScenarioRunRead, criterion_label
+from shared.scenarios.schemas import CriterionResultRead, ScenarioRunRead, criterion_label
 
 EXIT_PASSED, EXIT_FAILED, EXIT_ERROR = 0, 1, 2
 RECONNECTS = 20  # consecutive failed reconnections before giving up
@@ -94,6 +94,16 @@ def _seconds(run: ScenarioRunRead | BatchRunItemSummary) -> float:
     return max(0.0, (run.completed_at - run.started_at).total_seconds())
 
 
+def _named(result: CriterionResultRead) -> str:
+    """A criterion as reports name it, with the judge's votes when it voted more than once
+    (``Polite? (votes 1 to 2)``, an en dash between: PASS then FAIL)."""
+    label = criterion_label(result.criteria_type, result.question)
+    votes = result.votes
+    if votes and sum(votes.values()) > 1:
+        label += f" (votes {votes.get('PASS', 0)}\N{EN DASH}{votes.get('FAIL', 0)})"
+    return label
+
+
 def outcomes(api: Api, batch: BatchRunRead) -> list[Outcome]:
     """Every run of the batch; the failed and errored ones with their failed turns."""
     found = []
@@ -114,7 +124,7 @@ def outcomes(api: Api, batch: BatchRunRead) -> list[Outcome]:
         outcome.error = run.error_message
         outcome.simulation_outcome = run.simulation_outcome
         outcome.failed_conversation = [
-            (criterion_label(c.criteria_type, c.question), c.verdict, c.critique)
+            (_named(c), c.verdict, c.critique)
             for c in run.conversation_results or []
             if c.verdict != "PASS"
         ]
@@ -129,7 +139,7 @@ def outcomes(api: Api, batch: BatchRunRead) -> list[Outcome]:
                     # Each result names what it asked (the run's own copy of the
                     # scenario): the scenario may have been edited or deleted since.
                     criteria=[
-                        (criterion_label(c.criteria_type, c.question), c.verdict, c.critique)
+                        (_named(c), c.verdict, c.critique)
                         for c in turn.criteria_results
                         if c.verdict != "PASS"
                     ],
@@ -210,6 +220,17 @@ def batch() -> None:
     """Batch runs."""
 
 
+judge_repetitions_option = click.option(
+    "--judge-repetitions",
+    type=click.IntRange(1, 5),
+    metavar="M",
+    help="Have the judge decide each LLM-judged criterion M times (1 to 5) on the same "
+    "conversation and keep the majority (a tie fails): the results give the votes and the "
+    "judge's flip rate (the share of judged criteria whose votes split), its noise apart from "
+    "the agent's.  Default 1 (a replay: as the replayed batch).",
+)
+
+
 @batch.command("run")
 @click.option(
     "--agent",
@@ -269,6 +290,7 @@ def batch() -> None:
     "or a pass rate under --fail-under; errors still exit 2.  The table shows each changed "
     "scenario's p-value.",
 )
+@judge_repetitions_option
 @output_file("--junit", "junit_path", "Write JUnit XML: one testcase per scenario.")
 @output_file("--json", "json_path", "Write the batch and every scenario's outcome as JSON.")
 @output_file(
@@ -289,6 +311,7 @@ def run(
     fail_under: float | None,
     repetitions: int,
     baseline: str | None,
+    judge_repetitions: int | None,
     junit_path: Path | None,
     json_path: Path | None,
     summary_path: Path | None,
@@ -316,6 +339,7 @@ def run(
             fail_under=fail_under,
             repetitions=repetitions,
             baseline=baseline,
+            judge_repetitions=judge_repetitions,
             junit_path=junit_path,
             json_path=json_path,
             summary_path=summary_path,
@@ -337,12 +361,15 @@ def run_batch(
     fail_under: float | None = None,
     repetitions: int = 1,
     baseline: str | None = None,
+    judge_repetitions: int | None = None,
+    replay_of: str | None = None,
     junit_path: Path | None = None,
     json_path: Path | None = None,
     summary_path: Path | None = None,
     console: Console | None = None,
 ) -> int:
-    """Start the batch and, with ``wait``, follow it to its end; the exit code."""
+    """Start the batch (with ``replay_of``, a replay of that batch) and, with ``wait``,
+    follow it to its end; the exit code."""
     console = console or make_console()
     chosen = api.resolve_agent(agent)
     baseline_id = resolve_baseline(api, baseline, chosen["id"]) if baseline else None
@@ -368,7 +395,15 @@ def run_batch(
     }
     if baseline_id is not None:
         body["baseline_batch_id"] = baseline_id
-    made = api.read(api.path("scenarios/batch-runs"), BatchRunRead, method="POST", json=body)
+    if judge_repetitions is not None:
+        body["judge_repetitions"] = judge_repetitions
+    if replay_of is None:
+        made = api.read(api.path("scenarios/batch-runs"), BatchRunRead, method="POST", json=body)
+    else:
+        options = {k: v for k, v in body.items() if k == "judge_repetitions"}
+        replay = api.path(f"scenarios/batch-runs/{replay_of}/replay")
+        made = api.read(replay, BatchRunRead, method="POST", json=options)
+        say(console, f"replaying batch {replay_of}: its conversations judged again, no agent call")
     scenarios = made.total_scenarios // made.repetitions
     runs = f" x {made.repetitions} runs" if made.repetitions > 1 else ""
     say(
@@ -421,3 +456,59 @@ def run_batch(
         if verdict is not None:
             say(console, verdict)
     return code
+
+
+@batch.command("replay")
+@click.argument("batch_id", metavar="ID")
+@click.option(
+    "--wait/--no-wait",
+    default=True,
+    show_default=True,
+    help="Follow the replay to its end (progress bar, results, exit code), or only start it "
+    "and print the link to its results page.",
+)
+@click.option(
+    "--fail-under",
+    type=click.FloatRange(0.0, 1.0),
+    metavar="RATE",
+    help="Exit 1 only when the share of runs passed is below RATE (0 to 1).",
+)
+@judge_repetitions_option
+@output_file("--junit", "junit_path", "Write JUnit XML: one testcase per scenario.")
+@output_file("--json", "json_path", "Write the batch and every scenario's outcome as JSON.")
+@profile_option
+@org_option
+def replay(
+    batch_id: str,
+    wait: bool,
+    fail_under: float | None,
+    judge_repetitions: int | None,
+    junit_path: Path | None,
+    json_path: Path | None,
+    profile: str | None,
+    org: str | None,
+) -> None:
+    """Judge a completed batch run's conversations again, as stored, with the scenarios'
+    criteria as they are now and the agent's current judge: neither the agent nor the
+    simulated user is called.  The new batch is followed like `spar batch run`'s, with the
+    same results, files and exit codes (a scenario whose scripted turns changed in number,
+    or that was deleted, is an error: "scenario changed")."""
+    api = Api(target(profile, org))
+    try:
+        source = api.read(api.path(f"scenarios/batch-runs/{batch_id}"), BatchRunRead)
+        code = run_batch(
+            api,
+            agent=str(source.agent_id),
+            tags=[],
+            scenario_names=[],
+            concurrency=source.max_concurrency,
+            wait=wait,
+            fail_under=fail_under,
+            judge_repetitions=judge_repetitions,
+            replay_of=str(source.id),
+            junit_path=junit_path,
+            json_path=json_path,
+        )
+    finally:
+        api.close()
+    raise SystemExit(code)

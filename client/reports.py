@@ -410,6 +410,17 @@ def _rate(rate: float | None) -> str:
     return "-" if rate is None else f"{rate:.0%}"
 
 
+def judge_votes_line(batch: BatchRunRead) -> str | None:
+    """With judge votes (``judge_repetitions`` above 1), how many and the judge's flip rate
+    in a line; else ``None``."""
+    if batch.judge_repetitions < 2 or not isinstance(batch.judge_flip_rate, float):
+        return None
+    return (
+        f"judge: {batch.judge_repetitions} votes on each judged criterion; "
+        f"{batch.judge_flip_rate:.0%} of them split (its flip rate)"
+    )
+
+
 def reliability_line(batch: BatchRunRead) -> str | None:
     """With repetitions, pass^1..pass^k and pass@k in a line; else ``None``."""
     if batch.repetitions < 2 or not isinstance(batch.pass_hat_k, list):
@@ -421,8 +432,11 @@ def reliability_line(batch: BatchRunRead) -> str | None:
 
 
 def print_reliability(console: Console, batch: BatchRunRead) -> None:
-    """With repetitions: pass^1..pass^k, pass@k and the flaky scenarios with their passes
-    of their trials."""
+    """With judge votes, the judge's flip rate; with repetitions: pass^1..pass^k, pass@k and
+    the flaky scenarios with their passes of their trials."""
+    votes = judge_votes_line(batch)
+    if votes is not None:
+        say(console, votes)
     line = reliability_line(batch)
     if line is None:
         return

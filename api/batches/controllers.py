@@ -1,4 +1,4 @@
-"""Batch-run endpoints: create, read (spec 15), list, cancel, and live progress (SSE)."""
+"""Batch-run endpoints: create, read (spec 15), list, cancel, replay, and live progress (SSE)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from litestar.response import ServerSentEvent, ServerSentEventMessage
 from litestar.status_codes import HTTP_200_OK
 
 from api.deps import Access, DbSession, Page, PathId
-from shared.batches import schemas, services
+from shared.batches import replays, schemas, services
 from shared.identity.access import OrgAccess, requires
 from shared.outbound.limits import Destination
 
@@ -54,7 +54,10 @@ class BatchRunController(Controller):
         `error_scenarios`) count runs: scenarios x repetitions.  `baseline_batch_id` names a
         batch of the same organization (else 404) and agent (else 422) to compare this one
         with: once it has completed and the baseline is over, the comparison is stored on
-        it (`comparison` in its detail)."""
+        it (`comparison` in its detail).  `judge_repetitions` (1-5, default 1) has the judge
+        decide each `llm_evaluated` criterion that many times on the same conversation: the
+        verdict is the majority (a tie is FAIL), each such criterion result carries its
+        `votes`, and every vote counts in the cost."""
         batch = await services.create_batch(
             db_session, access=access, body=data, broker=state.broker
         )
@@ -122,7 +125,9 @@ class BatchRunController(Controller):
         once, `flaky_scenarios` how many are flaky.  With a baseline, `comparison` is its
         comparison (as `compareBatchRuns` gives it, listing the scenarios that did not stay
         unchanged), stored once the batch has completed and the baseline is over; null
-        until then."""
+        until then.  `judge_flip_rate` is the share of the criterion results the judge
+        decided whose votes were not unanimous (null with `judge_repetitions` 1);
+        `replays` the batches replaying this one."""
         return await services.batch_detail(
             db_session,
             access=access,
@@ -142,6 +147,40 @@ class BatchRunController(Controller):
     ) -> schemas.BatchRunRead:
         """Stop the batch: runs not yet started end as cancelled errors; status `error`."""
         batch = await services.cancel_batch(db_session, access=access, batch_id=batch_run_id)
+        return services.batch_read(batch)
+
+    @post(
+        "/{batch_run_id:str}/replay",
+        operation_id="replayBatchRun",
+        access=requires("scenarios:run"),
+    )
+    async def replay_batch(
+        self,
+        db_session: DbSession,
+        state: State,
+        access: Access,
+        org_id: PathId,
+        batch_run_id: PathId,
+        data: JSONBody[schemas.BatchReplayCreate | None] = None,
+    ) -> schemas.BatchRunRead:
+        """Re-judge a completed batch's stored conversations: 201 with a new batch
+        (`replay_of` names the source; same agent, `max_concurrency` and `repetitions`),
+        status `queued`, one run per run of the source.  Each run takes every turn's message
+        and reply (and tool calls, and simulated turns) from its source run, as stored, and
+        judges them with the scenario's criteria as they are now (per turn by position, and
+        the conversation criteria) and the agent's current judge: the agent and the
+        simulated user are not called; deterministic checks read the stored (redacted)
+        reply.  `judge_repetitions` (1-5) defaults to the source's.  A run ends `error`
+        ("scenario changed: ...") when its scenario's scripted turns changed in number or
+        the scenario was deleted, and when its source run ended in error.  409 when the
+        batch is not `completed`."""
+        batch = await replays.replay_batch(
+            db_session,
+            access=access,
+            batch_id=batch_run_id,
+            body=data or schemas.BatchReplayCreate(),
+            broker=state.broker,
+        )
         return services.batch_read(batch)
 
     @get(

@@ -10,7 +10,7 @@ from uuid import UUID
 import msgspec
 
 from shared.calibration.schemas import JudgeTrust
-from shared.scenarios.schemas import RunStatus, Tag
+from shared.scenarios.schemas import MAX_JUDGE_REPETITIONS, RunStatus, Tag
 from shared.schemas import Input, Output
 
 
@@ -42,6 +42,16 @@ Repetitions = Annotated[
     ),
 ]
 
+JudgeRepetitions = Annotated[
+    int,
+    msgspec.Meta(
+        ge=1,
+        le=MAX_JUDGE_REPETITIONS,
+        description="How many times the judge decides each llm_evaluated criterion on the "
+        "same conversation: the verdict is the majority of the votes (a tie is FAIL).",
+    ),
+]
+
 
 class BatchRunCreate(Input):
     agent_id: UUID
@@ -49,6 +59,7 @@ class BatchRunCreate(Input):
     tags: Annotated[list[Tag], msgspec.Meta(max_length=50)] = []
     max_concurrency: Annotated[int, msgspec.Meta(ge=1, le=100)] = 10
     repetitions: Repetitions = 1
+    judge_repetitions: JudgeRepetitions = 1
     baseline_batch_id: (
         Annotated[
             UUID,
@@ -60,6 +71,13 @@ class BatchRunCreate(Input):
         ]
         | None
     ) = None
+
+
+class BatchReplayCreate(Input):
+    """A replay's options: how many times the judge decides each criterion (else as the
+    replayed batch did)."""
+
+    judge_repetitions: JudgeRepetitions | None = None
 
 
 class BatchRunItemSummary(Output):
@@ -176,6 +194,13 @@ class BatchRunRead(Output):
     baseline_batch_id: Annotated[
         UUID | None, _doc("The batch this one is compared with, if any.")
     ] = None
+    judge_repetitions: Annotated[
+        int, _doc("Votes of the judge on each llm_evaluated criterion (the majority kept).")
+    ] = 1
+    replay_of: Annotated[
+        UUID | None,
+        _doc("A replay: the batch whose stored transcripts this one re-judges; else null."),
+    ] = None
     runs: list[BatchRunItemSummary] | msgspec.UnsetType = msgspec.UNSET
     # The detail only: null while the batch runs; once it is over, each LLM-judged
     # criterion's raw pass rate and, where calibrated, the corrected one.
@@ -217,6 +242,23 @@ class BatchRunRead(Output):
     ) = msgspec.UNSET
     flaky_scenarios: (
         Annotated[int, _doc("The detail only: scenarios with 0 < passes < trials.")]
+        | msgspec.UnsetType
+    ) = msgspec.UNSET
+    judge_flip_rate: (
+        Annotated[
+            float | None,
+            _doc(
+                "The detail only: of the criterion results the judge decided, the share "
+                "whose votes were not unanimous (the judge's noise); null with "
+                "judge_repetitions 1 or before any."
+            ),
+        ]
+        | msgspec.UnsetType
+    ) = msgspec.UNSET
+    replays: (
+        Annotated[
+            list[UUID], _doc("The detail only: the batches replaying this one, oldest first.")
+        ]
         | msgspec.UnsetType
     ) = msgspec.UNSET
     comparison: (

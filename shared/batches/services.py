@@ -47,6 +47,7 @@ from sqlalchemy import (
     or_,
     select,
     true,
+    union_all,
     update,
 )
 from sqlalchemy.ext.asyncio import AsyncSession
@@ -57,7 +58,7 @@ from shared.batches.window import ACTIVE
 from shared.calibration import reliability, trust
 from shared.calibration.reliability import Tally
 from shared.db.base import NOW, utcnow
-from shared.db.models import BatchRun, Scenario, ScenarioRun, TurnResult
+from shared.db.models import BatchRun, CriterionResult, Scenario, ScenarioRun, TurnResult
 from shared.db.queries import one_in_org
 from shared.errors import Conflict, InvalidInput, NotFound
 from shared.identity.access import OrgAccess
@@ -139,6 +140,7 @@ async def start_batch(
         status=BatchStatus.QUEUED,
         max_concurrency=body.max_concurrency,
         repetitions=body.repetitions,
+        judge_repetitions=body.judge_repetitions,
         baseline_batch_id=body.baseline_batch_id,
         total_scenarios=len(scenario_ids) * body.repetitions,  # runs
         created_by_user_id=user_id,
@@ -152,6 +154,7 @@ async def start_batch(
             "p_ids": scenario_ids,
             "p_count": len(scenario_ids),
             "p_repetitions": body.repetitions,
+            "p_judge_repetitions": body.judge_repetitions,
             "p_org": organization_id,
             "p_agent": agent.id,
             "p_batch": batch.id,
@@ -199,6 +202,7 @@ def _fan_out() -> Insert:
             "created_by_user_id",
             "created_at",
             "updated_at",
+            "judge_repetitions",
         ],
         select(
             source.c.id,
@@ -214,6 +218,7 @@ def _fan_out() -> Insert:
             # Distinct, ordered timestamps: runs are dispatched in the batch's order.
             NOW + (order + source.c.position - 1) * microsecond,
             NOW,
+            bindparam("p_judge_repetitions", type_=Integer()),
         ),
     )
 
@@ -268,7 +273,48 @@ async def batch_detail(
     limited = await rate_limited(
         batch, limiter=limiter, destinations=await batch_destinations(session, batch=batch)
     )
-    return batch_read(batch, runs, detail=True, limited=limited)
+    return batch_read(
+        batch,
+        runs,
+        detail=True,
+        limited=limited,
+        flip_rate=await judge_flip_rate(session, batch=batch),
+        replays=await replays_of(session, batch_id=batch.id),
+    )
+
+
+async def judge_flip_rate(session: AsyncSession, *, batch: BatchRun) -> float | None:
+    """Of the batch's criterion results the judge decided (per turn and on the whole
+    conversation), the share whose votes were not unanimous; ``None`` when each was judged
+    once, or before any was."""
+    if batch.judge_repetitions == 1:
+        return None
+    result = CriterionResult.__table__
+    turn = TurnResult.__table__
+    of_batch = select(_runs.c.id).where(_runs.c.batch_run_id == batch.id)
+    # Each way down the indexes: a turn's results by its run, a conversation's by the run.
+    votes = union_all(
+        select(result.c.votes)
+        .join(turn, turn.c.id == result.c.turn_result_id)
+        .where(turn.c.run_id.in_(of_batch), result.c.votes.is_not(None)),
+        select(result.c.votes).where(result.c.run_id.in_(of_batch), result.c.votes.is_not(None)),
+    ).subquery("votes")
+    split = (votes.c.votes["PASS"].as_integer() > 0) & (votes.c.votes["FAIL"].as_integer() > 0)
+    judged, flipped = (
+        await session.execute(select(func.count(), func.count().filter(split)).select_from(votes))
+    ).one()
+    return flipped / judged if judged else None
+
+
+async def replays_of(session: AsyncSession, *, batch_id: UUID) -> list[UUID]:
+    """The batches replaying ``batch_id``, oldest first."""
+    return list(
+        await session.scalars(
+            select(BatchRun.id)
+            .where(BatchRun.replay_of == batch_id)
+            .order_by(BatchRun.created_at, BatchRun.id)
+        )
+    )
 
 
 async def batch_destinations(session: AsyncSession, *, batch: BatchRun) -> list[Destination]:
@@ -404,10 +450,13 @@ def batch_read(
     *,
     detail: bool = False,
     limited: schemas.RateLimitedRead | None | msgspec.UnsetType = msgspec.UNSET,
+    flip_rate: float | None = None,
+    replays: list[UUID] | None = None,
 ) -> schemas.BatchRunRead:
     """The batch's body; the detail's also holds its ``runs``, its scenarios' trials, its
-    judge trust and its comparison, and the detail's and the progress events' the rate
-    limit holding it back (``limited``)."""
+    judge trust, its judge's ``flip_rate``, the batches replaying it and its comparison,
+    and the detail's and the progress events' the rate limit holding it back
+    (``limited``)."""
     if not detail:
         return schemas.BatchRunRead.from_row(
             batch,
@@ -437,6 +486,8 @@ def batch_read(
         pass_hat_k=reliability.pass_hat_k(tallies, batch.repetitions),
         pass_at_k=reliability.pass_at_k(tallies),
         flaky_scenarios=reliability.flaky(tallies),
+        judge_flip_rate=flip_rate,
+        replays=replays or [],
     )
 
 

@@ -144,6 +144,8 @@ class CriterionRecord(msgspec.Struct, frozen=True):
     evidence: str
     input_tokens: int = 0
     output_tokens: int = 0
+    # The judge's votes ({"PASS": a, "FAIL": b}) when it decided the verdict; None for a check.
+    votes: dict[str, int] | None = None
 
 
 class ErrorTurn(msgspec.Struct, frozen=True):
@@ -185,3 +187,6 @@ class Claimed(msgspec.Struct, frozen=True):
     attempts: int  # deliveries that claimed the run, this one included (shared.work)
     # How its simulated conversation ended, when an earlier delivery learnt it.
     simulation_outcome: str | None = None
+    judge_repetitions: int = 1  # each llm_evaluated criterion judged this many times
+    # A replay's run: the run whose stored transcript it re-judges, calling no one.
+    replay_of_run_id: UUID | None = None

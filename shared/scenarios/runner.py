@@ -32,6 +32,13 @@ A text check among the conversation criteria reads every reply as it was sent to
 it finds in each is committed with its turn (``conversation_matches``), so its verdict at
 the end does not depend on which delivery played which turn; a tool check among them
 reads every turn's calls as they were committed.
+
+The judge decides each ``llm_evaluated`` criterion ``judge_repetitions`` times (the run's,
+so a resumed run judges the same), its calls at once; the verdict is their majority (a tie
+fails) and the result keeps the votes.  A replay's run (``replay_of_run_id``) plays the
+conversation its source run stored (:mod:`shared.scenarios.replay`): each message and
+reply, tool calls and simulated turns taken from it, the agent and the simulator never
+called; deterministic checks then read the stored (redacted) reply.
 """
 
 from __future__ import annotations
@@ -39,6 +46,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 from uuid import UUID
@@ -60,6 +68,7 @@ from shared.outbound.egress import EgressClient, EgressError, ProviderConfig
 from shared.outbound.limits import DestinationLimiter
 from shared.outbound.schemas import ToolCall
 from shared.scenarios import checks, sandbox, store, tracing
+from shared.scenarios import replay as replay_
 from shared.scenarios.records import (
     CallCost,
     Claimed,
@@ -127,6 +136,9 @@ class _Context:
     # The simulated user's provider, when the scenario has one and it is still to play.
     simulator: ProviderConfig | None = None
     simulation_outcome: str | None = None  # as an earlier delivery settled it
+    judge_repetitions: int = 1  # votes per llm_evaluated criterion
+    # A replay's run: the stored conversation it re-judges (no agent, no simulator).
+    replay: replay_.Transcript | None = None
 
 
 def _price(provider: ProviderConfig | None, tokens_in: int, tokens_out: int) -> float:
@@ -153,8 +165,17 @@ async def _load(
         )
     except NotFound as exc:
         raise RunAborted(f"cannot start: {exc.detail}") from None
+    transcript = None
+    if run.replay_of_run_id is not None:
+        try:
+            transcript = await replay_.load(
+                database, run_id=run_id, source_id=run.replay_of_run_id, snapshot=run.snapshot
+            )
+        except replay_.NotReplayable as exc:
+            raise RunAborted(str(exc)) from None
     knowledge = None
-    if outbound.agent.kind == "llm":  # only Spar's own llm agents are given documents
+    # Only Spar's own llm agents are given documents; a replay's were stored with its turns.
+    if outbound.agent.kind == "llm" and transcript is None:
         try:
             knowledge = await load_knowledge(
                 database, run.organization_id, run.agent_id, wait_s=settings.knowledge_wait_s
@@ -178,8 +199,14 @@ async def _load(
         business_information=run.business_information,
         cost=run.cost_summary,
         knowledge=None if knowledge is None or knowledge.empty else knowledge,
-        simulator=await _simulator_of(database, settings, run, outbound.simulator),
+        simulator=(
+            None
+            if transcript is not None
+            else await _simulator_of(database, settings, run, outbound.simulator)
+        ),
         simulation_outcome=run.simulation_outcome,
+        judge_repetitions=run.judge_repetitions,
+        replay=transcript,
     )
 
 
@@ -215,12 +242,29 @@ TEXT = ("contains", "not_contains", "regex")  # the checks that read the reply's
 
 @dataclass(frozen=True, slots=True)
 class _Verdict:
-    """A criterion's verdict on a turn, and the judge's call when one decided it."""
+    """A criterion's verdict on a turn, and the judge's calls (its votes) when the judge
+    decided it."""
 
     verdict: str
     critique: str
     evidence: str
-    judgement: Judgement | None = None
+    judgements: tuple[Judgement, ...] = ()
+
+    @property
+    def votes(self) -> dict[str, int] | None:
+        if not self.judgements:
+            return None
+        passes = sum(j.verdict == "PASS" for j in self.judgements)
+        return {"PASS": passes, "FAIL": len(self.judgements) - passes}
+
+
+def _majority(judgements: Sequence[Judgement]) -> _Verdict:
+    """The verdict of the judge's votes on one criterion: PASS when more than half passed
+    (a tie is FAIL), with the critique and evidence of the first vote that agrees."""
+    passes = sum(j.verdict == "PASS" for j in judgements)
+    verdict = "PASS" if 2 * passes > len(judgements) else "FAIL"
+    agreeing = next(j for j in judgements if j.verdict == verdict)
+    return _Verdict(verdict, agreeing.critique, agreeing.evidence, tuple(judgements))
 
 
 async def _evaluate(
@@ -259,23 +303,30 @@ async def _judged(
     *,
     whole_conversation: bool = False,
 ) -> _Verdict:
-    """The judge's verdict on an ``llm_evaluated`` criterion."""
-    if context.judge_provider is None:
+    """The judge's verdict on an ``llm_evaluated`` criterion: the majority of the run's
+    ``judge_repetitions`` votes on the same conversation, asked at once."""
+    provider = context.judge_provider
+    if provider is None:
         raise RunAborted(NO_JUDGE)
     try:
-        result = await judge(
-            context.egress,
-            context.judge_provider,
-            question=criterion.question,
-            conversation=conversation,
-            few_shot_examples=criterion.few_shot_examples,
-            business_information=context.business_information,
-            model=context.judge_model,
-            whole_conversation=whole_conversation,
+        votes = await asyncio.gather(
+            *(
+                judge(
+                    context.egress,
+                    provider,
+                    question=criterion.question,
+                    conversation=conversation,
+                    few_shot_examples=criterion.few_shot_examples,
+                    business_information=context.business_information,
+                    model=context.judge_model,
+                    whole_conversation=whole_conversation,
+                )
+                for _ in range(context.judge_repetitions)
+            )
         )
     except EgressError as exc:
         raise RunAborted(f"judge: {exc}") from None
-    return _Verdict(result.verdict, result.critique, result.evidence, result)
+    return _majority(votes)
 
 
 async def _conversation_matches(context: _Context, reply: AgentReply) -> dict[str, str] | None:
@@ -436,8 +487,11 @@ async def _run_turns(
     progress = _Progress.of(snapshot, done)
     if any(t.stopped_early for t in done):  # a failed required turn ended the conversation
         return await finish(database, context.run_id, _outcome(progress.all_passed))
-    # Whether the conversation goes on after its scripted turns.
-    goes_on = snapshot.simulation is not None or bool(snapshot.conversation_criteria)
+    # Whether the conversation goes on after its scripted turns (a replay's: as it did).
+    simulated = snapshot.simulation is not None
+    if context.replay is not None:
+        simulated = bool(context.replay.simulated) or context.replay.simulation_outcome is not None
+    goes_on = simulated or bool(snapshot.conversation_criteria)
     remaining = _remaining(snapshot, done)
     if not remaining and not goes_on:  # nothing left to play
         return await finish(database, context.run_id, _outcome(progress.all_passed))
@@ -454,7 +508,9 @@ async def _run_turns(
             if last:
                 return successors
         outcome = context.simulation_outcome
-        if snapshot.simulation is not None and outcome is None:
+        if context.replay is not None:
+            outcome = await _replay_simulated(database, context, context.replay, progress)
+        elif snapshot.simulation is not None and outcome is None:
             outcome = await _simulate(database, context, snapshot.simulation, progress)
     except _Overtaken:
         return None
@@ -520,6 +576,28 @@ async def _simulate(
         progress.played(played)
         progress.simulated += 1
     return "max_turns"
+
+
+async def _replay_simulated(
+    database: Database, context: _Context, transcript: replay_.Transcript, progress: _Progress
+) -> str | None:
+    """A replay's simulated turns: the source run's, as stored, each committed like a
+    played one (none written twice); how the source's simulated conversation ended."""
+    for stored in transcript.simulated[progress.simulated :]:
+        with tracing.turn(stored.turn_index, "simulated"):
+            played = await _play(
+                context,
+                index=stored.turn_index,
+                message=stored.user_message,
+                criteria=[],
+                required=False,
+                history=progress.history,
+                source="simulated",
+            )
+        await _commit(database, context, played)
+        progress.played(played)
+        progress.simulated += 1
+    return transcript.simulation_outcome
 
 
 @dataclass(frozen=True, slots=True)
@@ -612,12 +690,18 @@ class _Played:
 
 
 async def _play_scripted(context: _Context, turn: SnapshotTurn, history: list[Message]) -> _Played:
-    """Render a scripted turn's message and play it."""
+    """Render a scripted turn's message (a replay's: the message its source sent) and play
+    it."""
     customer_context = context.snapshot.customer_context or {}
-    try:
-        message = await render_message(turn.user_message, customer_context, turn.order_index + 1)
-    except RunAborted as exc:
-        raise exc.on(ErrorTurn(turn.order_index)) from None
+    if context.replay is not None:
+        message = _stored(context.replay, turn.order_index).user_message
+    else:
+        try:
+            message = await render_message(
+                turn.user_message, customer_context, turn.order_index + 1
+            )
+        except RunAborted as exc:
+            raise exc.on(ErrorTurn(turn.order_index)) from None
     return await _play(
         context,
         index=turn.order_index,
@@ -639,31 +723,15 @@ async def _play(
     source: str = "scripted",
     extra: CostSummary | None = None,
 ) -> _Played:
-    """Send the turn's message to the agent, judge every criterion of the turn at once and
-    look for the conversation criteria's texts in the reply.  ``extra``: what the turn
-    cost besides the agent and the judge (the simulator that wrote its message)."""
-    customer_context = context.snapshot.customer_context or {}
-    system_context, given, searched = None, None, []
-    if context.knowledge is not None:
-        knowledge = await context.knowledge.for_message(message)
-        system_context, given, searched = (
-            knowledge.system_context,
-            knowledge.given,
-            knowledge.tool_calls,
-        )
-    try:
-        reply = await call_agent(
-            context.egress,
-            context.agent,
-            session_id=context.session_id,
-            message=message,
-            history=history,
-            customer_context=customer_context,
-            metadata={"run_id": str(context.run_id), "turn_index": index},
-            system_context=system_context,
-        )
-    except EgressError as exc:
-        raise RunAborted(f"agent: {exc}", ErrorTurn(index, message)) from None
+    """Send the turn's message to the agent (a replay's: take the reply its source run
+    stored), judge every criterion of the turn at once and look for the conversation
+    criteria's texts in the reply.  ``extra``: what the turn cost besides the agent and the
+    judge (the simulator that wrote its message)."""
+    if context.replay is not None:
+        stored = _stored(context.replay, index)
+        reply, given, searched = _replayed(stored), stored.knowledge, []
+    else:
+        reply, given, searched = await _call_agent(context, index, message, history)
     # What the agent did for this reply: Spar's knowledge search for an llm agent, the
     # calls an http agent reported.  Checked as received, kept redacted and capped.
     received_calls = [*searched, *reply.received_tool_calls]
@@ -701,6 +769,65 @@ async def _play(
     return _Played(record, results, cost + extra if extra else cost, conversation)
 
 
+async def _call_agent(
+    context: _Context, index: int, message: str, history: list[Message]
+) -> tuple[AgentReply, Any, list[ToolCall]]:
+    """The agent's reply to the turn's message, with what an llm agent was given from its
+    knowledge and the searches that found it."""
+    customer_context = context.snapshot.customer_context or {}
+    system_context, given, searched = None, None, []
+    if context.knowledge is not None:
+        knowledge = await context.knowledge.for_message(message)
+        system_context, given, searched = (
+            knowledge.system_context,
+            knowledge.given,
+            knowledge.tool_calls,
+        )
+    try:
+        reply = await call_agent(
+            context.egress,
+            context.agent,
+            session_id=context.session_id,
+            message=message,
+            history=history,
+            customer_context=customer_context,
+            metadata={"run_id": str(context.run_id), "turn_index": index},
+            system_context=system_context,
+        )
+    except EgressError as exc:
+        raise RunAborted(f"agent: {exc}", ErrorTurn(index, message)) from None
+    return reply, given, searched
+
+
+def _stored(transcript: replay_.Transcript, index: int) -> replay_.StoredTurn:
+    """The source run's turn ``index`` (counted from 0), which a replay re-judges."""
+    stored = transcript.turns.get(index)
+    if stored is None:
+        raise RunAborted(
+            f"replay: run {transcript.run_id} has no reply for turn {index + 1} (it stopped "
+            "before it): the scenario's criteria now let its conversation go further",
+            ErrorTurn(index),
+        )
+    return stored
+
+
+def _replayed(stored: replay_.StoredTurn) -> AgentReply:
+    """A stored reply as the agent's: deterministic checks read it as stored (redacted),
+    and it cost no call."""
+    calls = tuple(stored.tool_calls)
+    return AgentReply(
+        content=stored.response_content,
+        input_tokens=0,
+        output_tokens=0,
+        latency_ms=0.0,
+        received=stored.response_content,
+        redacted_keys=tuple(stored.redacted_keys),
+        refusal=stored.refusal,
+        tool_calls=calls,
+        received_tool_calls=calls,
+    )
+
+
 def _result(criterion: SnapshotCriterion, v: _Verdict) -> CriterionRecord:
     return CriterionRecord(
         id=uuid.uuid4(),
@@ -709,14 +836,15 @@ def _result(criterion: SnapshotCriterion, v: _Verdict) -> CriterionRecord:
         verdict=v.verdict,
         critique=v.critique,
         evidence=v.evidence,
-        input_tokens=v.judgement.input_tokens if v.judgement else 0,
-        output_tokens=v.judgement.output_tokens if v.judgement else 0,
+        input_tokens=sum(j.input_tokens for j in v.judgements),
+        output_tokens=sum(j.output_tokens for j in v.judgements),
+        votes=v.votes,
     )
 
 
 def _judge_cost(context: _Context, verdicts: list[_Verdict]) -> CostSummary:
-    """What the judge's calls behind ``verdicts`` cost."""
-    judgements = [v.judgement for v in verdicts if v.judgement is not None]
+    """What the judge's calls behind ``verdicts`` cost: every vote."""
+    judgements = [j for v in verdicts for j in v.judgements]
     judge_in = sum(j.input_tokens for j in judgements)
     judge_out = sum(j.output_tokens for j in judgements)
     return CostSummary(
@@ -731,10 +859,11 @@ def _judge_cost(context: _Context, verdicts: list[_Verdict]) -> CostSummary:
 
 
 def _turn_cost(context: _Context, reply: AgentReply, verdicts: list[_Verdict]) -> CostSummary:
-    """What one turn cost: the agent's call, the judge's calls, their estimated price."""
+    """What one turn cost: the agent's call (none for a replay's), the judge's calls,
+    their estimated price."""
     agent = CostSummary(
         agent=CallCost(
-            calls=1,
+            calls=0 if context.replay is not None else 1,
             input_tokens=reply.input_tokens,
             output_tokens=reply.output_tokens,
             latency_ms=round(reply.latency_ms, 1),

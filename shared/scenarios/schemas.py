@@ -36,6 +36,8 @@ TurnSource = Literal["scripted", "simulated"]
 # or it ran out of turns.
 SimulationOutcome = Literal["goal_reached", "gave_up", "max_turns"]
 MAX_SIMULATED_TURNS = 30
+# How many times a batch may have the judge decide each llm_evaluated criterion.
+MAX_JUDGE_REPETITIONS = 5
 DEFAULT_SIMULATED_TURNS = 8
 
 
@@ -244,6 +246,9 @@ class CriterionResultRead(Output):
     evidence: str
     input_tokens: int
     output_tokens: int
+    # How the judge voted, when it decided the verdict: {"PASS": a, "FAIL": b}, the verdict
+    # being the majority (a tie is FAIL); null for a deterministic check.
+    votes: dict[str, int] | None = None
 
 
 class ScenarioTurnResultRead(Output):
@@ -311,6 +316,10 @@ class ScenarioRunRead(Output):
     # The OpenTelemetry trace the run ended in (its latest delivery's), 32 hex digits; null
     # when tracing is off.
     trace_id: str | None = None
+    # How many times the judge decided each llm_evaluated criterion (the majority kept).
+    judge_repetitions: int = 1
+    # A replay's run: the run whose stored transcript it re-judged; null otherwise.
+    replay_of_run_id: UUID | None = None
 
 
 class ScenarioRunList(Output):

@@ -41,6 +41,7 @@ from tests.support.fakes import (
     FakeOpenAI,
     FakeSimulator,
     Reply,
+    VoteQuota,
     verdict_from_marker,
 )
 from tests.support.processes import free_port, spar_executable, spar_process, suite_env
@@ -667,6 +668,51 @@ async def test_repetitions_show_the_flaky_and_a_baseline_exits_1_only_for_a_sign
     assert "1 significant regression (p < 0.05) against the baseline: exit 1" in output
     (row,) = [line for line in output.splitlines() if "lost" in line and "regressed" in line]
     assert "4 of 4" in row and "0 of 4" in row and "0.0143" in row and "significant" in row
+
+
+async def test_judge_votes_show_the_flip_rate_and_a_replay_rejudges_without_the_agent(
+    client: AsyncTestClient, spar_api: str, shop: ShopAgent, tmp_path: Path
+) -> None:
+    """``--judge-repetitions 3``: the judge's 2-1 is a pass and its flip rate is shown; the
+    criterion reworded, ``spar batch replay`` judges the stored reply again (its 1-2 a
+    failure: exit 1) with no request to the agent."""
+    t = await tenant(client)
+    with FakeOpenAI(reply=VoteQuota()) as voter:
+        await outbound_setup(client, t, shop.url, voter.url, agent_fields={"name": "voting-bot"})
+        scenario = await create_scenario(
+            client,
+            t,
+            name="votes",
+            tags=["votes"],
+            turns=[turn("hello votes", criterion("Polite? [judge:votes 2/3]"))],
+        )
+        env = {"SPAR_URL": spar_api, "SPAR_TOKEN": t.owner.token}
+        run = ("batch", "run", "--agent", "voting-bot", "--tag", "votes")
+        ran = spar_here(*run, "--judge-repetitions", "3", config=tmp_path, env=env)
+        assert ran.code == 0, ran.stdout + ran.stderr
+        assert "judge: 3 votes on each judged criterion; 100% of them split" in ran.stdout
+        (made,) = re.findall(r"^batch (\S{36}): 1 scenarios", ran.stdout, re.MULTILINE)
+
+        reworded = {
+            "name": "votes",
+            "tags": ["votes"],
+            "turns": [turn("hello votes", criterion("Polite now? [judge:votes 1/3]"))],
+        }
+        put = await client.put(
+            f"/v1/orgs/{t.id}/scenarios/{scenario['id']}", json=reworded, headers=t.owner.headers
+        )
+        assert put.status_code == 200, put.text
+        asked = len(shop.requests)
+        json_path = tmp_path / "replay.json"
+        ran = spar_here("batch", "replay", made, "--json", str(json_path), config=tmp_path, env=env)
+        output = ran.stdout + ran.stderr
+        assert ran.code == 1, output
+        assert f"replaying batch {made}" in output
+        assert "(votes 1\N{EN DASH}2)" in output  # the failed criterion's votes
+        assert len(shop.requests) == asked
+        report = json.loads(json_path.read_text())
+        assert report["batch"]["replay_of"] == made
+        assert report["batch"]["judge_repetitions"] == 3
 
 
 async def test_control_characters_from_the_agent_reach_no_report_raw(

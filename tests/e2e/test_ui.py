@@ -57,7 +57,14 @@ from tests.support.batches import (
     passing_turn,
 )
 from tests.support.factories import create_org, create_token, tenant
-from tests.support.fakes import FakeAgent, FakeFlakyAgent, FakeSimulator, Reply
+from tests.support.fakes import (
+    FakeAgent,
+    FakeFlakyAgent,
+    FakeOpenAI,
+    FakeSimulator,
+    Reply,
+    VoteQuota,
+)
 from tests.support.live_server import LiveServer
 
 # Debian's package (.ci/run installs it); SPAR_TEST_CHROMIUM names another Chromium or Chrome.
@@ -843,3 +850,46 @@ async def test_a_repeated_batch_shows_pass_hat_k_its_flaky_scenarios_and_its_com
     assert "<strong>-33.3 %</strong>" in comparison and "2000 resamples, seed 0" in comparison
     assert '0.0143 <span class="status status-failed">significant</span>' in compared
     assert "<strong>1</strong> significant\n  regression (p &lt; 0.05)" in compared
+
+
+async def test_a_batch_shows_its_judge_votes_and_flip_rate_and_links_replays_both_ways(
+    client: AsyncTestClient, app: Litestar, settings: Settings, agent: FakeAgent, server: LiveServer
+) -> None:
+    """Three votes on a criterion the judge passes 2-1: the run page shows "2-1" (an en dash), the
+    batch page the flip rate; the batch links its replay, the replay its source, and a
+    completed batch says how to replay it."""
+    w = await make_world(client, agent)
+    with FakeOpenAI(reply=VoteQuota()) as judge:
+        provider = await client.post(
+            f"/v1/orgs/{w.t.id}/llm-providers",
+            json={
+                "name": "judge",
+                "provider": "openai_compatible",
+                "base_url": f"{judge.url}/v1",
+                "default_model": "judge-model",
+                "is_default_judge": True,
+            },
+            headers=w.headers,
+        )
+        assert provider.status_code == 201, provider.text
+        turns = [{"user_message": "hi", "criteria": [{"question": "Polite? [judge:votes 2/3]"}]}]
+        scenario = await make_scenario(client, w, "voted", turns=turns)
+        batch = await create_batch(client, w, scenario_ids=[scenario["id"]], judge_repetitions=3)
+        await drain(app, settings, batch["id"])
+        made = await client.post(f"{w.batches}/{batch['id']}/replay", headers=w.headers)
+        assert made.status_code == 201, made.text
+        replay = made.json()
+        await drain(app, settings, replay["id"])
+    run_id = (await runs_by_scenario(client, w, batch["id"]))[scenario["id"]]
+    mine = f"/ui/orgs/{w.t.id}"
+    async with http(server, w.t.owner.token) as owner:
+        source_page = (await owner.get(f"{mine}/batches/{batch['id']}")).text
+        replay_page = (await owner.get(f"{mine}/batches/{replay['id']}")).text
+        run_page = (await owner.get(f"{mine}/runs/{run_id}")).text
+    assert '<strong id="flip-rate">100.0 %</strong>' in source_page
+    replays = source_page[source_page.index('id="replays"') :]
+    assert f'href="{mine}/batches/{replay["id"]}"' in replays
+    assert f"spar batch replay {batch['id']}" in replays
+    assert f'A replay of <a href="{mine}/batches/{batch["id"]}">' in replay_page
+    assert '<span class="verdict verdict-PASS">PASS</span> <span class="votes"' in run_page
+    assert ">2&ndash;1</span>" in run_page

@@ -73,6 +73,8 @@ BATCH_FIELDS = {
     "max_concurrency",
     "repetitions",
     "baseline_batch_id",
+    "judge_repetitions",
+    "replay_of",
     "started_at",
     "completed_at",
     "created_at",
@@ -100,6 +102,8 @@ DETAIL_FIELDS = {
     "pass_at_k",
     "flaky_scenarios",
     "comparison",
+    "judge_flip_rate",
+    "replays",
 }
 
 

@@ -31,6 +31,8 @@ BREAKS: list[tuple[str, dict[str, Any], str]] = [
     ("batch_runs", {"max_concurrency": 0}, "ck_batch_runs_max_concurrency_positive"),
     ("batch_runs", {"repetitions": 0}, "ck_batch_runs_repetitions_in_range"),
     ("batch_runs", {"repetitions": 21}, "ck_batch_runs_repetitions_in_range"),
+    ("batch_runs", {"judge_repetitions": 0}, "ck_batch_runs_judge_repetitions_in_range"),
+    ("batch_runs", {"judge_repetitions": 6}, "ck_batch_runs_judge_repetitions_in_range"),
     (
         "batch_runs",
         {"status": "error", "completed_scenarios": 1},
@@ -117,6 +119,7 @@ BREAKS: list[tuple[str, dict[str, Any], str]] = [
     ),
     # A trace id is 32 lower-case hex digits (W3C trace context), or null.
     ("scenario_runs", {"trace_id": "not-a-trace-id"}, "ck_scenario_runs_trace_id_hex"),
+    ("scenario_runs", {"judge_repetitions": 6}, "ck_scenario_runs_judge_repetitions_in_range"),
     ("turn_results", {"turn_index": -1}, "ck_turn_results_turn_index_not_negative"),
     ("turn_results", {"source": "dreamt"}, "ck_turn_results_source"),
     ("turn_results", {"tool_calls": {"name": "x"}}, "ck_turn_results_tool_calls_array"),

@@ -64,6 +64,8 @@ RUN_FIELDS = {
     "simulation_outcome",
     "conversation_results",
     "trace_id",
+    "judge_repetitions",
+    "replay_of_run_id",
 }
 TURN_RESULT_FIELDS = {
     "id",

@@ -839,3 +839,33 @@ def verdict_from_marker(body: dict[str, Any]) -> str:
         return "I refuse to answer in JSON."
     verdict = "PASS" if "[judge:PASS]" in prompt else "FAIL"
     return json.dumps({"verdict": verdict, "critique": f"judged {verdict}", "evidence": "-"})
+
+
+_VOTES = re.compile(r"\[judge:votes (\d+)/(\d+)\]")
+
+
+class VoteQuota:
+    """A judge's answer (``FakeOpenAI(reply=VoteQuota())``) that flips by quota: a prompt
+    carrying ``[judge:votes p/n]`` is passed by exactly p of every n calls made with that
+    same prompt (the first p of each n to arrive), whatever order concurrent votes arrive
+    in; any other prompt as :func:`verdict_from_marker` answers it.  ``calls`` counts the
+    calls per quota marker."""
+
+    def __init__(self) -> None:
+        self._seen: dict[str, int] = {}
+        self._lock = threading.Lock()
+        self.calls: dict[str, int] = {}
+
+    def __call__(self, body: dict[str, Any]) -> str:
+        prompt = "\n".join(str(m.get("content", "")) for m in body["messages"])
+        found = _VOTES.search(prompt)
+        if found is None:
+            return verdict_from_marker(body)
+        passes, every = int(found.group(1)), int(found.group(2))
+        with self._lock:
+            n = self._seen.get(prompt, 0)
+            self._seen[prompt] = n + 1
+            self.calls[found.group(0)] = self.calls.get(found.group(0), 0) + 1
+        verdict = "PASS" if n % every < passes else "FAIL"
+        critique = f"vote {n % every + 1} of {every}: {verdict}"
+        return json.dumps({"verdict": verdict, "critique": critique, "evidence": verdict})

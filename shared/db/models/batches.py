@@ -12,6 +12,7 @@ from sqlalchemy.orm import Mapped, mapped_column
 from shared.batches.schemas import MAX_REPETITIONS, BatchStatus
 from shared.db.base import Base, IdMixin, JSONType, TimestampMixin
 from shared.db.checks import in_list, not_negative, one_of
+from shared.scenarios.schemas import MAX_JUDGE_REPETITIONS
 
 
 class BatchRun(IdMixin, TimestampMixin, Base):
@@ -39,6 +40,14 @@ class BatchRun(IdMixin, TimestampMixin, Base):
         CheckConstraint("max_concurrency >= 1", name="max_concurrency_positive"),
         CheckConstraint(
             f"repetitions >= 1 AND repetitions <= {MAX_REPETITIONS}", name="repetitions_in_range"
+        ),
+        CheckConstraint(
+            f"judge_repetitions >= 1 AND judge_repetitions <= {MAX_JUDGE_REPETITIONS}",
+            name="judge_repetitions_in_range",
+        ),
+        # A batch's replays, for its page.
+        Index(
+            "ix_batch_runs_replay_of", "replay_of", postgresql_where=text("replay_of IS NOT NULL")
         ),
         CheckConstraint(
             "completed_scenarios = passed_scenarios + failed_scenarios + error_scenarios",
@@ -86,3 +95,9 @@ class BatchRun(IdMixin, TimestampMixin, Base):
         ForeignKey("batch_runs.id", ondelete="SET NULL")
     )
     comparison: Mapped[dict[str, Any] | None] = mapped_column(JSONType)
+    # Each llm_evaluated criterion judged this many times, the majority kept (a tie: FAIL).
+    judge_repetitions: Mapped[int] = mapped_column(Integer, default=1, server_default=text("1"))
+    # The batch whose stored transcripts this one re-judges (a replay), if any.
+    replay_of: Mapped[uuid.UUID | None] = mapped_column(
+        ForeignKey("batch_runs.id", ondelete="SET NULL")
+    )

@@ -24,6 +24,7 @@ from sqlalchemy.orm import Mapped, mapped_column, relationship
 from shared.db.base import Base, IdMixin, JSONType, TimestampMixin, utcnow
 from shared.db.checks import not_negative, one_of
 from shared.scenarios.schemas import (
+    MAX_JUDGE_REPETITIONS,
     CriteriaType,
     RunStatus,
     SimulationOutcome,
@@ -142,6 +143,10 @@ class ScenarioRun(IdMixin, TimestampMixin, Base):
         not_negative("attempts"),
         CheckConstraint("status = 'error' OR error_turn IS NULL", name="error_turn_of_error"),
         CheckConstraint("trace_id ~ '^[0-9a-f]{32}$'", name="trace_id_hex"),
+        CheckConstraint(
+            f"judge_repetitions >= 1 AND judge_repetitions <= {MAX_JUDGE_REPETITIONS}",
+            name="judge_repetitions_in_range",
+        ),
     )
 
     organization_id: Mapped[uuid.UUID] = mapped_column(
@@ -177,6 +182,11 @@ class ScenarioRun(IdMixin, TimestampMixin, Base):
     # The OpenTelemetry trace of the run's latest delivery (32 hex digits), when tracing is
     # on (shared.scenarios.tracing).
     trace_id: Mapped[str | None] = mapped_column(String(32))
+    # Each llm_evaluated criterion judged this many times (its batch's; 1 for a single run).
+    judge_repetitions: Mapped[int] = mapped_column(Integer, default=1, server_default=text("1"))
+    # A replay's run: the run whose stored transcript it re-judges, without calling out (a
+    # plain id, like scenario_id: a run whose source is gone ends in error saying so).
+    replay_of_run_id: Mapped[uuid.UUID | None]
 
     turn_results: Mapped[list[TurnResult]] = relationship(
         lazy="raise", order_by="TurnResult.turn_index", passive_deletes=True
@@ -257,3 +267,5 @@ class CriterionResult(IdMixin, Base):
     evidence: Mapped[str] = mapped_column(Text, default="")
     input_tokens: Mapped[int] = mapped_column(Integer, default=0)
     output_tokens: Mapped[int] = mapped_column(Integer, default=0)
+    # The judge's votes, {"PASS": a, "FAIL": b}, when the judge decided it (null for a check).
+    votes: Mapped[dict[str, int] | None] = mapped_column(JSONType)
