@@ -17,22 +17,17 @@ from uuid import UUID
 import dramatiq
 from sqlalchemy import (
     Insert,
-    Integer,
-    Text,
     Uuid,
     bindparam,
-    cast,
     func,
-    insert,
-    literal_column,
     select,
 )
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from shared.batches import schemas
 from shared.batches.schemas import BatchStatus
-from shared.batches.services import get_batch
-from shared.db.base import NOW, utcnow
+from shared.batches.services import get_batch, insert_pending_runs
+from shared.db.base import utcnow
 from shared.db.models import BatchRun, ScenarioRun
 from shared.errors import Conflict
 from shared.identity.access import OrgAccess
@@ -111,41 +106,10 @@ def _fan_out() -> Insert:
         .where(of_source)
         .subquery("source")
     )
-    microsecond = literal_column("interval '1 microsecond'")
-    return insert(_runs).from_select(
-        [
-            "id",
-            "organization_id",
-            "scenario_id",
-            "agent_id",
-            "status",
-            "session_id",
-            "snapshot",
-            "cost_summary",
-            "batch_run_id",
-            "created_by_user_id",
-            "created_at",
-            "updated_at",
-            "judge_repetitions",
-            "replay_of_run_id",
-        ],
-        select(
-            source.c.id,
-            bindparam("p_org", type_=Uuid()),
-            source.c.scenario_id,
-            bindparam("p_agent", type_=Uuid()),
-            literal_column("'pending'"),
-            literal_column("'spar-'") + cast(source.c.id, Text),
-            source.c.snapshot,
-            literal_column("'{}'::jsonb"),
-            bindparam("p_batch", type_=Uuid()),
-            bindparam("p_user", type_=Uuid()),
-            # Distinct, ordered timestamps: runs are dispatched in the source's order.
-            NOW + (source.c.position - 1) * microsecond,
-            NOW,
-            bindparam("p_judge_repetitions", type_=Integer()),
-            source.c.replay_of_run_id,
-        ),
+    return insert_pending_runs(
+        source,
+        order=source.c.position - 1,  # in the source's order
+        extra={"replay_of_run_id": source.c.replay_of_run_id},
     )
 
 

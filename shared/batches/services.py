@@ -35,8 +35,10 @@ import dramatiq
 import msgspec
 from sqlalchemy import (
     ARRAY,
+    ColumnElement,
     Insert,
     Integer,
+    Subquery,
     Text,
     Uuid,
     bindparam,
@@ -187,40 +189,37 @@ def _fan_out() -> Insert:
         .subquery("source")
     )
     order = source.c.repetition * bindparam("p_count", type_=Integer())
-    microsecond = literal_column("interval '1 microsecond'")
-    return insert(_runs).from_select(
-        [
-            "id",
-            "organization_id",
-            "scenario_id",
-            "agent_id",
-            "status",
-            "session_id",
-            "snapshot",
-            "cost_summary",
-            "batch_run_id",
-            "created_by_user_id",
-            "created_at",
-            "updated_at",
-            "judge_repetitions",
-        ],
-        select(
-            source.c.id,
-            bindparam("p_org", type_=Uuid()),
-            source.c.scenario_id,
-            bindparam("p_agent", type_=Uuid()),
-            literal_column("'pending'"),
-            literal_column("'spar-'") + cast(source.c.id, Text),
-            source.c.snapshot,
-            literal_column("'{}'::jsonb"),
-            bindparam("p_batch", type_=Uuid()),
-            bindparam("p_user", type_=Uuid()),
-            # Distinct, ordered timestamps: runs are dispatched in the batch's order.
-            NOW + (order + source.c.position - 1) * microsecond,
-            NOW,
-            bindparam("p_judge_repetitions", type_=Integer()),
-        ),
-    )
+    return insert_pending_runs(source, order=order + source.c.position - 1)
+
+
+def insert_pending_runs(
+    source: Subquery,
+    *,
+    order: ColumnElement[Any],
+    extra: dict[str, ColumnElement[Any]] | None = None,
+) -> Insert:
+    """The pending runs of the batch ``:p_batch`` built from ``source`` (a row per run: its
+    ``id``, ``scenario_id`` and ``snapshot``) for the agent ``:p_agent`` of ``:p_org``, made
+    by ``:p_user``, judged ``:p_judge_repetitions`` times, plus the ``extra`` columns.  Their
+    ``created_at`` are ``order`` (from 0) microseconds apart: distinct and ordered, so the
+    batch's window dispatches them in that order."""
+    columns: dict[str, ColumnElement[Any]] = {
+        "id": source.c.id,
+        "organization_id": bindparam("p_org", type_=Uuid()),
+        "scenario_id": source.c.scenario_id,
+        "agent_id": bindparam("p_agent", type_=Uuid()),
+        "status": literal_column("'pending'"),
+        "session_id": literal_column("'spar-'") + cast(source.c.id, Text),
+        "snapshot": source.c.snapshot,
+        "cost_summary": literal_column("'{}'::jsonb"),
+        "batch_run_id": bindparam("p_batch", type_=Uuid()),
+        "created_by_user_id": bindparam("p_user", type_=Uuid()),
+        "created_at": NOW + order * literal_column("interval '1 microsecond'"),
+        "updated_at": NOW,
+        "judge_repetitions": bindparam("p_judge_repetitions", type_=Integer()),
+        **(extra or {}),
+    }
+    return insert(_runs).from_select(list(columns), select(*columns.values()))
 
 
 _FAN_OUT = _fan_out()
