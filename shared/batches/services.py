@@ -700,20 +700,23 @@ async def store_comparison(session: AsyncSession, *, batch: BatchRun) -> bool:
             if row.change != schemas.Change.UNCHANGED
         ],
     )
-    written = await session.scalar(
+    # The comparison, and batch.regressed when it finds a significant regression, in one
+    # statement: a GET's session commits each statement on its own.
+    stored_it = (
         update(BatchRun)
         .where(BatchRun.id == batch.id, BatchRun.comparison.is_(None))
-        .values(comparison=msgspec.to_builtins(stored))
-        .returning(BatchRun.id)
+        .values(comparison=msgspec.to_builtins(stored), updated_at=NOW)
+        .returning(BatchRun.id, BatchRun.organization_id, BatchRun.comparison)
+        .cte("stored")
     )
-    await session.refresh(batch, ["comparison"])
-    if written is not None and stored.significant_regressions:
-        # batch.regressed, recorded with the comparison that finds it; the sweeper
-        # announces it (docs/notifications.md).
-        await outbox.emit(
-            session,
-            event_type=outbox.BATCH_REGRESSED,
-            organization_id=batch.organization_id,
-            subject_id=batch.id,
+    written = (
+        await session.execute(
+            select(
+                select(func.count()).select_from(stored_it).scalar_subquery(),
+                outbox.recorded_when_regressed(stored_it),
+            ),
+            {"now": utcnow()},
         )
-    return written is not None
+    ).one()[0]
+    await session.refresh(batch, ["comparison"])
+    return written > 0

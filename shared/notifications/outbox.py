@@ -116,6 +116,24 @@ async def emit(
     return event_id
 
 
+def recorded_when_regressed(batches: CTE) -> Label[Any]:
+    """The ``batch.regressed`` event of each batch of ``batches`` (a CTE of an UPDATE of
+    batch runs storing their comparison, ``RETURNING id, organization_id, comparison``) whose
+    comparison holds a significant regression, as a column to select in that statement: the
+    comparison and the event that announces it commit together, or neither does."""
+    significant = func.coalesce(
+        batches.c.comparison["significant_regressions"].as_integer(), literal(0)
+    )
+    recorded = _record(
+        BATCH_REGRESSED,
+        batches.c.organization_id,
+        batches.c.id,
+        where=significant > 0,
+        source=batches,
+    ).cte("recorded_regressed")
+    return select(func.count()).select_from(recorded).scalar_subquery().label("events")
+
+
 def recorded_when_completed(batches: CTE) -> Label[Any]:
     """The ``batch.completed`` event of each batch of ``batches`` (a CTE of an UPDATE of
     batch runs ``RETURNING id, organization_id, status``) that it left ``completed``, as a

@@ -281,10 +281,13 @@ class _Scripts:
 
     async def _round_trip(self, batch: list[tuple[str, list[str], list[object], Any]]) -> list[Any]:
         answers = await self._pipeline(batch)
-        if any(isinstance(a, NoScriptError) for a in answers):  # Redis restarted or flushed
+        unknown = [i for i, answer in enumerate(answers) if isinstance(answer, NoScriptError)]
+        if unknown:  # Redis restarted or flushed: load, then send again what did not run
             for script in self._shas:
                 await self._redis.script_load(script)
-            answers = await self._pipeline(batch)
+            again = await self._pipeline([batch[i] for i in unknown])
+            for i, answer in zip(unknown, again, strict=True):
+                answers[i] = answer
         return answers
 
     async def _pipeline(self, batch: list[tuple[str, list[str], list[object], Any]]) -> list[Any]:

@@ -126,7 +126,8 @@ def verdicts(criteria: Sequence[SnapshotCriterion], results: Sequence[Verdict]) 
             "spar.criterion.id": criterion.id,
             "spar.criterion.type": criterion.criteria_type,
         }
-        if result.critique:
+        # The judge's critique only: a check's quotes what the reply or its tool calls held.
+        if result.critique and criterion.criteria_type == "llm_evaluated":
             attributes[gen_ai.GEN_AI_EVALUATION_EXPLANATION] = result.critique[:EXPLANATION_CHARS]
         span.add_event(EVALUATION_RESULT, attributes)
 

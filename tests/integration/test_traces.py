@@ -244,7 +244,8 @@ async def test_a_run_exports_its_turns_agent_and_judge_calls_and_verdicts(
     )
     assert first == [
         ("Does it give the delivery date? [judge:PASS]", "PASS", "judged PASS", "llm_evaluated"),
-        ("tomorrow", "PASS", "reply contains 'tomorrow'", "contains"),
+        # A check's critique quotes the reply: not exported.
+        ("tomorrow", "PASS", None, "contains"),
     ]
     assert second == [
         ("Does it ask for the reason? [judge:FAIL]", "FAIL", "judged FAIL", "llm_evaluated")

@@ -30,7 +30,7 @@ from shared.notifications.deliveries import MAX_RETRY_S, deliver, retry_delay
 from shared.settings import Settings
 from shared.triggers.executions import execute
 from shared.work import NOTIFICATION_EVENTS, WEBHOOK_DELIVERIES
-from tests.support.batches import create_batch, drain, make_scenario, make_world
+from tests.support.batches import create_batch, drain, get_batch, make_scenario, make_world
 from tests.support.calibration import EXAMPLES
 from tests.support.factories import Tenant, stub_broker, tenant
 from tests.support.fakes import (
@@ -531,8 +531,9 @@ async def test_batch_regressed_is_sent_only_for_a_significant_regression(
 ) -> None:
     """A batch whose scenario passed every run of its baseline and fails every one of its
     own: with 4 runs a side that is significant (one-sided Fisher, p = 1/70) and
-    ``batch.regressed`` goes out once the comparison is stored (the sweeper stores it, then
-    announces what that recorded); with 1 run a side (p = 1/2) it is not, and nothing goes."""
+    ``batch.regressed`` goes out once the comparison is stored (by the first read of the
+    batch's detail here; the sweeper announces what that recorded); with 1 run a side
+    (p = 1/2) it is not, and nothing goes."""
     said = {"reply": "hello there"}
     with FakeAgent(reply=lambda body: said["reply"]) as changing:
         w = await make_world(client, changing)
@@ -545,7 +546,11 @@ async def test_batch_regressed_is_sent_only_for_a_significant_regression(
             client, w, tags=["suite"], repetitions=repetitions, baseline_batch_id=baseline["id"]
         )
         await drain(app, settings, batch["id"])
-    assert await store_due(app.state.database) == 1
+        # The first read of its detail stores the comparison (a GET: each statement commits
+        # on its own, so the event is recorded by the very statement that stores it).
+        read = await get_batch(client, w, batch["id"])
+    assert read["comparison"]["significant_regressions"] == sent_one
+    assert await store_due(app.state.database) == 0
     await announce_recorded(app, settings, stub_broker())
 
     assert len(receiver.requests) == sent_one
