@@ -124,14 +124,7 @@ def recorded_when_regressed(batches: CTE) -> Label[Any]:
     significant = func.coalesce(
         batches.c.comparison["significant_regressions"].as_integer(), literal(0)
     )
-    recorded = _record(
-        BATCH_REGRESSED,
-        batches.c.organization_id,
-        batches.c.id,
-        where=significant > 0,
-        source=batches,
-    ).cte("recorded_regressed")
-    return select(func.count()).select_from(recorded).scalar_subquery().label("events")
+    return _recorded_by(BATCH_REGRESSED, batches, where=significant > 0)
 
 
 def recorded_when_completed(batches: CTE) -> Label[Any]:
@@ -140,11 +133,13 @@ def recorded_when_completed(batches: CTE) -> Label[Any]:
     column (the events recorded) to select in that statement.  A batch completes with the
     end of its last run, which is counted once, so the statement that leaves it
     ``completed`` is the one that completed it."""
+    return _recorded_by(BATCH_COMPLETED, batches, where=batches.c.status == "completed")
+
+
+def _recorded_by(event_type: str, batches: CTE, *, where: ColumnElement[bool]) -> Label[Any]:
+    """The ``event_type`` event of each batch of ``batches`` meeting ``where``, recorded by
+    the statement that selects this column (how many were)."""
     recorded = _record(
-        BATCH_COMPLETED,
-        batches.c.organization_id,
-        batches.c.id,
-        where=batches.c.status == "completed",
-        source=batches,
-    ).cte("recorded")
+        event_type, batches.c.organization_id, batches.c.id, where=where, source=batches
+    ).cte(f"recorded_{event_type.replace('.', '_')}")
     return select(func.count()).select_from(recorded).scalar_subquery().label("events")
