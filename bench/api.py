@@ -45,14 +45,14 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import httpx
-import psycopg
 
 from bench.stack import (
     Stack,
+    backend_cpu_seconds,
+    cpu_seconds,
     database_url,
     ok,
     percentiles,
-    psycopg_dsn,
     spar_stack,
     unwind_on_sigterm,
 )
@@ -113,29 +113,8 @@ class Server:
 # moves much less, and says where the time goes (the server, or PostgreSQL).
 
 
-def _cpu_s(pid: int) -> float:
-    """User + system CPU seconds of one process (0 if it is gone)."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
-    except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def _backends(database_url: str | None) -> dict[int, float]:
-    """CPU seconds so far of each PostgreSQL backend connected to the database."""
-    if database_url is None:
-        return {}
-    with psycopg.connect(psycopg_dsn(database_url), autocommit=True) as conn:
-        pids = conn.execute(
-            "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
-            "AND pid <> pg_backend_pid()"
-        ).fetchall()
-    return {pid: _cpu_s(pid) for (pid,) in pids}
-
-
 def cpu_snapshot(server: Server) -> tuple[float, dict[int, float]]:
-    return _cpu_s(server.pid), _backends(server.database_url)
+    return cpu_seconds(server.pid), backend_cpu_seconds(server.database_url)
 
 
 def with_cpu(result: Result, server: Server, before: tuple[float, dict[int, float]]) -> Result:

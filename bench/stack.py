@@ -34,8 +34,9 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import psycopg
 import redis
-from sqlalchemy import create_engine, make_url
+from sqlalchemy import make_url
 
 from tests.support.processes import free_port, private_redis, spar_process, throwaway_database
 
@@ -325,10 +326,31 @@ class CpuSpent:
         return self.spar + self.database + self.redis
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of one process (0 if it is gone), from ``/proc``."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def backend_cpu_seconds(database_url: str | None) -> dict[int, float]:
+    """CPU seconds so far of each PostgreSQL backend connected to the database."""
+    if database_url is None:
+        return {}
+    with psycopg.connect(psycopg_dsn(database_url), autocommit=True) as conn:
+        pids = conn.execute(
+            "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
+            "AND pid <> pg_backend_pid()"
+        ).fetchall()
+    return {pid: cpu_seconds(pid) for (pid,) in pids}
+
+
 class CpuMeter:
-    """Reads ``/proc`` (through psutil) at :meth:`start` and :meth:`stop`: the CPU each
-    part of the stack spent in between.  A process that ends inside the window loses its
-    share (the pools keep theirs open; the figure is a floor)."""
+    """Reads ``/proc`` at :meth:`start` and :meth:`stop`: the CPU each part of the stack
+    spent in between.  A process that ends inside the window loses its share (the pools
+    keep theirs open; the figure is a floor)."""
 
     def __init__(self, spar: Stack, fakes: Fakes | None = None) -> None:
         self._spar = spar
@@ -336,7 +358,8 @@ class CpuMeter:
         self._start: dict[str, dict[int, float]] = {}
         self._started = 0.0
 
-    def _pids(self) -> dict[str, list[int]]:
+    def _times(self) -> dict[str, dict[int, float]]:
+        """CPU seconds so far of each process of each part."""
         import psutil
 
         spar = []
@@ -344,44 +367,25 @@ class CpuMeter:
             with contextlib.suppress(psutil.NoSuchProcess):
                 parent = psutil.Process(pid)
                 spar += [pid, *(child.pid for child in parent.children(recursive=True))]
-        database = make_url(self._spar.database_url).database
-        engine = create_engine(self._spar.database_url)
-        try:
-            with engine.connect() as conn:
-                backends = conn.exec_driver_sql(
-                    "SELECT pid FROM pg_stat_activity WHERE datname = %(db)s "
-                    "AND pid <> pg_backend_pid()",
-                    {"db": database},
-                ).scalars()
-                backends = list(backends)
-        finally:
-            engine.dispose()
-        redis_pid = []
+        redis_pids = []
         if self._spar.redis_url:
             server = redis.Redis.from_url(self._spar.redis_url).info("server")
-            redis_pid = [int(server["process_id"])]
-        return {"spar": spar, "database": backends, "redis": redis_pid, "fakes": self._fake_pids}
-
-    @staticmethod
-    def _times(pids: list[int]) -> dict[int, float]:
-        import psutil
-
-        times = {}
-        for pid in pids:
-            with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
-                spent = psutil.Process(pid).cpu_times()
-                times[pid] = spent.user + spent.system
-        return times
+            redis_pids = [int(server["process_id"])]
+        return {
+            "spar": {pid: cpu_seconds(pid) for pid in spar},
+            "database": backend_cpu_seconds(self._spar.database_url),
+            "redis": {pid: cpu_seconds(pid) for pid in redis_pids},
+            "fakes": {pid: cpu_seconds(pid) for pid in self._fake_pids},
+        }
 
     def start(self) -> None:
-        self._start = {part: self._times(pids) for part, pids in self._pids().items()}
+        self._start = self._times()
         self._started = time.perf_counter()
 
     def stop(self) -> CpuSpent:
         wall = time.perf_counter() - self._started
         spent = {}
-        for part, pids in self._pids().items():
-            now = self._times(pids)
+        for part, now in self._times().items():
             before = self._start.get(part, {})
             # A process born inside the window counts whole; one that is gone, not at all.
             spent[part] = sum(t - before.get(pid, 0.0) for pid, t in now.items())
