@@ -238,6 +238,10 @@ return tostring(limit)
 """
 
 
+# A script call waiting to be sent: the script, its keys, its arguments, its answer.
+_Call = tuple[str, list[str], list[object], "asyncio.Future[object]"]
+
+
 class _Scripts:
     """The limiter's scripts, sent to Redis together: the calls made while one round trip is
     in flight wait for it and go in the next, one pipeline (``EVALSHA`` each, the scripts
@@ -252,7 +256,7 @@ class _Scripts:
     def __init__(self, redis: aioredis.Redis, *scripts: str) -> None:
         self._redis = redis
         self._shas = {script: hashlib.sha1(script.encode()).hexdigest() for script in scripts}  # noqa: S324
-        self._queued: list[tuple[str, list[str], list[object], asyncio.Future[object]]] = []
+        self._queued: list[_Call] = []
         self._sender: asyncio.Task[None] | None = None
 
     async def run(self, script: str, keys: list[str], args: list[object]) -> object:
@@ -279,7 +283,7 @@ class _Scripts:
                 else:
                     future.set_result(answer)
 
-    async def _round_trip(self, batch: list[tuple[str, list[str], list[object], Any]]) -> list[Any]:
+    async def _round_trip(self, batch: list[_Call]) -> list[Any]:
         answers = await self._pipeline(batch)
         unknown = [i for i, answer in enumerate(answers) if isinstance(answer, NoScriptError)]
         if unknown:  # Redis restarted or flushed: load, then send again what did not run
@@ -290,7 +294,7 @@ class _Scripts:
                 answers[i] = answer
         return answers
 
-    async def _pipeline(self, batch: list[tuple[str, list[str], list[object], Any]]) -> list[Any]:
+    async def _pipeline(self, batch: list[_Call]) -> list[Any]:
         if len(batch) == 1:  # a pipeline of one costs more than the command alone
             script, keys, args, _ = batch[0]
             try:
