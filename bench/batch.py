@@ -28,11 +28,13 @@ never share a queue, falling back to ``redis://127.0.0.1:6379/13``).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import os
 import re
 import statistics
 import sys
+import threading
 import time
 import uuid
 from collections import Counter
@@ -43,6 +45,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import httpx
+import psutil
 from sqlalchemy import create_engine, insert
 
 from bench.stack import (
@@ -155,36 +158,120 @@ def run_batch(
     concurrency: int,
     timeout_s: float,
 ) -> dict[str, Any]:
-    """Submit a batch of every ``bench`` scenario; poll until it ends.  Returns the batch
-    with the wall time under ``"wall_s"``: from sending the create request to the batch's
-    ``completed_at`` (the commit of its last run; same machine, same clock), so the poll's
-    own interval does not count.  ``"observed_s"`` is when the poll saw it."""
+    """One batch of every ``bench`` scenario (:func:`run_batches`)."""
+    return run_batches(api, org, auth, agent_id, concurrency, timeout_s)[0]
+
+
+def run_batches(
+    api: httpx.Client,
+    org: str,
+    auth: dict[str, str],
+    agent_id: str,
+    concurrency: int,
+    timeout_s: float,
+    count: int = 1,
+) -> list[dict[str, Any]]:
+    """Submit ``count`` batches at once, each of every ``bench`` scenario; poll until all
+    end.  Returns each batch with its wall time under ``"wall_s"``: from sending its
+    create request to its ``completed_at`` (the commit of its last run; same machine, same
+    clock), so the poll's own interval does not count.  ``"observed_s"`` is when the poll
+    saw it."""
     path = f"/v1/orgs/{org}/scenarios/batch-runs"
-    started_at = time.time()
-    started = time.perf_counter()
-    batch = ok(
-        api.post(
-            f"{path}/",
-            json={"agent_id": agent_id, "tags": ["bench"], "max_concurrency": concurrency},
-            headers=auth,
+    started_at: dict[str, float] = {}
+    submitted: dict[str, float] = {}
+    first = time.perf_counter()
+    for _ in range(count):
+        at, started = time.time(), time.perf_counter()
+        batch = ok(
+            api.post(
+                f"{path}/",
+                json={"agent_id": agent_id, "tags": ["bench"], "max_concurrency": concurrency},
+                headers=auth,
+            )
         )
-    )
-    submitted = time.perf_counter() - started
-    deadline = started + timeout_s
-    while True:
+        started_at[batch["id"]] = at
+        submitted[batch["id"]] = time.perf_counter() - started
+    deadline = first + timeout_s
+    ended: dict[str, dict[str, Any]] = {}
+    while len(ended) < count:
         # The listing carries the counters without the per-run summaries: a cheap poll.
         listing = ok(api.get(f"{path}/?limit=500", headers=auth), 200)
-        current = next(b for b in listing["batch_runs"] if b["id"] == batch["id"])
-        if current["status"] not in ("queued", "running"):
-            break
-        if time.perf_counter() > deadline:
-            raise RuntimeError(f"batch not done after {timeout_s}s: {current}")
-        time.sleep(POLL_S)
-    current["observed_s"] = time.perf_counter() - started
-    completed = datetime.fromisoformat(current["completed_at"]).timestamp()
-    current["wall_s"] = completed - started_at
-    current["submit_s"] = submitted
-    return current
+        for current in listing["batch_runs"]:
+            over = current["status"] not in ("queued", "running")
+            if over and current["id"] in started_at and current["id"] not in ended:
+                current["observed_s"] = time.perf_counter() - first
+                ended[current["id"]] = current
+        if len(ended) < count:
+            if time.perf_counter() > deadline:
+                raise RuntimeError(f"{count - len(ended)} batches not done after {timeout_s}s")
+            time.sleep(POLL_S)
+    done = []
+    for batch_id, at in started_at.items():
+        current = ended[batch_id]
+        completed = datetime.fromisoformat(current["completed_at"]).timestamp()
+        current["wall_s"] = completed - at
+        current["submit_s"] = submitted[batch_id]
+        done.append(current)
+    return done
+
+
+class Occupancy(threading.Thread):
+    """Samples, every ``interval_s`` until stopped, the runs in flight (running, in the
+    database) and the resident memory of the worker processes (with their children): the
+    memory a conversation in flight costs is the slope of one against the other."""
+
+    def __init__(self, spar: Stack, interval_s: float = 0.25) -> None:
+        super().__init__(daemon=True)
+        self._spar = spar
+        self._interval_s = interval_s
+        self._halt = threading.Event()
+        self.samples: list[tuple[int, int]] = []  # (runs in flight, bytes resident)
+        self.before = self._rss()
+
+    def _rss(self) -> int:
+        total = 0
+        for pid in self._spar.worker_pids:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                parent = psutil.Process(pid)
+                for process in [parent, *parent.children(recursive=True)]:
+                    with contextlib.suppress(psutil.NoSuchProcess):
+                        total += process.memory_info().rss
+        return total
+
+    def run(self) -> None:
+        engine = create_engine(self._spar.database_url)
+        try:
+            while not self._halt.wait(self._interval_s):
+                with engine.connect() as conn:
+                    flying = conn.exec_driver_sql(
+                        "SELECT count(*) FROM scenario_runs WHERE status = 'running'"
+                    ).scalar_one()
+                self.samples.append((int(flying), self._rss()))
+        finally:
+            engine.dispose()
+
+    def stop(self) -> None:
+        self._halt.set()
+        self.join()
+
+    def report(self) -> None:
+        if len(self.samples) < 3:
+            return
+        flying = [f for f, _ in self.samples]
+        rss = [r for _, r in self.samples]
+        peak = max(flying)
+        mib = 1024 * 1024
+        line = (
+            f"  in flight           {peak:8d}     runs at most "
+            f"(mean {statistics.mean(flying):.0f}); "
+            f"workers' memory {self.before / mib:.0f} MiB before, {max(rss) / mib:.0f} MiB at most"
+        )
+        if peak:
+            line += f"; {(max(rss) - self.before) / peak / 1024:.0f} KiB per run in flight"
+        if len(set(flying)) > 1:
+            slope = statistics.linear_regression(flying, rss).slope
+            line += f" (slope {slope / 1024:.0f} KiB)"
+        print(line)
 
 
 def breakdown(url: str, batch_id: str) -> dict[str, float]:
@@ -299,8 +386,25 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "loop) or threaded (stdlib ThreadingHTTPServer, a thread per connection, inside this "
         "process beside its poll: how many users' own test agents are written)",
     )
+    parser.add_argument(
+        "--batches",
+        type=int,
+        default=1,
+        help="B batches submitted at once, each of the N scenarios at K (default 1): B x K "
+        "conversations in flight",
+    )
+    parser.add_argument(
+        "--thousand",
+        action="store_true",
+        help="1,000 conversations in flight: --batches 10 -n 200 -k 100 --agent-ms 2000 "
+        "--judge-ms 1000 --first-batch (real models' latencies); prints each batch's "
+        "efficiency and the workers' memory per run in flight",
+    )
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds per batch")
     args = parser.parse_args(argv)
+    if args.thousand:
+        args.batches, args.scenarios, args.concurrency = 10, 200, 100
+        args.agent_ms, args.judge_ms, args.first_batch = 2000.0, 1000.0, True
     if args.first_batch:
         args.warmup, args.repeat, args.no_zero_pass = 0, 1, True
     return args
@@ -326,6 +430,7 @@ def bench(args: argparse.Namespace, url: str) -> None:
     print(
         f"batch benchmark: N={n} scenarios x T={t} turns x C={c} criteria, K={k}; "
         f"agent {args.agent_ms:g} ms/turn, judge {args.judge_ms:g} ms/criterion; "
+        f"{f'{args.batches} batches at once; ' if args.batches > 1 else ''}"
         f"{args.workers} worker process(es) x {args.threads} threads"
         f"{f', prefetch {args.prefetch}' if args.prefetch else ''}; {args.fakes} fakes; "
         f"{os.cpu_count()} CPUs",
@@ -335,7 +440,12 @@ def bench(args: argparse.Namespace, url: str) -> None:
         loopback_fakes(args.fakes) as fake,
         spar_stack(
             url,
-            env={"SPAR_EGRESS_ALLOW_PRIVATE": "true"},
+            env={
+                "SPAR_EGRESS_ALLOW_PRIVATE": "true",
+                # Each destination's concurrency (default 100) must not be the bound: B x K
+                # conversations call the one agent, and each judges C criteria at once.
+                "SPAR_OUTBOUND_MAX_CONCURRENCY": str(max(100, args.batches * k * max(1, c))),
+            },
             workers=args.workers,
             worker_args=worker_args,
             worker_env=worker_env,
@@ -358,18 +468,30 @@ def bench(args: argparse.Namespace, url: str) -> None:
 
         fake.set_latency(args.agent_ms / 1000, args.judge_ms / 1000)
         efficiencies = []
+        b = args.batches
         for attempt in range(1, args.repeat + 1):
             meter = CpuMeter(spar, fake)
+            occupancy = Occupancy(spar)
             meter.start()
-            done = run_batch(api, org, auth, agent_id, k, args.timeout)
+            occupancy.start()
+            batches = run_batches(api, org, auth, agent_id, k, args.timeout, b)
             spent = meter.stop()
+            occupancy.stop()
             if args.first_batch:
                 print("first batch after the workers start (no warm-up):")
-            report_latency_pass(done, n, t, c, k, ideal_s, per_turn_s, attempt)
-            report_cpu(spent, n * t, n * t * (1 + c))
-            print_breakdown(breakdown(url, done["id"]), t, per_turn_s)
-            efficiencies.append(ideal_s / done["wall_s"])
-        if args.repeat > 1:
+            for done in batches:
+                report_latency_pass(done, n, t, c, k, ideal_s, per_turn_s, attempt)
+                efficiencies.append(ideal_s / done["wall_s"])
+            if b > 1:
+                each = [ideal_s / done["wall_s"] for done in batches]
+                print(
+                    f"{b} batches at once: efficiency min {min(each):.3f}, median "
+                    f"{statistics.median(each):.3f}, max {max(each):.3f} (target 0.9)"
+                )
+            report_cpu(spent, b * n * t, b * n * t * (1 + c))
+            occupancy.report()
+            print_breakdown(breakdown(url, batches[0]["id"]), t, per_turn_s)
+        if args.repeat > 1 and b == 1:
             print(
                 f"efficiency over {args.repeat} latency passes: median "
                 f"{statistics.median(efficiencies):.3f} (min {min(efficiencies):.3f}, "

@@ -125,13 +125,21 @@ def get_broker(settings: Settings) -> dramatiq.Broker:
 
 
 def send(
-    broker: dramatiq.Broker, target: tuple[str, str], *args: Any, delay_ms: int | None = None
+    broker: dramatiq.Broker,
+    target: tuple[str, str],
+    *args: Any,
+    delay_ms: int | None = None,
+    retries: int = 0,
 ) -> None:
     """Send ``args`` to the actor ``target`` (queue, actor name), with the current request
     id (or a new one) so the worker's log lines for it can be found by that id; with
-    ``delay_ms``, to be delivered that much later (Dramatiq's delay queue)."""
+    ``delay_ms``, to be delivered that much later (Dramatiq's delay queue); ``retries``:
+    the deliveries that failed before this one, when the sender retries it itself
+    (:mod:`workers.conversations`), in Dramatiq's own option."""
     queue_name, actor_name = target
-    options = {MESSAGE_OPTION: current_request_id() or new_request_id()}
+    options: dict[str, Any] = {MESSAGE_OPTION: current_request_id() or new_request_id()}
+    if retries:
+        options["retries"] = retries
     broker.enqueue(
         dramatiq.Message(
             queue_name=queue_name, actor_name=actor_name, args=args, kwargs={}, options=options

@@ -65,6 +65,11 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     knowledge_wait_s: float = 60.0
     db_pool_size: int = 10
     work_poll_ms: int = 50
+    # A worker process plays at most this many scenario runs at once, on its event loop
+    # (workers.conversations); asked to stop, it waits this long for them to end, then
+    # hands the rest to other workers.
+    runs_in_flight: int = 500
+    worker_drain_s: float = 10.0
     log_level: str = "INFO"
     log_format: str = "json"  # or "text"; spar dev defaults to text
     # When set, GET /metrics requires "Authorization: Bearer <metrics_token>".
@@ -150,6 +155,8 @@ _VARIABLES = {
     "SPAR_KNOWLEDGE_WAIT_S": ("knowledge_wait_s", _positive_float),
     "SPAR_DB_POOL_SIZE": ("db_pool_size", _positive_int),
     "SPAR_WORK_POLL_MS": ("work_poll_ms", _positive_int),
+    "SPAR_RUNS_IN_FLIGHT": ("runs_in_flight", _positive_int),
+    "SPAR_WORKER_DRAIN_S": ("worker_drain_s", _positive_float),
     "SPAR_LOG_LEVEL": ("log_level", str.upper),
     "SPAR_LOG_FORMAT": ("log_format", _log_format),
     "SPAR_METRICS_TOKEN": ("metrics_token", str),

@@ -41,6 +41,13 @@ POSITIVE = click.IntRange(min=1)
     help="Messages a process may hold (default: --threads; env dramatiq_queue_prefetch).",
 )
 @click.option(
+    "--runs-in-flight",
+    type=POSITIVE,
+    default=None,
+    help="Scenario runs a process plays at once on its event loop, whatever its threads "
+    "(default: SPAR_RUNS_IN_FLIGHT, else 500).",
+)
+@click.option(
     "--metrics-port",
     type=POSITIVE,
     default=None,
@@ -48,7 +55,12 @@ POSITIVE = click.IntRange(min=1)
     "(default: SPAR_WORKER_METRICS_PORT, else none).",
 )
 def worker(
-    queues: str, processes: int, threads: int, prefetch: int | None, metrics_port: int | None
+    queues: str,
+    processes: int,
+    threads: int,
+    prefetch: int | None,
+    runs_in_flight: int | None,
+    metrics_port: int | None,
 ) -> None:
     """Dramatiq worker processes taking their work from the queues in Redis: a worker
     started apart from the API needs SPAR_REDIS_URL (spar dev needs no Redis: it runs its
@@ -72,6 +84,8 @@ def worker(
     argv = [sys.executable, "-m", "dramatiq", "workers.actors", "--skip-logging"]
     argv += ["--processes", str(processes), "--threads", str(threads)]
     argv += ["--queues", *names]
+    if runs_in_flight:
+        env["SPAR_RUNS_IN_FLIGHT"] = str(runs_in_flight)
     if metrics_port:
         env["SPAR_WORKER_METRICS_PORT"] = str(metrics_port)
     if metrics_port or settings.worker_metrics_port:

@@ -46,6 +46,7 @@ Nothing here logs header values or bodies.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ipaddress
 import json
 import math
@@ -53,7 +54,7 @@ import random
 import re
 import socket
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from email.utils import parsedate_to_datetime
 from typing import Any
@@ -555,11 +556,8 @@ class EgressClient:
         call's deadline: waiting for the destination is not the call's time."""
         if self._limiter is None:
             return None
-        started = time.monotonic()
-        try:
+        with deadline.paused():
             return await self._limiter.acquire(destination, refused_since=refused_since)
-        finally:
-            deadline.extend(time.monotonic() - started)
 
     async def _release(self, lease: Lease, answer: _Received | None) -> None:
         assert self._limiter is not None
@@ -702,6 +700,21 @@ class _Deadline:
         when = self._bound.when()
         if when is not None:
             self._bound.reschedule(when + seconds)
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        """The timeout stopped meanwhile (a wait longer than the call's timeout must not
+        expire it), and moved on by the time it took."""
+        when = self._bound.when()
+        self._bound.reschedule(None)
+        started = time.monotonic()
+        try:
+            yield
+        finally:
+            waited = time.monotonic() - started
+            self.at += waited
+            if when is not None:
+                self._bound.reschedule(when + waited)
 
 
 def _display(url: str) -> str:

@@ -5,9 +5,9 @@ a client follows the batch's progress stream from a real ``spar serve``.
 The batch must still complete with every run terminal, exact counters (equal to what
 the runs themselves say, and to what the scenarios were built to produce), the window
 never exceeded, and no turn or criterion result written twice.  Recovery comes from
-Dramatiq's at-least-once delivery and the scheduler's sweeper
+the runs' claims and heartbeats in PostgreSQL and the scheduler's sweeper
 (``SPAR_RUN_HEARTBEAT_TIMEOUT_S=3``, ``SPAR_RUN_STALL_S=3``, ``SPAR_SWEEP_INTERVAL_S=1``),
-which re-sends runs the dead worker held and refills the window if the worker died
+which re-sends runs the dead worker was playing and refills the window if the worker died
 between a run's end and its refill.  (``tests/e2e/test_recovery.py`` measures the same
 recovery with the default settings.)  The stream must report
 every run once, counts that only grow, and end with the final counts.
@@ -30,7 +30,6 @@ from uuid import UUID
 import httpx
 import pytest
 import redis
-from dramatiq import Message
 from sqlalchemy import func, select, text
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -220,16 +219,6 @@ class ProgressReader(threading.Thread):
             self.error = exc
 
 
-def held_runs(r: redis.Redis, worker_id: str) -> set[str]:
-    """Run ids of the ``runs`` messages a Dramatiq worker process has fetched and not yet
-    acknowledged (its ack set): what it strands if it dies."""
-    message_ids = list(r.smembers(f"dramatiq:__acks__.{worker_id}.runs"))
-    if not message_ids:
-        return set()
-    bodies = r.hmget("dramatiq:runs.msgs", message_ids)
-    return {Message.decode(body).args[0] for body in bodies if body}
-
-
 async def runs_beating(db: AsyncSession, run_ids: list[UUID]) -> dict[UUID, tuple[str, Any]]:
     """Status and heartbeat of those of ``run_ids`` still pending or running."""
     rows = (
@@ -243,10 +232,20 @@ async def runs_beating(db: AsyncSession, run_ids: list[UUID]) -> dict[UUID, tupl
     return {run_id: (status, beat) for run_id, status, beat in rows}
 
 
-def consumers(r: redis.Redis) -> set[str]:
-    """Ids of the worker processes that ever fetched from ``runs``."""
-    prefix, suffix = "dramatiq:__acks__.", ".runs"
-    return {key.decode()[len(prefix) : -len(suffix)] for key in r.scan_iter(f"{prefix}*{suffix}")}
+def workers_fetching(r: redis.Redis) -> int:
+    """Worker processes fetching from Redis now (Dramatiq's heartbeats)."""
+    return int(r.zcard("dramatiq:__heartbeats__"))
+
+
+async def runs_in_flight(db: AsyncSession, batch_id: str) -> list[UUID]:
+    """The batch's runs being played now (by either worker)."""
+    rows = await db.scalars(
+        select(ScenarioRun.id).where(
+            ScenarioRun.batch_run_id == UUID(batch_id), ScenarioRun.status == "running"
+        )
+    )
+    await db.commit()
+    return list(rows)
 
 
 async def test_a_batch_survives_a_worker_killed_mid_batch(
@@ -292,51 +291,38 @@ async def test_a_batch_survives_a_worker_killed_mid_batch(
             progress = ProgressReader(f"http://127.0.0.1:{port}{path}/{batch_id}/events", h)
             progress.start()
 
-            # Worker A alone takes the first runs: the only consumer of ``runs`` is A.
-            deadline = time.monotonic() + 30
-            while not consumers(r):
-                assert time.monotonic() < deadline, f"worker A took nothing\n{logs(tmp_path)}"
-                await asyncio.sleep(0.05)
-            (worker_a_id,) = consumers(r)
-
             with spar_process(WORKER_ARGS, chaos_env, cwd=tmp_path):
-                # A dies once a quarter of the runs are done, while it holds runs.
-                seen: set[str] = set()
+                # A dies once a quarter of the runs are done, both workers fetching, with
+                # runs in flight.  A run is acknowledged to the broker as its worker starts
+                # playing it (workers.conversations): which runs A plays is learnt from
+                # their heartbeats, which stop with A.
                 deadline = time.monotonic() + 60
                 while True:
                     state = await batch_state()
-                    held = held_runs(r, worker_a_id)
-                    seen |= consumers(r)
+                    flying = await runs_in_flight(db, batch_id)
                     done = state["completed_scenarios"]
-                    # Both workers at work; prefer a kill that strands several runs, settle
-                    # for one later on.
                     if (
-                        len(seen) == 2
+                        workers_fetching(r) == 2
                         and done >= SCENARIOS * KILL_AT
-                        and len(held) >= (3 if done < SCENARIOS * 0.6 else 1)
+                        and len(flying) >= 6
                     ):
                         break
                     assert time.monotonic() < deadline, (
-                        f"no kill point: {state['completed_scenarios']} done, "
-                        f"A holds {len(held)}, {len(seen)} workers took runs\n{logs(tmp_path)}"
+                        f"no kill point: {state['completed_scenarios']} done, {len(flying)} "
+                        f"in flight, {workers_fetching(r)} workers\n{logs(tmp_path)}"
                     )
                     await asyncio.sleep(0.02)
                 os.killpg(worker_a.pid, signal.SIGKILL)
                 worker_a.wait()
                 at_kill = state["completed_scenarios"]
-                held |= held_runs(r, worker_a_id)
-                unfinished = await runs_beating(db, [UUID(run_id) for run_id in held])
-                stranded = {str(run_id) for run_id in unfinished}
+                unfinished = await runs_beating(db, await runs_in_flight(db, batch_id))
                 assert at_kill < SCENARIOS, "the batch ended before the kill: make it longer"
-                assert len(seen) == 2, "worker B never took a run"
 
                 await asyncio.sleep(2.0)
                 # Those A was playing: running, their heartbeat (every 0.5 s while a live
-                # worker plays a run) still where it was at the kill.  A message A held may
-                # be a duplicate of a run B plays (the sweeper re-sends a run whose beat was
-                # late on a loaded machine): B's beat moves, so that run is not A's.  Another
-                # worker must take each of A's over once its heartbeat is stale (the broker
-                # gives A's messages back, or the sweeper re-sends).
+                # worker plays a run) still where it was at the kill; B's beats move.
+                # Another worker must take each of A's over once its heartbeat is stale
+                # (the sweeper re-sends it).
                 later = await runs_beating(db, list(unfinished))
                 taken_over = {
                     run_id
@@ -362,8 +348,8 @@ async def test_a_batch_survives_a_worker_killed_mid_batch(
 
     elapsed = time.monotonic() - started
     # The recovery path was taken: each run A was playing was claimed again by another
-    # worker, whichever came first: the broker giving back A's unacknowledged messages, or
-    # the sweeper re-sending runs whose heartbeat stopped.
+    # worker: re-sent by the sweeper once its heartbeat stopped (or, for a message A took
+    # and had not yet acknowledged, given back by the broker).
     resent = sweeper_resent(tmp_path)
     claims = dict(
         (
@@ -374,14 +360,13 @@ async def test_a_batch_survives_a_worker_killed_mid_batch(
     )
     await db.commit()
     print(
-        f"\nchaos: {SCENARIOS} runs; worker A killed at {at_kill} completed holding "
-        f"{len(held)} runs messages ({len(stranded)} runs unfinished); done in {elapsed:.1f}s; "
+        f"\nchaos: {SCENARIOS} runs; worker A killed at {at_kill} completed, "
+        f"{len(unfinished)} runs in flight; done in {elapsed:.1f}s; "
         f"agent calls {len(agent.requests)} (ideal {2 * SCENARIOS - SCENARIOS // 20}), judge "
         f"calls {len(judge.requests)}; most runs at the agent at once {agent.max_runs_at_once}; "
         f"most in flight {max(samples)}; runs re-sent by the sweeper {resent}; runs A was "
         f"playing, taken over {len(claims)}"
     )
-    assert stranded, "worker A held no unfinished run when killed: the kill tested nothing"
     assert claims, "worker A was playing no run when killed: the kill tested nothing"
     assert all(attempts >= 2 for attempts in claims.values()), claims
 
@@ -488,7 +473,7 @@ async def test_a_batch_survives_a_worker_killed_mid_batch(
     await db.commit()
     for run in runs:
         run_id = UUID(run["id"])
-        if run["id"] in stranded:
+        if run_id in taken_over:
             assert run["status"] == expected_status(int(run["scenario_name"].split()[1]))
         want = 1 if run["status"] == "error" else 2
         assert turns.get(run_id, 0) == want, run

@@ -288,6 +288,29 @@ async def test_the_wait_for_the_destination_does_not_use_up_the_calls_timeout(
     assert (response.status_code, response.attempts, len(fake.requests)) == (200, 1, 5)
 
 
+async def test_calls_queued_for_a_full_destination_longer_than_their_timeout_succeed(
+    implementation: str, settings: Settings
+) -> None:
+    """A thousand conversations at one agent queue for its slots: a call waiting for one
+    longer than its own timeout still goes out (the wait stops its clock), and answers."""
+    made = make_limiter(implementation, settings, max_concurrency=1)
+    try:
+        with FakeServer(default=Reply(json={"ok": True}, delay=0.25)) as fake:
+            egress = EgressClient(
+                EgressPolicy([DomainRule("127.0.0.1")], allow_private=True),
+                timeout_s=0.5,
+                limiter=made,
+                organization_id=uuid4(),
+            )
+            calls = [egress.request("POST", f"{fake.url}/v1/chat", json={}) for _ in range(5)]
+            responses = await asyncio.gather(*calls)
+    finally:
+        await made.close()
+    # The last waited about a second for its slot: twice its timeout.
+    assert [r.status_code for r in responses] == [200] * 5
+    assert len(fake.requests) == 5
+
+
 async def test_a_call_held_past_the_wait_raises_rate_limited(
     implementation: str, settings: Settings
 ) -> None:

@@ -1,0 +1,162 @@
+"""Scenario runs in flight on a worker's event loop, not on its threads (DESIGN §8).
+
+A run is a conversation that waits on its agent and judge for seconds at a time.  Played
+inside its actor, it would hold a Dramatiq worker thread for its whole life, and a process
+would carry at most ``--threads`` conversations.  Instead the actor hands the run to the
+process's event loop and returns: conversations in flight are bounded by
+``--runs-in-flight`` (``SPAR_RUNS_IN_FLIGHT``), which stands for memory and the loop's
+CPU, and a worker thread waits only while the process is full.
+
+At-least-once is the run's own, not the message's (:mod:`shared.work`): the message is
+acknowledged once the run is on the loop, and the run is claimed in SQL with a heartbeat.
+Its process killed, the heartbeat stops and the scheduler's sweeper sends it again; a
+delivery that raises is sent again here after a backoff, as Dramatiq's retries would,
+while its deliveries counted in SQL bound it; one over its time limit is cancelled
+(released) and sent again the same way.  A worker asked to stop waits up to
+``SPAR_WORKER_DRAIN_S`` for its conversations to end, then cancels the rest, which
+release their claims, and sends each again for another worker to resume from its last
+committed turn.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import random
+import threading
+from collections.abc import Awaitable, Callable
+
+import dramatiq
+from dramatiq.asyncio import get_event_loop_thread
+from prometheus_client import Gauge
+
+log = logging.getLogger("spar.worker.conversations")
+
+RUNS_IN_FLIGHT = Gauge(
+    "spar_worker_runs_in_flight",
+    "Scenario runs a worker process is playing now (at most its --runs-in-flight).",
+    multiprocess_mode="livesum",
+)
+SLOT_WAIT_S = 0.5  # a thread waiting for room looks this often whether the worker stops
+CANCEL_WAIT_S = 5.0  # cancelled at a stop: the time their claims have to be released
+
+
+class Conversations(dramatiq.Middleware):
+    """The runs a worker process plays on its event loop: at most ``limit`` at once.
+
+    ``play(run_id)`` plays one delivery of a run (to its end, or to where another
+    delivery took it); ``send(run_id, delay_ms, retries)`` sends the run's message again.
+    """
+
+    def __init__(
+        self,
+        *,
+        play: Callable[[str], Awaitable[None]],
+        send: Callable[[str, int | None, int], None],
+        limit: int,
+        time_limit_s: float,
+        drain_s: float,
+        max_retries: int,
+        backoff_ms: tuple[int, int],
+    ) -> None:
+        self._play = play
+        self._send = send
+        self.limit = limit
+        self.time_limit_s = time_limit_s
+        self.drain_s = drain_s
+        self.max_retries = max_retries
+        self.backoff_ms = backoff_ms
+        self._room = threading.BoundedSemaphore(limit)
+        self._lock = threading.Lock()
+        self._flying: set[concurrent.futures.Future[None]] = set()
+        self._tasks: set[asyncio.Task[None]] = set()  # the same runs, on the loop's side
+        self._stopping = threading.Event()
+
+    # --- on a worker thread --------------------------------------------------------------
+
+    def start(self, run_id: str, retries: int) -> None:
+        """Put the run on the event loop, waiting for room while the process is full.  A
+        worker stopping meanwhile sends it back to the queue instead."""
+        while not self._room.acquire(timeout=SLOT_WAIT_S):
+            if self._stopping.is_set():
+                self._send(run_id, None, retries)
+                return
+        loop_thread = get_event_loop_thread()
+        if loop_thread is None:  # pragma: no cover - the AsyncIO middleware makes it
+            self._room.release()
+            raise RuntimeError("the worker has no event loop thread")
+        RUNS_IN_FLIGHT.inc()
+        future = asyncio.run_coroutine_threadsafe(self._fly(run_id, retries), loop_thread.loop)
+        with self._lock:
+            self._flying.add(future)
+        future.add_done_callback(self._landed)
+
+    def _landed(self, future: concurrent.futures.Future[None]) -> None:
+        with self._lock:
+            self._flying.discard(future)
+        RUNS_IN_FLIGHT.dec()
+        self._room.release()
+
+    # --- on the event loop ---------------------------------------------------------------
+
+    async def _fly(self, run_id: str, retries: int) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._tasks.add(task)
+        try:
+            async with asyncio.timeout(self.time_limit_s):
+                await self._play(run_id)
+        except asyncio.CancelledError:
+            if self._stopping.is_set():  # released by the run: another worker resumes it
+                self._send(run_id, None, retries)
+            raise
+        except Exception as exc:  # the delivery failed (its unit released), or timed out
+            self._again(run_id, retries, exc)
+        finally:
+            self._tasks.discard(task)
+
+    async def _cancel_all(self) -> None:
+        tasks = set(self._tasks)
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.wait(tasks, timeout=CANCEL_WAIT_S)
+
+    def _again(self, run_id: str, retries: int, exc: Exception) -> None:
+        if retries >= self.max_retries:
+            # As a dead letter: the run's heartbeat is cleared, the sweeper sends it again.
+            log.error("run %s failed %d times: left to the sweeper", run_id, retries + 1)
+            return
+        low, high = self.backoff_ms
+        delay = min(low * 2**retries, high)
+        delay = int(delay * random.uniform(0.9, 1.1))  # noqa: S311 - jitter, not a secret
+        if isinstance(exc, TimeoutError):
+            log.warning("run %s over its time limit: sent again in %d ms", run_id, delay)
+        self._send(run_id, delay, retries + 1)
+
+    # --- the worker's stop ---------------------------------------------------------------
+
+    def before_worker_shutdown(self, broker: dramatiq.Broker, worker: dramatiq.Worker) -> None:
+        self._stopping.set()
+
+    def after_worker_shutdown(self, broker: dramatiq.Broker, worker: dramatiq.Worker) -> None:
+        """Before the event loop stops (Dramatiq runs ``after_*`` hooks in reverse order,
+        and this middleware comes after the loop's): the conversations in flight end, or
+        are cancelled and sent again."""
+        with self._lock:
+            flying = set(self._flying)
+        if not flying:
+            return
+        log.info("waiting up to %.0f s for %d runs in flight", self.drain_s, len(flying))
+        _, left = concurrent.futures.wait(flying, timeout=self.drain_s)
+        if not left:
+            return
+        log.info("%d runs still in flight: handing them to other workers", len(left))
+        loop_thread = get_event_loop_thread()
+        if loop_thread is not None:
+            cancelled = asyncio.run_coroutine_threadsafe(self._cancel_all(), loop_thread.loop)
+            try:
+                cancelled.result(timeout=CANCEL_WAIT_S + 1)
+            except Exception:  # their heartbeats stop: the sweeper sends them again
+                log.warning("could not hand every run in flight back", exc_info=True)
