@@ -7,6 +7,7 @@ import asyncio
 import json
 import os
 import signal
+import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -14,7 +15,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import func, select
 
-from shared.db.models import CriterionResult, TurnResult
+from shared.db.models import CriterionResult, ScenarioRun, TurnResult
 from shared.queue import RUN_SCENARIO, get_broker, send
 from shared.settings import Settings
 from tests.support.calibration import EXAMPLES
@@ -359,3 +360,120 @@ def test_a_sigterm_to_the_whole_process_group_stops_the_worker_gracefully(
         assert worker.wait(timeout=10) == 0, log.read_text()
     text = log.read_text()
     assert "Worker has been shut down" in text and "Killing worker process" not in text
+
+
+class _Concurrency:
+    """How many of the agent's requests were in progress at once, at most."""
+
+    def __init__(self, delay_s: float) -> None:
+        self.delay_s = delay_s
+        self.now = 0
+        self.most = 0
+        self._lock = threading.Lock()
+
+    def reply(self, body: dict) -> str:
+        with self._lock:
+            self.now += 1
+            self.most = max(self.most, self.now)
+        time.sleep(self.delay_s)
+        with self._lock:
+            self.now -= 1
+        return f"ok {body['message']}"
+
+
+async def test_a_worker_plays_more_runs_at_once_than_it_has_threads_up_to_its_bound(
+    client, worker_env, tmp_path: Path
+):
+    """A run waits on its agent on the worker's event loop, not on a worker thread: one
+    thread carries as many conversations as ``--runs-in-flight`` allows, and no more."""
+    agent_calls = _Concurrency(delay_s=1.0)
+    with (
+        FakeAgent(reply=agent_calls.reply) as agent,
+        FakeOpenAI(reply=VERDICT) as judge,
+    ):
+        t, agent_id, scenario_id = await _setup(client, agent.url, judge.url, turns=1)
+        run_ids = []
+        for _ in range(12):
+            started = await client.post(
+                f"/v1/orgs/{t.id}/scenarios/{scenario_id}/run",
+                json={"agent_id": agent_id},
+                headers=t.owner.headers,
+            )
+            assert started.status_code == 201, started.text
+            run_ids.append(started.json()["id"])
+        worker_args = ["worker", "--processes", "1", "--threads", "1", "--queues", "runs"]
+        with spar_process([*worker_args, "--runs-in-flight", "8"], worker_env, cwd=tmp_path):
+            runs = [
+                await _poll(client, t, run_id, until=lambda r: r["status"] == "passed")
+                for run_id in run_ids
+            ]
+    assert len(runs) == 12
+    # Eight at once on one thread (and never nine): the bound is --runs-in-flight.
+    assert agent_calls.most == 8, agent_calls.most
+    assert len(agent.requests) == 12
+
+
+async def test_a_stopping_worker_hands_its_runs_in_flight_to_the_next_at_once(
+    client, db, worker_env, tmp_path: Path
+):
+    """SIGTERM while a long run is in flight: the worker waits ``SPAR_WORKER_DRAIN_S`` for
+    it, then releases its claim and sends it again, and exits cleanly.  The next worker
+    resumes it from its last committed turn at once: no heartbeat to wait out (two minutes
+    here), no sweeper (none runs)."""
+    worker_args = ["worker", "--processes", "1", "--threads", "2", "--queues", "runs"]
+    worker_env = {**worker_env, "SPAR_RUN_HEARTBEAT_TIMEOUT_S": "120"}
+    stopping = {**worker_env, "SPAR_WORKER_DRAIN_S": "1", "SPAR_LOG_LEVEL": "INFO"}
+    with (
+        FakeAgent(reply=lambda body: (time.sleep(0.5), f"ok {body['message']}")[1]) as agent,
+        FakeOpenAI(reply=VERDICT) as judge,
+    ):
+        t, agent_id, scenario_id = await _setup(client, agent.url, judge.url, turns=8)
+        with spar_process(worker_args, stopping, cwd=tmp_path) as worker:
+            started = await client.post(
+                f"/v1/orgs/{t.id}/scenarios/{scenario_id}/run",
+                json={"agent_id": agent_id},
+                headers=t.owner.headers,
+            )
+            run_id = started.json()["id"]
+            await _poll(client, t, run_id, until=lambda r: len(r["turn_results"]) >= 1)
+            stopped_at = time.monotonic()
+            os.killpg(worker.pid, signal.SIGTERM)
+            assert worker.wait(timeout=15) == 0
+            took = time.monotonic() - stopped_at
+        handed = await _claim_of(db, run_id)
+        assert handed[:2] == ("running", None), handed
+        committed = (await _result_counts(db, run_id))[0]
+        assert 1 <= committed < 8
+        log = await asyncio.to_thread(_worker_logs, tmp_path)
+        assert "handing them to other workers" in log, log
+        resumed_at = time.monotonic()
+        with spar_process(worker_args, worker_env, cwd=tmp_path):
+            run = await _poll(
+                client, t, run_id, until=lambda r: r["status"] != "running", within=60
+            )
+        resumed_in = time.monotonic() - resumed_at
+    assert run["status"] == "passed", run
+    assert (await _claim_of(db, run_id))[2] == 2  # two deliveries: the stopped one, the next
+    assert await _result_counts(db, run_id) == (8, 8, 16)
+    # The turn in flight at the stop may have reached the agent twice; no other did.
+    messages = Counter(request.json["message"] for request in agent.requests)
+    assert sorted(messages) == [f"message {n}" for n in range(8)]
+    assert sum(messages.values()) <= 9, messages
+    print(f"\nstopped in {took:.1f} s; resumed and finished in {resumed_in:.1f} s")
+
+
+def _worker_logs(directory: Path) -> str:
+    return "\n".join(path.read_text() for path in directory.glob("spar-worker-*.log"))
+
+
+async def _claim_of(db, run_id: str) -> tuple[str, object, int]:
+    """The run's status, heartbeat and deliveries counted, as stored."""
+    row = (
+        await db.execute(
+            select(ScenarioRun.status, ScenarioRun.heartbeat_at, ScenarioRun.attempts).where(
+                ScenarioRun.id == run_id
+            )
+        )
+    ).one()
+    await db.commit()
+    return tuple(row)

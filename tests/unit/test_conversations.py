@@ -1,0 +1,147 @@
+"""The runs a worker plays on its event loop (workers.conversations): bounded in number,
+sent again after a failure with a growing backoff until their retries run out, cancelled
+at their time limit, and handed back when the worker stops.  A real Dramatiq worker on the
+in-memory broker gives the event loop thread; ``play`` stands for a run's delivery."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Iterator
+
+import dramatiq
+import pytest
+from dramatiq.brokers.stub import StubBroker
+
+from shared.queue import _AsyncIO
+from workers.conversations import Conversations
+
+
+class Plays:
+    """What each run's delivery does, and what was sent again (run, delay, retries)."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, int | None, int]] = []
+        self.now = 0
+        self.most = 0
+        self.cancelled: list[str] = []
+
+    async def play(self, run_id: str) -> None:
+        self.now += 1
+        self.most = max(self.most, self.now)
+        try:
+            if run_id.startswith("fail"):
+                raise RuntimeError("the delivery failed")
+            await asyncio.sleep(float(run_id.partition(":")[2] or 0))
+        except asyncio.CancelledError:
+            self.cancelled.append(run_id)
+            raise
+        finally:
+            self.now -= 1
+
+    def send(self, run_id: str, delay_ms: int | None, retries: int) -> None:
+        self.sent.append((run_id, delay_ms, retries))
+
+
+@pytest.fixture
+def plays() -> Plays:
+    return Plays()
+
+
+def _started(plays: Plays, **options: float) -> tuple[Conversations, dramatiq.Worker]:
+    broker = StubBroker()
+    broker.add_middleware(_AsyncIO())
+    conversations = Conversations(
+        play=plays.play,
+        send=plays.send,
+        limit=int(options.get("limit", 2)),
+        time_limit_s=options.get("time_limit_s", 30.0),
+        drain_s=options.get("drain_s", 5.0),
+        max_retries=3,
+        backoff_ms=(100, 250),
+    )
+    broker.add_middleware(conversations)
+    worker = dramatiq.Worker(broker, worker_threads=1)
+    worker.start()
+    return conversations, worker
+
+
+@pytest.fixture
+def stopped() -> Iterator[list[dramatiq.Worker]]:
+    workers: list[dramatiq.Worker] = []
+    yield workers
+    for worker in workers:
+        worker.stop()
+
+
+def _until(condition, within: float = 5.0) -> None:
+    deadline = time.monotonic() + within
+    while not condition():
+        assert time.monotonic() < deadline, "not reached in time"
+        time.sleep(0.01)
+
+
+def test_a_failed_delivery_is_sent_again_with_a_growing_backoff_until_its_retries_run_out(
+    plays: Plays, stopped: list[dramatiq.Worker]
+) -> None:
+    conversations, worker = _started(plays)
+    stopped.append(worker)
+    for retries in range(4):
+        conversations.start("fail", retries)
+    _until(lambda: len(plays.sent) == 3)
+    time.sleep(0.1)  # the fourth, past its retries, is not sent: the sweeper's now
+    assert [(run, retries) for run, _, retries in plays.sent] == [("fail", n) for n in (1, 2, 3)]
+    delays = [delay for _, delay, _ in plays.sent]
+    assert 90 <= delays[0] <= 110 and 180 <= delays[1] <= 220 and 225 <= delays[2] <= 275
+
+
+def test_a_delivery_over_its_time_limit_is_cancelled_and_sent_again(
+    plays: Plays, stopped: list[dramatiq.Worker]
+) -> None:
+    conversations, worker = _started(plays, time_limit_s=0.2)
+    stopped.append(worker)
+    conversations.start("slow:10", 0)
+    _until(lambda: len(plays.sent) == 1)
+    assert plays.cancelled == ["slow:10"]
+    assert plays.sent[0][0] == "slow:10" and plays.sent[0][2] == 1
+
+
+def test_runs_in_flight_are_bounded_and_a_full_process_waits_for_room(
+    plays: Plays, stopped: list[dramatiq.Worker]
+) -> None:
+    conversations, worker = _started(plays, limit=2)
+    stopped.append(worker)
+    conversations.start("a:0.4", 0)
+    conversations.start("b:0.4", 0)
+    waited = time.monotonic()
+    conversations.start("c:0", 0)  # blocks this thread until a or b ends
+    assert time.monotonic() - waited >= 0.3
+    _until(lambda: plays.now == 0)
+    assert plays.most == 2 and plays.sent == []
+
+
+def test_a_stopping_worker_waits_for_its_runs_then_hands_the_rest_back(plays: Plays) -> None:
+    conversations, worker = _started(plays, limit=5, drain_s=0.5)
+    conversations.start("short:0.2", 0)
+    conversations.start("long:30", 0)
+    _until(lambda: plays.now == 2)
+    stopping = time.monotonic()
+    worker.stop()
+    took = time.monotonic() - stopping
+    # The short run ended within the drain; the long one was cancelled and sent again.
+    assert plays.cancelled == ["long:30"]
+    assert plays.sent == [("long:30", None, 0)]
+    assert took < 10
+
+
+def test_a_thread_waiting_for_room_as_the_worker_stops_sends_its_run_back(plays: Plays) -> None:
+    conversations, worker = _started(plays, limit=1, drain_s=0.2)
+    conversations.start("long:30", 0)
+    waiting = threading.Thread(target=conversations.start, args=("next", 0))
+    waiting.start()
+    time.sleep(0.2)
+    worker.stop()
+    waiting.join(timeout=5)
+    assert not waiting.is_alive()
+    assert sorted(plays.sent) == [("long:30", None, 0), ("next", None, 0)]
