@@ -29,15 +29,11 @@ from collections.abc import Awaitable, Callable
 
 import dramatiq
 from dramatiq.asyncio import get_event_loop_thread
-from prometheus_client import Gauge
+
+from workers.metrics import RUNS_IN_FLIGHT
 
 log = logging.getLogger("spar.worker.conversations")
 
-RUNS_IN_FLIGHT = Gauge(
-    "spar_worker_runs_in_flight",
-    "Scenario runs a worker process is playing now (at most its --runs-in-flight).",
-    multiprocess_mode="livesum",
-)
 SLOT_WAIT_S = 0.5  # a thread waiting for room looks this often whether the worker stops
 CANCEL_WAIT_S = 5.0  # cancelled at a stop: the time their claims have to be released
 

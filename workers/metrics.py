@@ -62,12 +62,19 @@ ACTOR_IN_PROGRESS = Gauge(
 )
 
 
+RUNS_IN_FLIGHT = Gauge(
+    "spar_worker_runs_in_flight",
+    "Scenario runs the worker processes are playing now (each at most its --runs-in-flight).",
+    multiprocess_mode="livesum",
+)
+
 FAMILIES = (
     ACTOR_MESSAGES,
     ACTOR_RETRIES,
     ACTOR_DEAD,
     ACTOR_DURATION,
     ACTOR_IN_PROGRESS,
+    RUNS_IN_FLIGHT,
     *RUN_ENGINE,
 )
 
