@@ -301,12 +301,41 @@ def breakdown(url: str, batch_id: str) -> dict[str, float]:
                 """,
                 {"batch": batch_id},
             ).one()
+            # Each turn's time, from the run's start (its first turn) or the previous turn's
+            # commit to its own, for the first window's runs and for the others.
+            turns = conn.exec_driver_sql(
+                """
+                WITH t AS (
+                  SELECT r.dispatched_at = (SELECT min(dispatched_at) FROM scenario_runs
+                                            WHERE batch_run_id = %(batch)s) AS first_window,
+                         tr.turn_index,
+                         extract(epoch FROM tr.created_at - coalesce(
+                           lag(tr.created_at) OVER (PARTITION BY tr.run_id
+                                                    ORDER BY tr.turn_index),
+                           r.started_at)) AS took
+                  FROM turn_results tr JOIN scenario_runs r ON r.id = tr.run_id
+                  WHERE r.batch_run_id = %(batch)s)
+                SELECT avg(took) FILTER (WHERE first_window AND turn_index = 0),
+                       avg(took) FILTER (WHERE first_window AND turn_index > 0),
+                       avg(took) FILTER (WHERE NOT first_window AND turn_index = 0),
+                       avg(took) FILTER (WHERE NOT first_window AND turn_index > 0)
+                FROM t
+                """,
+                {"batch": batch_id},
+            ).one()
     finally:
         engine.dispose()
     first, handed, pickup, duration, agent_ms, judge_ms, first_window = (
         float(v or 0.0) for v in row
     )
+    window_first, window_later, rest_first, rest_later = (float(v or 0.0) for v in turns)
     return {
+        "turns_ms": (
+            window_first * 1000,
+            window_later * 1000,
+            rest_first * 1000,
+            rest_later * 1000,
+        ),
         "first_window_s": first_window,
         "first_s": first,
         "handed_s": handed,
@@ -328,6 +357,12 @@ def print_breakdown(parts: dict[str, float], t: int, per_turn_s: float) -> None:
         f"start->end {parts['run_s']:.2f} s (ideal {t * per_turn_s:.2f} s); "
         f"agent call {parts['agent_ms']:.0f} ms, judge call {parts['judge_ms']:.0f} ms "
         f"(as the workers saw them)"
+    )
+    window_first, window_later, rest_first, rest_later = parts["turns_ms"]
+    print(
+        f"  per turn (means)    start or previous commit -> commit: first window's runs "
+        f"{window_first:.0f} ms for turn 1, {window_later:.0f} ms later; other runs "
+        f"{rest_first:.0f} ms for turn 1, {rest_later:.0f} ms later (ideal {per_turn_s * 1000:.0f})"
     )
 
 
