@@ -21,7 +21,6 @@ committed turn.
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import logging
 import random
 import threading
@@ -64,9 +63,7 @@ class Conversations(dramatiq.Middleware):
         self.max_retries = max_retries
         self.backoff_ms = backoff_ms
         self._room = threading.BoundedSemaphore(limit)
-        self._lock = threading.Lock()
-        self._flying: set[concurrent.futures.Future[None]] = set()
-        self._tasks: set[asyncio.Task[None]] = set()  # the same runs, on the loop's side
+        self._flying: set[asyncio.Task[None]] = set()  # touched on the event loop only
         self._stopping = threading.Event()
 
     # --- on a worker thread --------------------------------------------------------------
@@ -78,28 +75,32 @@ class Conversations(dramatiq.Middleware):
             if self._stopping.is_set():
                 self._send(run_id, None, retries)
                 return
-        loop_thread = get_event_loop_thread()
-        if loop_thread is None:  # pragma: no cover - the AsyncIO middleware makes it
-            self._room.release()
-            raise RuntimeError("the worker has no event loop thread")
-        RUNS_IN_FLIGHT.inc()
-        future = asyncio.run_coroutine_threadsafe(self._fly(run_id, retries), loop_thread.loop)
-        with self._lock:
-            self._flying.add(future)
-        future.add_done_callback(self._landed)
-
-    def _landed(self, future: concurrent.futures.Future[None]) -> None:
-        with self._lock:
-            self._flying.discard(future)
-        RUNS_IN_FLIGHT.dec()
-        self._room.release()
+        self._loop().call_soon_threadsafe(self._launch, run_id, retries)
 
     # --- on the event loop ---------------------------------------------------------------
 
+    def start_here(self, run_id: str) -> bool:
+        """Play the run now, if this process has room: called on the event loop by a run
+        that handed its batch's window to ``run_id`` (whose message is sent as well: the
+        delivery that claims it second finds it alive and does nothing).  It starts without
+        waiting for the broker, in the process that has just freed the room for it."""
+        if self._stopping.is_set() or not self._room.acquire(blocking=False):
+            return False
+        self._launch(run_id, 0)
+        return True
+
+    def _launch(self, run_id: str, retries: int) -> None:
+        RUNS_IN_FLIGHT.inc()
+        task = asyncio.get_running_loop().create_task(self._fly(run_id, retries))
+        self._flying.add(task)
+        task.add_done_callback(self._landed)
+
+    def _landed(self, task: asyncio.Task[None]) -> None:
+        self._flying.discard(task)
+        RUNS_IN_FLIGHT.dec()
+        self._room.release()
+
     async def _fly(self, run_id: str, retries: int) -> None:
-        task = asyncio.current_task()
-        assert task is not None
-        self._tasks.add(task)
         try:
             async with asyncio.timeout(self.time_limit_s):
                 await self._play(run_id)
@@ -109,15 +110,6 @@ class Conversations(dramatiq.Middleware):
             raise
         except Exception as exc:  # the delivery failed (its unit released), or timed out
             self._again(run_id, retries, exc)
-        finally:
-            self._tasks.discard(task)
-
-    async def _cancel_all(self) -> None:
-        tasks = set(self._tasks)
-        for task in tasks:
-            task.cancel()
-        if tasks:
-            await asyncio.wait(tasks, timeout=CANCEL_WAIT_S)
 
     def _again(self, run_id: str, retries: int, exc: Exception) -> None:
         if retries >= self.max_retries:
@@ -131,6 +123,20 @@ class Conversations(dramatiq.Middleware):
             log.warning("run %s over its time limit: sent again in %d ms", run_id, delay)
         self._send(run_id, delay, retries + 1)
 
+    async def _drain(self) -> None:
+        """Wait up to the drain for the runs in flight, then cancel the rest: each releases
+        its claim and is sent again (:meth:`_fly`)."""
+        if not self._flying:
+            return
+        log.info("waiting up to %.0f s for %d runs in flight", self.drain_s, len(self._flying))
+        _, left = await asyncio.wait(set(self._flying), timeout=self.drain_s)
+        if not left:
+            return
+        log.info("%d runs still in flight: handing them to other workers", len(left))
+        for task in left:
+            task.cancel()
+        await asyncio.wait(left, timeout=CANCEL_WAIT_S)
+
     # --- the worker's stop ---------------------------------------------------------------
 
     def before_worker_shutdown(self, broker: dramatiq.Broker, worker: dramatiq.Worker) -> None:
@@ -140,19 +146,15 @@ class Conversations(dramatiq.Middleware):
         """Before the event loop stops (Dramatiq runs ``after_*`` hooks in reverse order,
         and this middleware comes after the loop's): the conversations in flight end, or
         are cancelled and sent again."""
-        with self._lock:
-            flying = set(self._flying)
-        if not flying:
-            return
-        log.info("waiting up to %.0f s for %d runs in flight", self.drain_s, len(flying))
-        _, left = concurrent.futures.wait(flying, timeout=self.drain_s)
-        if not left:
-            return
-        log.info("%d runs still in flight: handing them to other workers", len(left))
+        drained = asyncio.run_coroutine_threadsafe(self._drain(), self._loop())
+        try:
+            drained.result(timeout=self.drain_s + CANCEL_WAIT_S + 1)
+        except Exception:  # their heartbeats stop: the sweeper sends them again
+            log.warning("could not hand every run in flight back", exc_info=True)
+
+    @staticmethod
+    def _loop() -> asyncio.AbstractEventLoop:
         loop_thread = get_event_loop_thread()
-        if loop_thread is not None:
-            cancelled = asyncio.run_coroutine_threadsafe(self._cancel_all(), loop_thread.loop)
-            try:
-                cancelled.result(timeout=CANCEL_WAIT_S + 1)
-            except Exception:  # their heartbeats stop: the sweeper sends them again
-                log.warning("could not hand every run in flight back", exc_info=True)
+        if loop_thread is None:  # pragma: no cover - the AsyncIO middleware makes it
+            raise RuntimeError("the worker has no event loop thread")
+        return loop_thread.loop

@@ -26,8 +26,10 @@ class Plays:
         self.now = 0
         self.most = 0
         self.cancelled: list[str] = []
+        self.played: list[str] = []
 
     async def play(self, run_id: str) -> None:
+        self.played.append(run_id)
         self.now += 1
         self.most = max(self.most, self.now)
         try:
@@ -145,3 +147,25 @@ def test_a_thread_waiting_for_room_as_the_worker_stops_sends_its_run_back(plays:
     waiting.join(timeout=5)
     assert not waiting.is_alive()
     assert sorted(plays.sent) == [("long:30", None, 0), ("next", None, 0)]
+
+
+def test_a_run_handed_the_window_starts_here_only_if_there_is_room(
+    plays: Plays, stopped: list[dramatiq.Worker]
+) -> None:
+    conversations, worker = _started(plays, limit=1)
+    stopped.append(worker)
+    loop = conversations._loop()
+
+    def start_here(run_id: str) -> bool:
+        async def on_the_loop() -> bool:
+            return conversations.start_here(run_id)
+
+        return asyncio.run_coroutine_threadsafe(on_the_loop(), loop).result(timeout=5)
+
+    conversations.start("first:0.3", 0)
+    _until(lambda: plays.now == 1)
+    assert start_here("second:0") is False  # full: its message will bring it
+    _until(lambda: plays.now == 0)
+    assert start_here("third:0.1") is True
+    _until(lambda: plays.played == ["first:0.3", "third:0.1"] and plays.now == 0)
+    assert plays.most == 1 and plays.sent == []
