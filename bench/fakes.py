@@ -161,15 +161,21 @@ def judge(method: str, path: str, body: Any) -> Reply:
 _REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 429: "Too Many Requests"}
 
 
-def _response(status: int, payload: Any, headers: dict[str, str]) -> tuple[bytes, bool]:
-    """The HTTP/1.1 answer's bytes, and whether the call was admitted (not refused)."""
+def _answer(
+    status: int, payload: Any, headers: dict[str, str]
+) -> tuple[bytes, dict[str, str], bool]:
+    """The answer's body and headers, and whether the call was admitted (not refused)."""
     admitted = headers.pop(REFUSED, None) is None and status == 200
     content = json.dumps(payload).encode()
-    extra = "".join(f"{name}: {value}\r\n" for name, value in headers.items())
-    head = (
-        f"HTTP/1.1 {status} {_REASONS.get(status, 'Error')}\r\n{extra}"
-        f"Content-Type: application/json\r\nContent-Length: {len(content)}\r\n\r\n"
-    )
+    headers = {**headers, "Content-Type": "application/json", "Content-Length": str(len(content))}
+    return content, headers, admitted
+
+
+def _response(status: int, payload: Any, headers: dict[str, str]) -> tuple[bytes, bool]:
+    """The HTTP/1.1 answer's bytes, and whether the call was admitted (not refused)."""
+    content, headers, admitted = _answer(status, payload, headers)
+    lines = "".join(f"{name}: {value}\r\n" for name, value in headers.items())
+    head = f"HTTP/1.1 {status} {_REASONS.get(status, 'Error')}\r\n{lines}\r\n"
     return head.encode() + content, admitted
 
 
@@ -254,10 +260,16 @@ class _Threaded(http.server.BaseHTTPRequestHandler):
         path = self.path.split("?", 1)[0]
         with LOCK:
             status, payload, delay, *headers = type(self).handler(self.command, path, body)
-        response, admitted = _response(status, payload, dict((headers or [{}])[0]))
+        content, fields, admitted = _answer(status, payload, dict((headers or [{}])[0]))
         if delay:
             time.sleep(delay)
-        self.wfile.write(response)
+        # As the stdlib answers: its status line (HTTP/1.0, so the connection closes after
+        # the answer), its Server and Date headers.
+        self.send_response(status)
+        for name, value in fields.items():
+            self.send_header(name, value)
+        self.end_headers()
+        self.wfile.write(content)
         if admitted:
             with LOCK:
                 answered(path)

@@ -537,6 +537,8 @@ class EgressClient:
             elif answer is not None and (last or not _should_retry(answer)):
                 return answer, attempt
             delay = _retry_after_s(answer.headers) if answer is not None else None
+            if delay is None and attempt == 1 and _closed_by_server(failure):
+                delay = 0.0  # a kept-alive connection the server had closed: at once, anew
             if delay is None:
                 delay = self._backoff_s * 2 ** (attempt - 1) * (0.5 + random.random())  # noqa: S311
             if time.monotonic() + delay >= deadline.at:
@@ -679,6 +681,16 @@ class EgressClient:
         return EgressError(
             f"{prepared.display} answered with more than {self._max_response_bytes} bytes"
         )
+
+
+def _closed_by_server(failure: Exception | None) -> bool:
+    """The connection went away under the request, before any answer: most often one kept
+    alive that the server had already closed (servers close idle connections after a few
+    seconds, and one answering without keep-alive may not say so), so that a new one would
+    be answered.  A connection that could not be made is not one of them."""
+    return isinstance(
+        failure, aiohttp.ServerDisconnectedError | aiohttp.ClientOSError
+    ) and not isinstance(failure, aiohttp.ClientConnectorError)
 
 
 def _throttled(answer: _Received) -> bool:

@@ -10,6 +10,7 @@ address is refused before a connection — the SSRF tests also route through
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gzip
 import ipaddress
 import math
@@ -32,6 +33,7 @@ from shared.outbound.egress import (
     EgressTransportError,
     HostNotAllowed,
     is_public_address,
+    new_http_session,
 )
 from tests.support.fakes import FakeServer, Reply, loopback_only_http, unused_loopback_url
 
@@ -849,3 +851,52 @@ async def test_a_client_resolves_and_checks_a_url_once_for_its_life(fake: FakeSe
         await refusing.request("POST", url, json={})
     assert len(dns.calls) == 2
     assert len(fake.requests) == 3
+
+
+class _ClosesKeptAliveConnections:
+    """A server that answers one request per connection (HTTP/1.1: kept alive, so the
+    client pools it) and closes a connection when a second request arrives on it: a server
+    closing an idle kept-alive connection just as the client reuses it."""
+
+    def __init__(self) -> None:
+        self.answered = 0
+        self.dropped = 0
+
+    async def __aenter__(self) -> str:
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        return f"http://127.0.0.1:{self._server.sockets[0].getsockname()[1]}/chat"
+
+    async def __aexit__(self, *exc: object) -> None:
+        self._server.close()
+        await self._server.wait_closed()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = await reader.readuntil(b"\r\n\r\n")
+        length = next(
+            int(line.split(b":")[1])
+            for line in head.split(b"\r\n")
+            if line.lower().startswith(b"content-length")
+        )
+        await reader.readexactly(length)
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n")
+        writer.write(b'Content-Length: 11\r\n\r\n{"ok":true}')
+        await writer.drain()
+        self.answered += 1
+        with contextlib.suppress(asyncio.IncompleteReadError, ConnectionError):
+            await reader.readuntil(b"\r\n\r\n")  # the next request on this connection
+            self.dropped += 1
+        writer.close()
+
+
+async def test_a_kept_alive_connection_the_server_closed_is_retried_at_once_on_a_new_one() -> None:
+    """Servers close idle connections (Node.js after 5 s, gunicorn after 2 s): a call on
+    one that closes under it is sent again on a new connection straight away, not after
+    the backoff a failure waits (here 30 s or more: past the call's own 5 s)."""
+    server = _ClosesKeptAliveConnections()
+    async with server as url, new_http_session() as http:
+        egress = EgressClient(loopback_policy(), http=http, timeout_s=5.0, backoff_s=30.0)
+        first = await egress.request("POST", url, json={"n": 1})
+        second = await egress.request("POST", url, json={"n": 2})
+    assert (first.status_code, first.attempts) == (200, 1)
+    assert (second.status_code, second.attempts) == (200, 2)
+    assert (server.answered, server.dropped) == (2, 1)
