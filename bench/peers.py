@@ -17,7 +17,9 @@ the CPU per turn (fakes excluded), then the ratios Spar / peer.
   (``$XDG_CACHE_HOME`` if set), never into Spar's environment.  The eval script
   (:data:`INSPECT_EVAL`, written into a temporary directory and run by that venv's python)
   is written as an Inspect user would write it: the agent under test is the eval's
-  *model*, a custom model API (``@modelapi``) speaking the ``spar`` protocol over httpx;
+  *model*, a custom model API (``@modelapi``) speaking the ``spar`` protocol over httpx
+  (Inspect's way to evaluate what none of its providers speaks: each turn is then a
+  model call with Inspect's connection limit, retries and transcript, as the judge's are);
   a solver plays a sample's turns with ``generate()`` and after each reply asks the judge,
   Inspect's ``openai`` provider as ``openai/judge-1`` with ``base_url`` = the fake judge
   (the ``judge`` model role), the turn's criteria at once with ``collect()``; a scorer
@@ -48,7 +50,6 @@ import sys
 import tempfile
 import threading
 import venv
-from collections.abc import Iterator
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
@@ -116,18 +117,8 @@ def peer_python(name: str, requirements: list[str]) -> Path:
     print(f"installing {' '.join(requirements)} into {home} (once)", flush=True)
     if not python.exists():
         venv.create(home, with_pip=True)
-    subprocess.run(
-        [
-            str(python),
-            "-m",
-            "pip",
-            "install",
-            "--quiet",
-            "--disable-pip-version-check",
-            *requirements,
-        ],
-        check=True,
-    )
+    pip = [str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
+    subprocess.run([*pip, *requirements], check=True)
     marker.write_text(wanted)
     return python
 
@@ -354,7 +345,8 @@ def main():
         model_base_url=f"{WORK['agent_url']}/chat",
         model_roles={"judge": judge},
         max_samples=WORK["concurrency"],
-        max_connections=WORK["concurrency"],
+        # Applies to the judge role too: K conversations, C verdicts each at once.
+        max_connections=WORK["concurrency"] * max(1, WORK["criteria"]),
         log_dir=WORK["log_dir"],
         display="none",
     )
@@ -410,19 +402,20 @@ class InspectAI:
                 if name not in ("PYTHONPATH", "VIRTUAL_ENV")
             }
             command = [str(python), str(script), json.dumps(workload)]
-            with _peer_process(command, work, env, args.timeout) as (process, said):
-                said("ready")
-                before_cpu, before_served = tree_cpu_seconds(process.pid), fake.served()
-                process.stdin.write("go\n")
-                process.stdin.flush()
-                done = said("done")
-                cpu = spent_since(before_cpu, tree_cpu_seconds(process.pid))
+            with contextlib.closing(_Script(command, work, env, args.timeout)) as peer:
+                peer.said("ready")
+                before_cpu, before_served = tree_cpu_seconds(peer.pid), fake.served()
+                peer.go()
+                done = peer.said("done")
+                cpu = spent_since(before_cpu, tree_cpu_seconds(peer.pid))
                 served = served_since(fake, before_served)
+        span_s = done["wall_s"] - done["first_call_s"] - done["after_last_s"]
         print(
-            f"  eval() took {done['wall_s']:.2f} s: first agent call "
-            f"{done['first_call_s']:.2f} s after it began, its end "
-            f"{done['after_last_s']:.2f} s after the last verdict "
-            f"(the scoring, the log); CPU {cpu:.2f} s",
+            f"  eval() took {done['wall_s']:.2f} s (the wall time): its first agent call "
+            f"{done['first_call_s']:.2f} s after it began (the eval's set-up, lazy imports), "
+            f"its end {done['after_last_s']:.2f} s after the last verdict (the scoring, the "
+            f"log); first call -> last verdict {span_s:.2f} s (efficiency "
+            f"{ideal_s(args) / span_s:.3f}); CPU {cpu:.2f} s",
             flush=True,
         )
         if done["status"] != "success":
@@ -439,26 +432,29 @@ class InspectAI:
         )
 
 
-@contextlib.contextmanager
-def _peer_process(
-    command: list[str], cwd: str, env: dict[str, str], timeout_s: float
-) -> Iterator[tuple[subprocess.Popen[str], Any]]:
-    """The peer's script, killed after ``timeout_s``, and ``said(event)``: the next
-    ``PEER {...}`` line of its stdout, which must be that event (its other output passes
-    through)."""
-    process = subprocess.Popen(
-        command,
-        cwd=cwd,
-        env=env,
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
+class _Script:
+    """A peer's script, which speaks in ``PEER {...}`` lines on its stdout (anything else
+    it prints passes through) and waits on its stdin where it must: killed after
+    ``timeout_s``, and at the end if it does not exit by itself."""
 
-    def said(event: str) -> dict[str, Any]:
-        assert process.stdout is not None
-        for line in process.stdout:
+    def __init__(self, command: list[str], cwd: str, env: dict[str, str], timeout_s: float):
+        self._process = subprocess.Popen(
+            command,
+            cwd=cwd,
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
+        self.pid = self._process.pid
+        self._watchdog = threading.Timer(timeout_s, self._process.kill)
+        self._watchdog.start()
+
+    def said(self, event: str) -> dict[str, Any]:
+        """Its next ``PEER`` line, which must be ``event``."""
+        assert self._process.stdout is not None
+        for line in self._process.stdout:
             if not line.startswith("PEER "):
                 print(f"  | {line}", end="")
                 continue
@@ -466,22 +462,24 @@ def _peer_process(
             if message["event"] != event:
                 raise RuntimeError(f"expected {event!r} from the peer, got {message}")
             return message
-        raise RuntimeError(f"the peer exited ({process.wait()}) before {event!r}")
+        raise RuntimeError(f"the peer exited ({self._process.wait()}) before {event!r}")
 
-    watchdog = threading.Timer(timeout_s, process.kill)
-    watchdog.start()
-    try:
-        yield process, said
-    finally:
-        watchdog.cancel()
-        with contextlib.suppress(BrokenPipeError, OSError):
-            assert process.stdin is not None
-            process.stdin.close()
+    def go(self) -> None:
+        """The line it waits for."""
+        assert self._process.stdin is not None
+        self._process.stdin.write("go\n")
+        self._process.stdin.flush()
+
+    def close(self) -> None:
+        self._watchdog.cancel()
+        with contextlib.suppress(OSError):
+            assert self._process.stdin is not None
+            self._process.stdin.close()  # its last wait ends
         try:
-            process.wait(timeout=30)
+            self._process.wait(timeout=30)
         except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+            self._process.kill()
+            self._process.wait()
 
 
 PEERS: dict[str, Peer] = {"inspect": InspectAI()}
@@ -520,15 +518,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def ideal_s(args: argparse.Namespace) -> float:
+    """⌈N/K⌉ x T x (agent + judge latency), as bench/batch.py computes it: a conversation's
+    turns are sequential and a turn's criteria are judged at once."""
+    per_turn_ms = args.agent_ms + (args.judge_ms if args.criteria else 0.0)
+    return math.ceil(args.scenarios / args.concurrency) * args.turns * per_turn_ms / 1000
+
+
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     unwind_on_sigterm()
     n, t, c, k = args.scenarios, args.turns, args.criteria, args.concurrency
-    ideal_s = math.ceil(n / k) * t * (args.agent_ms + (args.judge_ms if c else 0.0)) / 1000
     print(
         f"peers benchmark: N={n} scenarios x T={t} turns x C={c} criteria, K={k}; agent "
-        f"{args.agent_ms:g} ms/turn, judge {args.judge_ms:g} ms/criterion; ideal {ideal_s:.2f} s; "
-        f"{args.fakes} fakes; {os.cpu_count()} CPUs; load {_load()}",
+        f"{args.agent_ms:g} ms/turn, judge {args.judge_ms:g} ms/criterion; "
+        f"ideal {ideal_s(args):.2f} s; {args.fakes} fakes; {os.cpu_count()} CPUs; load {_load()}",
         flush=True,
     )
     figures = []
@@ -541,18 +545,18 @@ def main(argv: list[str] | None = None) -> None:
             peer = PEERS[name]
             print(f"--- {peer.name} {peer.version}  (load {_load()})", flush=True)
             figures.append(peer.run(args, fake))
-    report(figures, ideal_s, n * t, (n * t, n * t * c))
+    report(figures, ideal_s(args), n * t, (n * t, n * t * c))
 
 
-def report(figures: list[Figures], ideal_s: float, turns: int, calls: tuple[int, int]) -> None:
-    print(f"\nideal {ideal_s:.2f} s; load {_load()}")
+def report(figures: list[Figures], ideal: float, turns: int, calls: tuple[int, int]) -> None:
+    print(f"\nideal {ideal:.2f} s; load {_load()}")
     print(
         f"{'tool':<12} {'version':<18} {'efficiency':>10} {'wall':>9} {'CPU/turn':>10}  "
         "CPU per turn in ms, by part; calls the fakes served (agent, judge); outcome"
     )
     for f in figures:
         print(
-            f"{f.tool:<12} {f.version:<18} {ideal_s / f.wall_s:>10.3f} {f.wall_s:>7.2f} s "
+            f"{f.tool:<12} {f.version:<18} {ideal / f.wall_s:>10.3f} {f.wall_s:>7.2f} s "
             f"{f.cpu_s / turns * 1000:>7.1f} ms  {f.cpu_parts}; "
             f"{f.served['agent']}, {f.served['judge']} (of {calls[0]}, {calls[1]}); {f.outcome}"
         )
