@@ -52,6 +52,7 @@ from bench.stack import (
     FAKES,
     CpuMeter,
     CpuSpent,
+    Fakes,
     Stack,
     database_url,
     loopback_fakes,
@@ -640,6 +641,55 @@ def report_zero_pass(zero: dict[str, Any], n: int, t: int, c: int) -> None:
         f"  scenario runs/s     {n / wall:8.1f}     ({n * t / wall:.0f} turns/s, "
         f"{n * t * (1 + c) / wall:.0f} agent+judge calls/s)"
     )
+
+
+# --- the first batch's figures, for bench/peers.py -----------------------------------------------
+
+
+def stack_settings(args: argparse.Namespace, batches: int = 1) -> dict[str, Any]:
+    """:func:`spar_stack`'s arguments for the batch bench's options: its workers and their
+    settings."""
+    worker_args = ["--processes", "1", "--threads", str(args.threads)]
+    worker_args += ["--queues", "runs,batches"]
+    if args.prefetch:
+        worker_args += ["--prefetch", str(args.prefetch)]
+    return {
+        "env": {
+            "SPAR_EGRESS_ALLOW_PRIVATE": "true",
+            # Each destination's concurrency (default 100) must not be the bound: B x K
+            # conversations call the one agent, and each judges C criteria at once.
+            "SPAR_OUTBOUND_MAX_CONCURRENCY": str(
+                max(100, batches * args.concurrency * max(1, args.criteria))
+            ),
+        },
+        "workers": args.workers,
+        "worker_args": worker_args,
+        "worker_env": {"SPAR_DB_POOL_SIZE": str(args.db_pool)} if args.db_pool else {},
+    }
+
+
+def first_batch(args: argparse.Namespace, url: str, fake: Fakes) -> tuple[dict[str, Any], CpuSpent]:
+    """``--first-batch`` against fakes already running at their latency: the batch (its
+    ``wall_s``) and the CPU the stack spent on it, printed as :func:`bench` prints them and
+    returned, so that ``bench/peers.py`` can set them beside another tool's."""
+    n, t, c, k = args.scenarios, args.turns, args.criteria, args.concurrency
+    per_turn_s = (args.agent_ms + (args.judge_ms if c else 0.0)) / 1000
+    with spar_stack(url, **stack_settings(args)) as spar:
+        agent_id = setup_org(spar, fake.agent_url, fake.judge_url)
+        assert spar.redis_url is not None
+        wait_for_workers(spar.redis_url, args.workers, args.timeout)
+        print(f"workers ready {time.perf_counter() - spar.workers_started:.2f} s after start")
+        insert_scenarios(url, spar.org_id, n, t, c)
+        meter = CpuMeter(spar, fake)
+        meter.start()
+        done = run_batch(spar.http, spar.org_id, spar.headers, agent_id, k, args.timeout)
+        spent = meter.stop()
+        ideal_s = math.ceil(n / k) * t * per_turn_s
+        report_latency_pass(done, n, t, c, k, ideal_s, per_turn_s, 1)
+        report_cpu(spent, n * t, n * t * (1 + c))
+        print_breakdown(breakdown(url, done["id"]), t, per_turn_s)
+        report_worker_errors(spar.logs)
+    return done, spent
 
 
 if __name__ == "__main__":
