@@ -455,14 +455,6 @@ def main(argv: list[str] | None = None) -> None:
 def bench(args: argparse.Namespace, url: str) -> None:
     n, t, c, k = args.scenarios, args.turns, args.criteria, args.concurrency
     warmup = k if args.warmup is None else args.warmup
-    worker_env = {"SPAR_DB_POOL_SIZE": str(args.db_pool)} if args.db_pool else {}
-    worker_args = ["--processes", "1", "--threads", str(args.threads)]
-    worker_args += ["--queues", "runs,batches"]
-    if args.prefetch:
-        worker_args += ["--prefetch", str(args.prefetch)]
-    per_turn_s = (args.agent_ms + (args.judge_ms if c else 0.0)) / 1000
-    ideal_s = math.ceil(n / k) * t * per_turn_s
-
     print(
         f"batch benchmark: N={n} scenarios x T={t} turns x C={c} criteria, K={k}; "
         f"agent {args.agent_ms:g} ms/turn, judge {args.judge_ms:g} ms/criterion; "
@@ -474,26 +466,10 @@ def bench(args: argparse.Namespace, url: str) -> None:
     )
     with (
         loopback_fakes(args.fakes) as fake,
-        spar_stack(
-            url,
-            env={
-                "SPAR_EGRESS_ALLOW_PRIVATE": "true",
-                # Each destination's concurrency (default 100) must not be the bound: B x K
-                # conversations call the one agent, and each judges C criteria at once.
-                "SPAR_OUTBOUND_MAX_CONCURRENCY": str(max(100, args.batches * k * max(1, c))),
-            },
-            workers=args.workers,
-            worker_args=worker_args,
-            worker_env=worker_env,
-        ) as spar,
+        spar_stack(url, **stack_settings(args, args.batches)) as spar,
     ):
         api, org, auth = spar.http, spar.org_id, spar.headers
-        agent_id = setup_org(spar, fake.agent_url, fake.judge_url)
-        # A batch sent before the workers have booted measures their boot, not Spar's
-        # path from a batch to its runs: wait until each consumes (its heartbeat).
-        assert spar.redis_url is not None
-        wait_for_workers(spar.redis_url, args.workers, args.timeout)
-        print(f"workers ready {time.perf_counter() - spar.workers_started:.2f} s after start")
+        agent_id = ready(spar, fake, args)
         if warmup:
             insert_scenarios(url, org, warmup, t, c)
             done = run_batch(api, org, auth, agent_id, k, args.timeout)
@@ -504,30 +480,10 @@ def bench(args: argparse.Namespace, url: str) -> None:
 
         fake.set_latency(args.agent_ms / 1000, args.judge_ms / 1000)
         efficiencies = []
-        b = args.batches
         for attempt in range(1, args.repeat + 1):
-            meter = CpuMeter(spar, fake)
-            occupancy = Occupancy(spar)
-            meter.start()
-            occupancy.start()
-            batches = run_batches(api, org, auth, agent_id, k, args.timeout, b)
-            spent = meter.stop()
-            occupancy.stop()
-            if args.first_batch:
-                print("first batch after the workers start (no warm-up):")
-            for done in batches:
-                report_latency_pass(done, n, t, c, k, ideal_s, per_turn_s, attempt)
-                efficiencies.append(ideal_s / done["wall_s"])
-            if b > 1:
-                each = [ideal_s / done["wall_s"] for done in batches]
-                print(
-                    f"{b} batches at once: efficiency min {min(each):.3f}, median "
-                    f"{statistics.median(each):.3f}, max {max(each):.3f} (target 0.9)"
-                )
-            report_cpu(spent, b * n * t, b * n * t * (1 + c))
-            occupancy.report()
-            print_breakdown(breakdown(url, batches[0]["id"]), t, per_turn_s)
-        if args.repeat > 1 and b == 1:
+            batches, _ = latency_pass(spar, fake, agent_id, args, attempt)
+            efficiencies += [batch["efficiency"] for batch in batches]
+        if args.repeat > 1 and args.batches == 1:
             print(
                 f"efficiency over {args.repeat} latency passes: median "
                 f"{statistics.median(efficiencies):.3f} (min {min(efficiencies):.3f}, "
@@ -546,6 +502,50 @@ def bench(args: argparse.Namespace, url: str) -> None:
         served = fake.served()
         print(f"requests served by the fakes: agent {served['agent']}, judge {served['judge']}")
         report_worker_errors(spar.logs)
+
+
+def ready(spar: Stack, fake: Fakes, args: argparse.Namespace) -> str:
+    """The organization set up against the fakes (its agent's id), once every worker
+    consumes: a batch sent before the workers have booted measures their boot, not Spar's
+    path from a batch to its runs."""
+    agent_id = setup_org(spar, fake.agent_url, fake.judge_url)
+    assert spar.redis_url is not None
+    wait_for_workers(spar.redis_url, args.workers, args.timeout)
+    print(f"workers ready {time.perf_counter() - spar.workers_started:.2f} s after start")
+    return agent_id
+
+
+def latency_pass(
+    spar: Stack, fake: Fakes, agent_id: str, args: argparse.Namespace, attempt: int
+) -> tuple[list[dict[str, Any]], CpuSpent]:
+    """``args.batches`` batches of the ``bench`` scenarios at once, at the fakes' latency:
+    each batch (with its ``efficiency``) and the CPU the stack spent, printed as they
+    come."""
+    n, t, c, k, b = args.scenarios, args.turns, args.criteria, args.concurrency, args.batches
+    per_turn_s = (args.agent_ms + (args.judge_ms if c else 0.0)) / 1000
+    ideal_s = math.ceil(n / k) * t * per_turn_s
+    meter = CpuMeter(spar, fake)
+    occupancy = Occupancy(spar)
+    meter.start()
+    occupancy.start()
+    batches = run_batches(spar.http, spar.org_id, spar.headers, agent_id, k, args.timeout, b)
+    spent = meter.stop()
+    occupancy.stop()
+    if args.first_batch:
+        print("first batch after the workers start (no warm-up):")
+    for done in batches:
+        report_latency_pass(done, n, t, c, k, ideal_s, per_turn_s, attempt)
+        done["efficiency"] = ideal_s / done["wall_s"]
+    if b > 1:
+        each = [done["efficiency"] for done in batches]
+        print(
+            f"{b} batches at once: efficiency min {min(each):.3f}, median "
+            f"{statistics.median(each):.3f}, max {max(each):.3f} (target 0.9)"
+        )
+    report_cpu(spent, b * n * t, b * n * t * (1 + c))
+    occupancy.report()
+    print_breakdown(breakdown(spar.database_url, batches[0]["id"]), t, per_turn_s)
+    return batches, spent
 
 
 def report_worker_errors(logs: Path) -> None:
@@ -672,24 +672,12 @@ def first_batch(args: argparse.Namespace, url: str, fake: Fakes) -> tuple[dict[s
     """``--first-batch`` against fakes already running at their latency: the batch (its
     ``wall_s``) and the CPU the stack spent on it, printed as :func:`bench` prints them and
     returned, so that ``bench/peers.py`` can set them beside another tool's."""
-    n, t, c, k = args.scenarios, args.turns, args.criteria, args.concurrency
-    per_turn_s = (args.agent_ms + (args.judge_ms if c else 0.0)) / 1000
     with spar_stack(url, **stack_settings(args)) as spar:
-        agent_id = setup_org(spar, fake.agent_url, fake.judge_url)
-        assert spar.redis_url is not None
-        wait_for_workers(spar.redis_url, args.workers, args.timeout)
-        print(f"workers ready {time.perf_counter() - spar.workers_started:.2f} s after start")
-        insert_scenarios(url, spar.org_id, n, t, c)
-        meter = CpuMeter(spar, fake)
-        meter.start()
-        done = run_batch(spar.http, spar.org_id, spar.headers, agent_id, k, args.timeout)
-        spent = meter.stop()
-        ideal_s = math.ceil(n / k) * t * per_turn_s
-        report_latency_pass(done, n, t, c, k, ideal_s, per_turn_s, 1)
-        report_cpu(spent, n * t, n * t * (1 + c))
-        print_breakdown(breakdown(url, done["id"]), t, per_turn_s)
+        agent_id = ready(spar, fake, args)
+        insert_scenarios(url, spar.org_id, args.scenarios, args.turns, args.criteria)
+        batches, spent = latency_pass(spar, fake, agent_id, args, 1)
         report_worker_errors(spar.logs)
-    return done, spent
+    return batches[0], spent
 
 
 if __name__ == "__main__":

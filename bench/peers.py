@@ -511,6 +511,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds per tool")
     args = parser.parse_args(argv)
+    args.batches, args.first_batch = 1, True  # Spar's side: bench/batch.py --first-batch
     args.peers = [name.strip() for name in args.peers.split(",") if name.strip()]
     unknown = [name for name in args.peers if name not in PEERS]
     if unknown:
