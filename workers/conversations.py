@@ -63,7 +63,8 @@ class Conversations(dramatiq.Middleware):
         self.max_retries = max_retries
         self.backoff_ms = backoff_ms
         self._room = threading.BoundedSemaphore(limit)
-        self._flying: set[asyncio.Task[None]] = set()  # touched on the event loop only
+        # The runs in flight, by id: touched on the event loop only.
+        self._flying: dict[str, asyncio.Task[None]] = {}
         self._stopping = threading.Event()
 
     # --- on a worker thread --------------------------------------------------------------
@@ -90,13 +91,16 @@ class Conversations(dramatiq.Middleware):
         return True
 
     def _launch(self, run_id: str, retries: int) -> None:
+        if run_id in self._flying:  # a duplicate of a run this process plays: nothing to do
+            self._room.release()
+            return
         RUNS_IN_FLIGHT.inc()
         task = asyncio.get_running_loop().create_task(self._fly(run_id, retries))
-        self._flying.add(task)
-        task.add_done_callback(self._landed)
+        self._flying[run_id] = task
+        task.add_done_callback(lambda _: self._landed(run_id))
 
-    def _landed(self, task: asyncio.Task[None]) -> None:
-        self._flying.discard(task)
+    def _landed(self, run_id: str) -> None:
+        del self._flying[run_id]
         RUNS_IN_FLIGHT.dec()
         self._room.release()
 
@@ -129,7 +133,7 @@ class Conversations(dramatiq.Middleware):
         if not self._flying:
             return
         log.info("waiting up to %.0f s for %d runs in flight", self.drain_s, len(self._flying))
-        _, left = await asyncio.wait(set(self._flying), timeout=self.drain_s)
+        _, left = await asyncio.wait(set(self._flying.values()), timeout=self.drain_s)
         if not left:
             return
         log.info("%d runs still in flight: handing them to other workers", len(left))

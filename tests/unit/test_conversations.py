@@ -89,12 +89,13 @@ def test_a_failed_delivery_is_sent_again_with_a_growing_backoff_until_its_retrie
 ) -> None:
     conversations, worker = _started(plays)
     stopped.append(worker)
-    for retries in range(4):
-        conversations.start("fail", retries)
+    for retries in range(4):  # its deliveries so far, as the message says
+        conversations.start(f"fail-{retries}", retries)
     _until(lambda: len(plays.sent) == 3)
     time.sleep(0.1)  # the fourth, past its retries, is not sent: the sweeper's now
-    assert [(run, retries) for run, _, retries in plays.sent] == [("fail", n) for n in (1, 2, 3)]
-    delays = [delay for _, delay, _ in plays.sent]
+    sent = sorted(plays.sent)
+    assert [(run, retries) for run, _, retries in sent] == [(f"fail-{n}", n + 1) for n in range(3)]
+    delays = [delay for _, delay, _ in sent]
     assert 90 <= delays[0] <= 110 and 180 <= delays[1] <= 220 and 225 <= delays[2] <= 275
 
 
@@ -169,3 +170,16 @@ def test_a_run_handed_the_window_starts_here_only_if_there_is_room(
     assert start_here("third:0.1") is True
     _until(lambda: plays.played == ["first:0.3", "third:0.1"] and plays.now == 0)
     assert plays.most == 1 and plays.sent == []
+
+
+def test_a_duplicate_of_a_run_in_flight_here_is_dropped_at_once(
+    plays: Plays, stopped: list[dramatiq.Worker]
+) -> None:
+    conversations, worker = _started(plays, limit=3)
+    stopped.append(worker)
+    conversations.start("same:0.3", 0)
+    _until(lambda: plays.now == 1)
+    conversations.start("same:0.3", 0)  # its message, after its predecessor started it here
+    conversations.start("other:0", 0)
+    _until(lambda: plays.now == 0 and "other:0" in plays.played)
+    assert plays.played == ["same:0.3", "other:0"] and plays.most == 2
