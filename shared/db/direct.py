@@ -15,17 +15,18 @@ from __future__ import annotations
 import asyncio
 import weakref
 from collections.abc import Mapping, Sequence
+from types import SimpleNamespace
 from typing import Any, TypeVar
 
 import msgspec
 from psycopg import AsyncConnection
-from psycopg.rows import dict_row, namedtuple_row
+from psycopg.rows import dict_row, kwargs_row, namedtuple_row
 from psycopg.types.json import Jsonb, set_json_loads
 from psycopg_pool import AsyncConnectionPool
 from sqlalchemy import JSON, BindParameter, Table
 from sqlalchemy.dialects.postgresql.psycopg import PGDialect_psycopg
 from sqlalchemy.engine import Compiled
-from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 from sqlalchemy.sql import visitors
 from sqlalchemy.sql.expression import Executable
 
@@ -35,8 +36,9 @@ S = TypeVar("S", bound=msgspec.Struct)
 # Session settings of every PostgreSQL connection Spar makes (these and the engine's).  No
 # JIT: Spar's statements are short, and on a large fan-out (a batch's runs inserted with
 # their snapshots) the planner's estimates had PostgreSQL spend a third of a second
-# compiling a query that then ran in less.
-POSTGRES_OPTIONS = "-c jit=off"
+# compiling a query that then ran in less.  Time zone UTC: what SQLAlchemy's columns hand
+# back (``UTCDateTime``), psycopg hands back too on this path, without a conversion per value.
+POSTGRES_OPTIONS = "-c jit=off -c TimeZone=UTC"
 # The run engine's own writes commit asynchronously: a commit returns (and releases its row
 # locks) before its WAL reaches the disk.  Every batch run's end writes its batch's row, and
 # with synchronous commits a batch's ends queue behind one another's disk flushes; a
@@ -45,7 +47,8 @@ POSTGRES_OPTIONS = "-c jit=off"
 # itself crashes (never a worker crash; never consistency): run progress that at-least-once
 # delivery replays anyway — a lost turn is played again, a lost end is redone once, and the
 # sweeper re-sends the runs it concerned.  Everything else (the API's writes) stays
-# synchronous.
+# synchronous, but for the bookkeeping of its guard, which reads on this pool (a platform
+# token's ``last_used_at``, once a minute: losing one costs a minute of that timestamp).
 RUN_ENGINE_OPTIONS = "-c synchronous_commit=off"
 
 
@@ -102,6 +105,14 @@ class Statement:
             await cursor.execute(self.sql, self._params(given))
             return await cursor.fetchall()
 
+    async def objects(self, connection: AsyncConnection[Any], **given: Any) -> list[Any]:
+        """The rows as objects with an attribute per column: what
+        :meth:`shared.schemas.Output.from_row` reads, as it reads an ORM object (a named
+        tuple would be read as an array)."""
+        async with connection.cursor(row_factory=kwargs_row(SimpleNamespace)) as cursor:
+            await cursor.execute(self.sql, self._params(given))
+            return await cursor.fetchall()
+
     async def structs(
         self, connection: AsyncConnection[Any], shape: type[S], **given: Any
     ) -> list[S]:
@@ -110,6 +121,17 @@ class Statement:
         async with connection.cursor(row_factory=dict_row) as cursor:
             await cursor.execute(self.sql, self._params(given))
             return msgspec.convert(await cursor.fetchall(), list[shape])  # type: ignore[valid-type]
+
+
+async def session_connection(session: AsyncSession) -> AsyncConnection[Any]:
+    """The psycopg connection under ``session``, in the session's transaction: a
+    :class:`Statement` run on it sees what the session's own statements would (its pending
+    changes flushed first), without SQLAlchemy's execution layer.  For a request's reads
+    (the listings), which the layer cost more CPU than the rest of the request."""
+    if session.new or session.dirty or session.deleted:
+        await session.flush()
+    connection = await session.connection()
+    return (await connection.get_raw_connection()).driver_connection  # type: ignore[return-value]
 
 
 def _refuse(statement: Executable, compiled: Compiled) -> None:

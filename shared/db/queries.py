@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from functools import cache
 from typing import Any, TypeVar
 from uuid import UUID
 
-from sqlalchemy import select
+from sqlalchemy import BigInteger, Integer, bindparam, func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm.interfaces import ORMOption
 
+from shared.db.direct import Statement, session_connection
 from shared.errors import Conflict, NotFound
-from shared.paging import Paging, paginate
+from shared.paging import Paging
 
 T = TypeVar("T")
 
@@ -41,13 +43,36 @@ async def one_in_org(
     return row
 
 
+@cache
+def _page_in_org_statements(model: Any) -> tuple[Statement, Statement]:
+    """The count and the page of ``model``'s rows in an organization, compiled once."""
+    table = model.__table__
+    in_org = table.c.organization_id == bindparam("p_org", type_=table.c.organization_id.type)
+    count = select(func.count()).select_from(table).where(in_org)
+    page = (
+        select(table)
+        .where(in_org)
+        .order_by(table.c.created_at, table.c.id)
+        .limit(bindparam("p_limit", type_=Integer()))
+        .offset(bindparam("p_offset", type_=BigInteger()))
+    )
+    return Statement(count), Statement(page)
+
+
 async def page_in_org(
-    session: AsyncSession, model: type[T], org_id: UUID, paging: Paging
-) -> tuple[list[T], int]:
+    session: AsyncSession, model: Any, org_id: UUID, paging: Paging
+) -> tuple[Sequence[Any], int]:
     """One page of ``model``'s rows in ``org_id``, in the order every listing uses, and
-    their total."""
-    query = select(model).where(model.organization_id == org_id)  # type: ignore[attr-defined]
-    return await paginate(session, query, paging, model.created_at, model.id)  # type: ignore[attr-defined]
+    their total.  The rows hold the table's columns as attributes (what ``from_row`` reads),
+    not ORM objects: the statements run straight on the session's connection
+    (:func:`session_connection`), where SQLAlchemy's ORM cost most of a listing's CPU."""
+    count, page = _page_in_org_statements(model)
+    connection = await session_connection(session)
+    ((total,),) = await count.rows(connection, p_org=org_id)
+    rows = await page.objects(
+        connection, p_org=org_id, p_limit=paging.limit, p_offset=paging.offset
+    )
+    return rows, total
 
 
 async def all_in_org(

@@ -10,11 +10,13 @@ import asyncio
 from datetime import datetime, timedelta
 from uuid import UUID
 
-from sqlalchemy import select, update
+from sqlalchemy import Uuid, bindparam, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from shared import security
+from shared.db import shapes
 from shared.db.base import utcnow
+from shared.db.direct import Statement, session_connection
 from shared.db.models import Membership, Organization, Role, User, UserToken
 from shared.db.queries import flush_unique
 from shared.errors import Conflict, InvalidInput, NotFound, PermissionDenied, Unauthorized
@@ -171,21 +173,38 @@ async def get_user(session: AsyncSession, *, user_id: UUID) -> User:
     return user
 
 
+# GET /auth/me on every page load of a client: compiled once, run straight on the session's
+# connection (no ORM).  The user, then each organization with the user's role there.
+_users, _orgs, _roles = User.__table__, Organization.__table__, Role.__table__
+_ME_USER = Statement(
+    select(*shapes.labeled(schemas.UserRead, _users)).where(
+        _users.c.id == bindparam("p_user", type_=Uuid())
+    )
+)
+_ME_ORGANIZATIONS = Statement(
+    select(
+        *shapes.labeled(
+            schemas.OrganizationWithAccess,
+            _orgs,
+            role=shapes.json_object(schemas.RoleInfo, _roles),
+            permissions=_roles.c.permissions,
+        )
+    )
+    .join(Membership, Membership.organization_id == _orgs.c.id)
+    .join(_roles, _roles.c.id == Membership.role_id)
+    .where(Membership.user_id == bindparam("p_user", type_=Uuid()))
+    .order_by(_orgs.c.created_at, _orgs.c.id)
+)
+
+
 async def me(session: AsyncSession, *, principal: Principal) -> schemas.Me:
-    user = await get_user(session, user_id=principal.user_id)  # type: ignore[arg-type]
-    rows = (
-        await session.execute(
-            select(Organization, Role)
-            .join(Membership, Membership.organization_id == Organization.id)
-            .join(Role, Role.id == Membership.role_id)
-            .where(Membership.user_id == user.id)
-            .order_by(Organization.created_at, Organization.id)
-        )
-    ).all()
-    organizations = [
-        schemas.OrganizationWithAccess.from_row(
-            org, role=role, permissions=ordered(role.permissions)
-        )
-        for org, role in rows
-    ]
-    return schemas.Me(user=schemas.UserRead.from_row(user), organizations=organizations)
+    connection = await session_connection(session)
+    users = await _ME_USER.structs(connection, schemas.UserRead, p_user=principal.user_id)
+    if not users:
+        raise NotFound("user not found")
+    organizations = await _ME_ORGANIZATIONS.structs(
+        connection, schemas.OrganizationWithAccess, p_user=principal.user_id
+    )
+    for organization in organizations:
+        organization.permissions = ordered(organization.permissions)
+    return schemas.Me(user=users[0], organizations=organizations)
