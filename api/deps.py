@@ -11,6 +11,7 @@ from litestar import Request
 from litestar.datastructures import State
 from litestar.di import NamedDependency, Provide
 from litestar.params import FromPath, QueryParameter
+from psycopg import AsyncConnection
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from api.auth import provide_access, provide_principal
@@ -24,6 +25,7 @@ Listing = TypeVar("Listing", bound=Output)
 # Handler parameter types: dependencies are named explicitly, path ids are UUIDs (a
 # malformed one answers 422 with loc ["path", ...]).
 DbSession = NamedDependency[AsyncSession]
+DbReads = NamedDependency[AsyncConnection[Any]]
 Access = NamedDependency[OrgAccess]
 Caller = NamedDependency[Principal]
 Page = NamedDependency[Paging]
@@ -50,6 +52,15 @@ async def provide_db_session(
         yield session
 
 
+async def provide_db_reads(state: State) -> AsyncIterator[AsyncConnection[Any]]:
+    """A connection of the direct pool (:meth:`Database.connection`, autocommit), for a
+    handler whose reads are all statements compiled once (:class:`shared.db.direct.Statement`):
+    the frequent reads (listings, ``/auth/me``), where opening, committing and closing an
+    ORM session cost more CPU than the rest of the request."""
+    async with state.database.connection() as connection:
+        yield connection
+
+
 def provide_settings(state: State) -> Settings:
     return state.settings
 
@@ -74,6 +85,7 @@ def listing(body: type[Listing], page: tuple[Sequence[Any], int]) -> Listing:
 
 DEPENDENCIES = {
     "db_session": Provide(provide_db_session),
+    "db_reads": Provide(provide_db_reads),
     "settings": Provide(provide_settings, sync_to_thread=False),
     "paging": Provide(provide_paging, sync_to_thread=False),
     "principal": Provide(provide_principal),

@@ -26,7 +26,7 @@ from psycopg_pool import AsyncConnectionPool
 from sqlalchemy import JSON, BindParameter, Table
 from sqlalchemy.dialects.postgresql.psycopg import PGDialect_psycopg
 from sqlalchemy.engine import Compiled
-from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
+from sqlalchemy.ext.asyncio import AsyncEngine
 from sqlalchemy.sql import visitors
 from sqlalchemy.sql.expression import Executable
 
@@ -121,17 +121,6 @@ class Statement:
         async with connection.cursor(row_factory=dict_row) as cursor:
             await cursor.execute(self.sql, self._params(given))
             return msgspec.convert(await cursor.fetchall(), list[shape])  # type: ignore[valid-type]
-
-
-async def session_connection(session: AsyncSession) -> AsyncConnection[Any]:
-    """The psycopg connection under ``session``, in the session's transaction: a
-    :class:`Statement` run on it sees what the session's own statements would (its pending
-    changes flushed first), without SQLAlchemy's execution layer.  For a request's reads
-    (the listings), which the layer cost more CPU than the rest of the request."""
-    if session.new or session.dirty or session.deleted:
-        await session.flush()
-    connection = await session.connection()
-    return (await connection.get_raw_connection()).driver_connection  # type: ignore[return-value]
 
 
 def _refuse(statement: Executable, compiled: Compiled) -> None:

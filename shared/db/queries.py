@@ -7,12 +7,13 @@ from functools import cache
 from typing import Any, TypeVar
 from uuid import UUID
 
+from psycopg import AsyncConnection
 from sqlalchemy import BigInteger, Integer, bindparam, func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm.interfaces import ORMOption
 
-from shared.db.direct import Statement, session_connection
+from shared.db.direct import Statement
 from shared.errors import Conflict, NotFound
 from shared.paging import Paging
 
@@ -60,14 +61,13 @@ def _page_in_org_statements(model: Any) -> tuple[Statement, Statement]:
 
 
 async def page_in_org(
-    session: AsyncSession, model: Any, org_id: UUID, paging: Paging
+    connection: AsyncConnection[Any], model: Any, org_id: UUID, paging: Paging
 ) -> tuple[Sequence[Any], int]:
     """One page of ``model``'s rows in ``org_id``, in the order every listing uses, and
     their total.  The rows hold the table's columns as attributes (what ``from_row`` reads),
-    not ORM objects: the statements run straight on the session's connection
-    (:func:`session_connection`), where SQLAlchemy's ORM cost most of a listing's CPU."""
+    not ORM objects: the statements run straight on psycopg (``connection``: the request's
+    ``db_reads``), where SQLAlchemy's ORM cost most of a listing's CPU."""
     count, page = _page_in_org_statements(model)
-    connection = await session_connection(session)
     ((total,),) = await count.rows(connection, p_org=org_id)
     rows = await page.objects(
         connection, p_org=org_id, p_limit=paging.limit, p_offset=paging.offset

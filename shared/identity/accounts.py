@@ -8,15 +8,17 @@ from __future__ import annotations
 
 import asyncio
 from datetime import datetime, timedelta
+from typing import Any
 from uuid import UUID
 
+from psycopg import AsyncConnection
 from sqlalchemy import Uuid, bindparam, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from shared import security
 from shared.db import shapes
 from shared.db.base import utcnow
-from shared.db.direct import Statement, session_connection
+from shared.db.direct import Statement
 from shared.db.models import Membership, Organization, Role, User, UserToken
 from shared.db.queries import flush_unique
 from shared.errors import Conflict, InvalidInput, NotFound, PermissionDenied, Unauthorized
@@ -173,8 +175,8 @@ async def get_user(session: AsyncSession, *, user_id: UUID) -> User:
     return user
 
 
-# GET /auth/me on every page load of a client: compiled once, run straight on the session's
-# connection (no ORM).  The user, then each organization with the user's role there.
+# GET /auth/me on every page load of a client: compiled once, run straight on psycopg (no
+# ORM).  The user, then each organization with the user's role there.
 _users, _orgs, _roles = User.__table__, Organization.__table__, Role.__table__
 _ME_USER = Statement(
     select(*shapes.labeled(schemas.UserRead, _users)).where(
@@ -197,8 +199,7 @@ _ME_ORGANIZATIONS = Statement(
 )
 
 
-async def me(session: AsyncSession, *, principal: Principal) -> schemas.Me:
-    connection = await session_connection(session)
+async def me(connection: AsyncConnection[Any], *, principal: Principal) -> schemas.Me:
     users = await _ME_USER.structs(connection, schemas.UserRead, p_user=principal.user_id)
     if not users:
         raise NotFound("user not found")

@@ -9,6 +9,7 @@ from uuid import UUID
 
 import dramatiq
 import msgspec
+from psycopg import AsyncConnection
 from sqlalchemy import (
     CTE,
     BigInteger,
@@ -31,7 +32,7 @@ from sqlalchemy.orm import selectinload
 from sqlalchemy.orm.attributes import flag_modified
 
 from shared.db import shapes
-from shared.db.direct import Statement, session_connection
+from shared.db.direct import Statement
 from shared.db.models import (
     Criterion,
     CriterionResult,
@@ -225,18 +226,17 @@ def _scenario_listing(tagged: bool) -> tuple[Statement, Statement]:
     return Statement(select(func.count()).select_from(Scenario).where(wanted)), Statement(page)
 
 
-# Compiled once: the listing runs straight on the session's connection (no ORM).
+# Compiled once: the listing runs straight on psycopg (no ORM).
 _SCENARIOS = {tagged: _scenario_listing(tagged) for tagged in (False, True)}
 
 
 async def list_scenarios(
-    session: AsyncSession, *, access: OrgAccess, paging: Paging, tag: str | None
+    connection: AsyncConnection[Any], *, access: OrgAccess, paging: Paging, tag: str | None
 ) -> tuple[list[schemas.ScenarioSummary], int]:
     count, page = _SCENARIOS[tag is not None]
     params: dict[str, Any] = {"p_org": access.organization_id}
     if tag is not None:
         params["p_tags"] = [tag]
-    connection = await session_connection(session)
     ((total,),) = await count.rows(connection, **params)
     rows = await page.structs(
         connection,
