@@ -235,22 +235,17 @@ def spar_sql() -> dict[str, tuple[str, dict[str, Any]]]:
     """The SQL Spar runs for the bench's requests, by name: each statement's text and its
     constants, taken from Spar's own compiled statements so that both run the same SQL."""
     from shared.db.models import AllowedDomain
-    from shared.db.queries import _page_in_org_statements
+    from shared.db.queries import _in_org
     from shared.identity import accounts, authentication
     from shared.scenarios.services import _SCENARIOS
 
-    domains_count, domains_page = _page_in_org_statements(AllowedDomain)
-    scenarios_count, scenarios_page = _SCENARIOS[False]
     statements = {
         "user_token": authentication._USER_TOKEN,
         "user_token_in_org": authentication._USER_TOKEN_IN_ORG,
         "platform_token": authentication._PLATFORM_TOKEN,
-        "me_user": accounts._ME_USER,
-        "me_organizations": accounts._ME_ORGANIZATIONS,
-        "domains_count": domains_count,
-        "domains_page": domains_page,
-        "scenarios_count": scenarios_count,
-        "scenarios_page": scenarios_page,
+        "me": accounts._ME,
+        "domains": _in_org(AllowedDomain)._statement,
+        "scenarios": _SCENARIOS[False]._statement,
     }
     return {name: (st.sql, dict(st._constants)) for name, st in statements.items()}
 
@@ -263,16 +258,22 @@ def sql_app(dsn: str, pool_size: int, sql: dict[str, tuple[str, dict[str, Any]]]
     driver's, which no implementation of these requests can avoid."""
     import hashlib
 
+    import msgspec
     from litestar import Litestar, get
     from litestar.exceptions import NotAuthorizedException, NotFoundException
     from psycopg.rows import dict_row
+    from psycopg.types.json import set_json_loads
     from psycopg_pool import AsyncConnectionPool
+
+    async def configure(connection: Any) -> None:
+        set_json_loads(msgspec.json.decode, connection)  # as Spar's connections decode JSON
 
     pool = AsyncConnectionPool(
         dsn,
         min_size=pool_size,
         max_size=pool_size,
         kwargs={"autocommit": True, "options": "-c jit=off -c TimeZone=UTC"},
+        configure=configure,
         open=False,
     )
 
@@ -301,14 +302,16 @@ def sql_app(dsn: str, pool_size: int, sql: dict[str, tuple[str, dict[str, Any]]]
             raise NotAuthorizedException()
         return found[0]
 
-    def listing(route: str, key: str, count: str, page: str) -> Any:
+    def listing(route: str, key: str, statement: str) -> Any:
         async def handler(org_id: uuid.UUID, request: Request[Any, Any, Any]) -> dict[str, Any]:
             async with pool.connection() as connection:
                 await caller(connection, request, org_id)
             async with pool.connection() as connection:
-                (counted,) = await rows(connection, count, p_org=org_id)
-                items = await rows(connection, page, p_org=org_id, p_limit=50, p_offset=0)
-            return {key: items, "total": next(iter(counted.values()))}
+                page = await rows(connection, statement, p_org=org_id, p_limit=50, p_offset=0)
+            total = page[0]["listing_total"]  # each row has it; an empty page is one null row
+            for row in page:
+                del row["listing_total"]
+            return {key: [row for row in page if row["id"] is not None], "total": total}
 
         return get(route, name=route)(handler)
 
@@ -317,9 +320,8 @@ def sql_app(dsn: str, pool_size: int, sql: dict[str, tuple[str, dict[str, Any]]]
         async with pool.connection() as connection:
             user_id = (await caller(connection, request, None))["user_id"]
         async with pool.connection() as connection:
-            (user,) = await rows(connection, "me_user", p_user=user_id)
-            organizations = await rows(connection, "me_organizations", p_user=user_id)
-        return {"user": user, "organizations": organizations}
+            (found,) = await rows(connection, "me", p_user=user_id)
+        return found
 
     async def live() -> dict[str, str]:
         return {"status": "ok"}
@@ -333,15 +335,8 @@ def sql_app(dsn: str, pool_size: int, sql: dict[str, tuple[str, dict[str, Any]]]
     handlers = [
         get("/health/live")(live),
         me,
-        listing(
-            "/v1/orgs/{org_id:uuid}/allowed-domains/",
-            "domains",
-            "domains_count",
-            "domains_page",
-        ),
-        listing(
-            "/v1/orgs/{org_id:uuid}/scenarios/", "scenarios", "scenarios_count", "scenarios_page"
-        ),
+        listing("/v1/orgs/{org_id:uuid}/allowed-domains/", "domains", "domains"),
+        listing("/v1/orgs/{org_id:uuid}/scenarios/", "scenarios", "scenarios"),
     ]
     return Litestar(
         route_handlers=handlers, on_startup=[open_pool], on_shutdown=[close_pool], debug=False

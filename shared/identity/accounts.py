@@ -12,7 +12,8 @@ from typing import Any
 from uuid import UUID
 
 from psycopg import AsyncConnection
-from sqlalchemy import Uuid, bindparam, select, update
+from sqlalchemy import Uuid, bindparam, func, literal_column, select, update
+from sqlalchemy.dialects.postgresql import aggregate_order_by
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from shared import security
@@ -175,37 +176,46 @@ async def get_user(session: AsyncSession, *, user_id: UUID) -> User:
     return user
 
 
-# GET /auth/me on every page load of a client: compiled once, run straight on psycopg (no
-# ORM).  The user, then each organization with the user's role there.
+# GET /auth/me on every page load of a client: one statement compiled once, run straight on
+# psycopg (no ORM): the user, and each organization with the user's role there as one JSON
+# array, in the order organizations are listed.
 _users, _orgs, _roles = User.__table__, Organization.__table__, Role.__table__
-_ME_USER = Statement(
-    select(*shapes.labeled(schemas.UserRead, _users)).where(
-        _users.c.id == bindparam("p_user", type_=Uuid())
-    )
-)
-_ME_ORGANIZATIONS = Statement(
+_organizations_of_user = (
     select(
-        *shapes.labeled(
-            schemas.OrganizationWithAccess,
-            _orgs,
-            role=shapes.json_object(schemas.RoleInfo, _roles),
-            permissions=_roles.c.permissions,
+        func.coalesce(
+            func.jsonb_agg(
+                aggregate_order_by(
+                    shapes.json_object(
+                        schemas.OrganizationWithAccess,
+                        _orgs,
+                        role=shapes.json_object(schemas.RoleInfo, _roles),
+                        permissions=_roles.c.permissions,
+                    ),
+                    _orgs.c.created_at,
+                    _orgs.c.id,
+                )
+            ),
+            literal_column("'[]'::jsonb"),
         )
     )
+    .select_from(_orgs)
     .join(Membership, Membership.organization_id == _orgs.c.id)
     .join(_roles, _roles.c.id == Membership.role_id)
-    .where(Membership.user_id == bindparam("p_user", type_=Uuid()))
-    .order_by(_orgs.c.created_at, _orgs.c.id)
+    .where(Membership.user_id == _users.c.id)
+    .scalar_subquery()
+)
+_ME = Statement(
+    select(
+        shapes.json_object(schemas.UserRead, _users).label("user"),
+        _organizations_of_user.label("organizations"),
+    ).where(_users.c.id == bindparam("p_user", type_=Uuid()))
 )
 
 
 async def me(connection: AsyncConnection[Any], *, principal: Principal) -> schemas.Me:
-    users = await _ME_USER.structs(connection, schemas.UserRead, p_user=principal.user_id)
-    if not users:
+    found = await _ME.structs(connection, schemas.Me, p_user=principal.user_id)
+    if not found:
         raise NotFound("user not found")
-    organizations = await _ME_ORGANIZATIONS.structs(
-        connection, schemas.OrganizationWithAccess, p_user=principal.user_id
-    )
-    for organization in organizations:
+    for organization in found[0].organizations:
         organization.permissions = ordered(organization.permissions)
-    return schemas.Me(user=users[0], organizations=organizations)
+    return found[0]

@@ -12,10 +12,8 @@ import msgspec
 from psycopg import AsyncConnection
 from sqlalchemy import (
     CTE,
-    BigInteger,
     ColumnElement,
     FromClause,
-    Integer,
     Select,
     Subquery,
     Text,
@@ -32,7 +30,6 @@ from sqlalchemy.orm import selectinload
 from sqlalchemy.orm.attributes import flag_modified
 
 from shared.db import shapes
-from shared.db.direct import Statement
 from shared.db.models import (
     Criterion,
     CriterionResult,
@@ -41,7 +38,7 @@ from shared.db.models import (
     ScenarioTurn,
     TurnResult,
 )
-from shared.db.queries import one_in_org
+from shared.db.queries import CountedPage, one_in_org
 from shared.errors import InvalidInput, NotFound
 from shared.identity.access import OrgAccess
 from shared.outbound.services import agent_in_org, provider_in_org
@@ -205,9 +202,9 @@ def tag_filter(tags: list[str]) -> Any:
     return or_(*(Scenario.tags.contains([tag]) for tag in tags))
 
 
-def _scenario_listing(tagged: bool) -> tuple[Statement, Statement]:
-    """The count and the page of an organization's scenarios (``tagged``: of those carrying
-    the tag ``p_tags`` holds), each row a :class:`schemas.ScenarioSummary`'s columns."""
+def _scenario_listing(tagged: bool) -> CountedPage:
+    """An organization's scenarios (``tagged``: those carrying the tag ``p_tags`` holds),
+    each row a :class:`schemas.ScenarioSummary`'s columns."""
     wanted = Scenario.organization_id == bindparam("p_org", type_=Scenario.organization_id.type)
     if tagged:
         wanted = wanted & Scenario.tags.contains(bindparam("p_tags", type_=JSONB()))
@@ -216,14 +213,10 @@ def _scenario_listing(tagged: bool) -> tuple[Statement, Statement]:
         .where(ScenarioTurn.scenario_id == Scenario.id)
         .scalar_subquery()
     )
-    page = (
-        select(*shapes.labeled(schemas.ScenarioSummary, Scenario.__table__, turn_count=turn_count))
-        .where(wanted)
-        .order_by(Scenario.created_at, Scenario.id)
-        .limit(bindparam("p_limit", type_=Integer()))
-        .offset(bindparam("p_offset", type_=BigInteger()))
+    table = Scenario.__table__
+    return CountedPage(
+        table, wanted, shapes.labeled(schemas.ScenarioSummary, table, turn_count=turn_count)
     )
-    return Statement(select(func.count()).select_from(Scenario).where(wanted)), Statement(page)
 
 
 # Compiled once: the listing runs straight on psycopg (no ORM).
@@ -233,19 +226,11 @@ _SCENARIOS = {tagged: _scenario_listing(tagged) for tagged in (False, True)}
 async def list_scenarios(
     connection: AsyncConnection[Any], *, access: OrgAccess, paging: Paging, tag: str | None
 ) -> tuple[list[schemas.ScenarioSummary], int]:
-    count, page = _SCENARIOS[tag is not None]
     params: dict[str, Any] = {"p_org": access.organization_id}
     if tag is not None:
         params["p_tags"] = [tag]
-    ((total,),) = await count.rows(connection, **params)
-    rows = await page.structs(
-        connection,
-        schemas.ScenarioSummary,
-        **params,
-        p_limit=paging.limit,
-        p_offset=paging.offset,
-    )
-    return rows, total
+    rows, total = await _SCENARIOS[tag is not None].read(connection, paging, **params)
+    return [schemas.ScenarioSummary.from_row(row) for row in rows], total
 
 
 async def snapshot_of(session: AsyncSession, *, org_id: UUID, scenario_id: UUID) -> Any | None:
