@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Sequence
+from functools import cache
 from typing import Annotated, Any, TypeVar, get_args
 from uuid import UUID
 
@@ -52,12 +53,13 @@ async def provide_db_session(
         yield session
 
 
-async def provide_db_reads(state: State) -> AsyncIterator[AsyncConnection[Any]]:
+async def provide_db_reads(request: Request[Any, Any, Any]) -> AsyncIterator[AsyncConnection[Any]]:
     """A connection of the direct pool (:meth:`Database.connection`, autocommit), for a
     handler whose reads are all statements compiled once (:class:`shared.db.direct.Statement`):
     the frequent reads (listings, ``/auth/me``), where opening, committing and closing an
-    ORM session cost more CPU than the rest of the request."""
-    async with state.database.connection() as connection:
+    ORM session cost more CPU than the rest of the request.  The app's state is read from
+    the request: a ``state`` parameter is a copy of it made for each request."""
+    async with request.app.state.database.connection() as connection:
         yield connection
 
 
@@ -77,10 +79,18 @@ def provide_paging(
 def listing(body: type[Listing], page: tuple[Sequence[Any], int]) -> Listing:
     """The listing ``body`` (its items, then ``total``) of one page of rows and their total
     (a listing service's answer): each row as the items' body, by ``from_row``."""
+    name, read = _items_of(body)
+    rows, total = page
+    return body(**{name: [read.from_row(row) for row in rows]}, total=total)
+
+
+@cache
+def _items_of(body: type[Output]) -> tuple[str, type[Output]]:
+    """A listing body's items field and their body (``msgspec.structs.fields`` evaluates the
+    class's annotations at each call: once per body, not per request)."""
     items, _ = msgspec.structs.fields(body)
     (read,) = get_args(items.type)
-    rows, total = page
-    return body(**{items.name: [read.from_row(row) for row in rows]}, total=total)
+    return items.name, read
 
 
 DEPENDENCIES = {
