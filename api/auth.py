@@ -59,9 +59,10 @@ async def authenticate(
     """The token's principal and, given ``org_id``, its access there (401, then 404).
 
     One autocommit round trip for token, user and role (no BEGIN, no COMMIT), on a
-    connection of its own: the handler's session may not be wanted, and a session opened
-    here could not be closed if the request failed before the handler's dependencies."""
-    async with state.database.autocommit.connect() as db:
+    connection of the direct pool (:meth:`Database.connection`): the handler's session may
+    not be wanted, and a session opened here could not be closed if the request failed
+    before the handler's dependencies."""
+    async with state.database.connection() as db:
         return await authentication.authenticate(db, token, org_id)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Sequence
+from functools import cache
 from typing import Annotated, Any, TypeVar, get_args
 from uuid import UUID
 
@@ -11,6 +12,7 @@ from litestar import Request
 from litestar.datastructures import State
 from litestar.di import NamedDependency, Provide
 from litestar.params import FromPath, QueryParameter
+from psycopg import AsyncConnection
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from api.auth import provide_access, provide_principal
@@ -24,6 +26,7 @@ Listing = TypeVar("Listing", bound=Output)
 # Handler parameter types: dependencies are named explicitly, path ids are UUIDs (a
 # malformed one answers 422 with loc ["path", ...]).
 DbSession = NamedDependency[AsyncSession]
+DbReads = NamedDependency[AsyncConnection[Any]]
 Access = NamedDependency[OrgAccess]
 Caller = NamedDependency[Principal]
 Page = NamedDependency[Paging]
@@ -50,6 +53,16 @@ async def provide_db_session(
         yield session
 
 
+async def provide_db_reads(request: Request[Any, Any, Any]) -> AsyncIterator[AsyncConnection[Any]]:
+    """A connection of the direct pool (:meth:`Database.connection`, autocommit), for a
+    handler whose reads are all statements compiled once (:class:`shared.db.direct.Statement`):
+    the frequent reads (listings, ``/auth/me``), where opening, committing and closing an
+    ORM session cost more CPU than the rest of the request.  The app's state is read from
+    the request: a ``state`` parameter is a copy of it made for each request."""
+    async with request.app.state.database.connection() as connection:
+        yield connection
+
+
 def provide_settings(state: State) -> Settings:
     return state.settings
 
@@ -66,14 +79,23 @@ def provide_paging(
 def listing(body: type[Listing], page: tuple[Sequence[Any], int]) -> Listing:
     """The listing ``body`` (its items, then ``total``) of one page of rows and their total
     (a listing service's answer): each row as the items' body, by ``from_row``."""
+    name, read = _items_of(body)
+    rows, total = page
+    return body(**{name: [read.from_row(row) for row in rows]}, total=total)
+
+
+@cache
+def _items_of(body: type[Output]) -> tuple[str, type[Output]]:
+    """A listing body's items field and their body (``msgspec.structs.fields`` evaluates the
+    class's annotations at each call: once per body, not per request)."""
     items, _ = msgspec.structs.fields(body)
     (read,) = get_args(items.type)
-    rows, total = page
-    return body(**{items.name: [read.from_row(row) for row in rows]}, total=total)
+    return items.name, read
 
 
 DEPENDENCIES = {
     "db_session": Provide(provide_db_session),
+    "db_reads": Provide(provide_db_reads),
     "settings": Provide(provide_settings, sync_to_thread=False),
     "paging": Provide(provide_paging, sync_to_thread=False),
     "principal": Provide(provide_principal),

@@ -1,20 +1,27 @@
 """API throughput: Spar's authenticated reads against a bare app serving the same bodies.
 
-Two servers on this machine, each one uvicorn process with the same settings:
+Three servers on this machine, each one uvicorn process with the same settings:
 
 * ``spar serve`` on a throwaway PostgreSQL database (created, migrated, dropped at the
   end), seeded over REST: a user, an organization, a few allowed domains and scenarios,
   and a platform token;
-* a bare Litestar app (this file, ``--serve-bare``) with the same routes answering the
-  very JSON bodies Spar gave, from memory: no token, no database.
+* ``bare``: a bare Litestar app (this file, ``--serve-bare``) with the same routes
+  answering the very JSON bodies Spar gave, from memory: no token, no database.  The
+  ceiling of the framework and server;
+* ``sql``: a bare Litestar app (this file, ``--serve-sql``) with the same routes that, per
+  request, runs the SQL Spar runs for it on psycopg 3 (async, a psycopg_pool pool of
+  Spar's size, autocommit): the token lookup (token, user and role in the organization,
+  or the platform token) and the listing's count and page, and answers the rows as JSON
+  (msgspec).  No framework of Spar's own: the honest ceiling for a request that must read
+  the database.
 
-Each request is driven against both in the same run, at concurrency C for a fixed
+Each request is driven against the three in the same run, at concurrency C for a fixed
 duration, by a load generator in a process of its own (``wrk`` if installed, else an
-asyncio client on aiohttp).  It prints req/s, p50 and p99 for both, the CPU per request
+asyncio client on aiohttp).  It prints req/s, p50 and p99 for each, the CPU per request
 of each server and of the PostgreSQL backends (steadier than throughput on a shared
-machine), and the ratios Spar / bare; the targets are Spar >= 50 % of the bare
-throughput and p99 <= 2 x the bare p99.  Figures are printed, not asserted.  Run from
-the repository root::
+machine), and the ratios Spar / bare and Spar / sql; the targets, against the sql app,
+are Spar >= 50 % of its throughput and p99 <= 2 x its p99.  Figures are printed, not
+asserted.  Run from the repository root::
 
     python bench/api.py --duration 10 --concurrency 50
 
@@ -45,6 +52,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import httpx
+from litestar import Request  # at module level: the handlers' annotations are resolved here
 
 from bench.stack import (
     Stack,
@@ -53,6 +61,7 @@ from bench.stack import (
     database_url,
     ok,
     percentiles,
+    psycopg_dsn,
     spar_stack,
     unwind_on_sigterm,
 )
@@ -175,12 +184,28 @@ def serve_bare(port: int, bodies_file: str) -> None:
 
 @contextlib.contextmanager
 def bare_process(bodies: dict[str, Any], logs: Path) -> Iterator[Server]:
-    port = free_port()
     bodies_file = logs / "bodies.json"
     bodies_file.write_text(json.dumps(bodies))
-    with (logs / "bare.log").open("wb") as log:
+    with _baseline("bare", ["--serve-bare", str(bodies_file)], logs) as server:
+        yield server
+
+
+@contextlib.contextmanager
+def sql_process(database_url: str, logs: Path) -> Iterator[Server]:
+    with _baseline("sql", ["--serve-sql", database_url], logs, database_url) as server:
+        yield server
+
+
+@contextlib.contextmanager
+def _baseline(
+    name: str, args: list[str], logs: Path, database_url: str | None = None
+) -> Iterator[Server]:
+    """This file serving as the baseline ``name`` (``--serve-<name> PORT ...``), until the
+    block ends."""
+    port = free_port()
+    with (logs / f"{name}.log").open("wb") as log:
         process = subprocess.Popen(
-            [sys.executable, __file__, "--serve-bare", str(port), str(bodies_file)],
+            [sys.executable, __file__, args[0], str(port), *args[1:]],
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
@@ -194,13 +219,139 @@ def bare_process(bodies: dict[str, Any], logs: Path) -> Iterator[Server]:
                     break
             if process.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(
-                    f"the bare app did not start:\n{(logs / 'bare.log').read_text()}"
+                    f"the {name} app did not start:\n{(logs / f'{name}.log').read_text()}"
                 )
             time.sleep(0.1)
-        yield Server("bare", url, process.pid)
+        yield Server(name, url, process.pid, database_url)
     finally:
         os.killpg(process.pid, signal.SIGTERM)
         process.wait(timeout=10)
+
+
+# --- the bare app on the database ----------------------------------------------------------------
+
+
+def spar_sql() -> dict[str, tuple[str, dict[str, Any]]]:
+    """The SQL Spar runs for the bench's requests, by name: each statement's text and its
+    constants, taken from Spar's own compiled statements so that both run the same SQL."""
+    from shared.db.models import AllowedDomain
+    from shared.db.queries import _in_org
+    from shared.identity import accounts, authentication
+    from shared.scenarios.services import _SCENARIOS
+
+    statements = {
+        "user_token": authentication._USER_TOKEN,
+        "user_token_in_org": authentication._USER_TOKEN_IN_ORG,
+        "platform_token": authentication._PLATFORM_TOKEN,
+        "me": accounts._ME,
+        "domains": _in_org(AllowedDomain)._statement,
+        "scenarios": _SCENARIOS[False]._statement,
+    }
+    return {name: (st.sql, dict(st._constants)) for name, st in statements.items()}
+
+
+def sql_app(dsn: str, pool_size: int, sql: dict[str, tuple[str, dict[str, Any]]]) -> Any:
+    """The same routes as Spar's, each running Spar's SQL for it on psycopg: the token
+    lookup (401 without a row, 404 without access to the organization), then the
+    request's reads, answered as JSON.  No revocation or expiry rules beyond the row's
+    presence, no permission catalogue: what is left is the database's work and the
+    driver's, which no implementation of these requests can avoid."""
+    import hashlib
+
+    import msgspec
+    from litestar import Litestar, get
+    from litestar.exceptions import NotAuthorizedException, NotFoundException
+    from psycopg.rows import dict_row
+    from psycopg.types.json import set_json_loads
+    from psycopg_pool import AsyncConnectionPool
+
+    async def configure(connection: Any) -> None:
+        set_json_loads(msgspec.json.decode, connection)  # as Spar's connections decode JSON
+
+    pool = AsyncConnectionPool(
+        dsn,
+        min_size=pool_size,
+        max_size=pool_size,
+        kwargs={"autocommit": True, "options": "-c jit=off -c TimeZone=UTC"},
+        configure=configure,
+        open=False,
+    )
+
+    async def rows(connection: Any, name: str, **given: Any) -> list[dict[str, Any]]:
+        text, constants = sql[name]
+        async with connection.cursor(row_factory=dict_row) as cursor:
+            await cursor.execute(text, {**constants, **given})
+            return await cursor.fetchall()
+
+    async def caller(
+        connection: Any, request: Request[Any, Any, Any], org_id: uuid.UUID | None
+    ) -> Any:
+        token = request.headers.get("authorization", "").partition(" ")[2].strip()
+        digest = hashlib.sha256(token.encode()).hexdigest()
+        if token.startswith("pat_"):
+            found = await rows(connection, "platform_token", digest=digest)
+            if found and org_id is not None and found[0]["organization_id"] != org_id:
+                raise NotFoundException()
+        elif org_id is None:
+            found = await rows(connection, "user_token", digest=digest)
+        else:
+            found = await rows(connection, "user_token_in_org", digest=digest, org_id=org_id)
+            if found and found[0]["role_id"] is None:
+                raise NotFoundException()
+        if not found:
+            raise NotAuthorizedException()
+        return found[0]
+
+    def listing(route: str, key: str, statement: str) -> Any:
+        async def handler(org_id: uuid.UUID, request: Request[Any, Any, Any]) -> dict[str, Any]:
+            async with pool.connection() as connection:
+                await caller(connection, request, org_id)
+            async with pool.connection() as connection:
+                page = await rows(connection, statement, p_org=org_id, p_limit=50, p_offset=0)
+            total = page[0]["listing_total"]  # each row has it; an empty page is one null row
+            for row in page:
+                del row["listing_total"]
+            return {key: [row for row in page if row["id"] is not None], "total": total}
+
+        return get(route, name=route)(handler)
+
+    @get("/v1/auth/me")
+    async def me(request: Request[Any, Any, Any]) -> dict[str, Any]:
+        async with pool.connection() as connection:
+            user_id = (await caller(connection, request, None))["user_id"]
+        async with pool.connection() as connection:
+            (found,) = await rows(connection, "me", p_user=user_id)
+        return found
+
+    async def live() -> dict[str, str]:
+        return {"status": "ok"}
+
+    async def open_pool() -> None:
+        await pool.open(wait=True)
+
+    async def close_pool() -> None:
+        await pool.close()
+
+    handlers = [
+        get("/health/live")(live),
+        me,
+        listing("/v1/orgs/{org_id:uuid}/allowed-domains/", "domains", "domains"),
+        listing("/v1/orgs/{org_id:uuid}/scenarios/", "scenarios", "scenarios"),
+    ]
+    return Litestar(
+        route_handlers=handlers, on_startup=[open_pool], on_shutdown=[close_pool], debug=False
+    )
+
+
+def serve_sql(port: int, database_url: str) -> None:
+    import uvicorn
+
+    from shared.settings import Settings
+
+    app = sql_app(psycopg_dsn(database_url), Settings().db_pool_size, spar_sql())
+    uvicorn.run(
+        app, host="127.0.0.1", port=port, workers=1, proxy_headers=True, log_level=UVICORN_LOG_LEVEL
+    )
 
 
 # --- load generators -----------------------------------------------------------------------------
@@ -367,6 +518,9 @@ def main(argv: list[str] | None = None) -> None:
     if argv[:1] == ["--serve-bare"]:
         serve_bare(int(argv[1]), argv[2])
         return
+    if argv[:1] == ["--serve-sql"]:
+        serve_sql(int(argv[1]), argv[2])
+        return
     if argv[:1] == ["--drive"]:
         import uvloop
 
@@ -388,19 +542,40 @@ def bench(args: argparse.Namespace, url: str) -> None:
     with spar_stack(url, with_redis=False, log_level=UVICORN_LOG_LEVEL.upper()) as stack:
         spar = Server("spar", stack.base, stack.serve_pid, url)
         targets = [t for t in seed(stack) if args.only in t.name]
-        with bare_process(record_bodies(stack.http, targets), stack.logs) as bare:
+        with (
+            bare_process(record_bodies(stack.http, targets), stack.logs) as bare,
+            sql_process(url, stack.logs) as sql,
+        ):
+            servers = (spar, bare, sql)
+            check_sql_app(sql, targets)
             if args.keep:
                 for target in targets:
                     print(f"{target.name}: {target.path} with {target.token}")
-                print(f"spar at {spar.url}, bare app at {bare.url}; Enter stops them")
+                print(
+                    f"spar at {spar.url} (pid {spar.pid}), bare app at {bare.url}, "
+                    f"sql app at {sql.url} (pid {sql.pid}); Enter stops them"
+                )
                 input()
-            rows = [(t, *measure(args, t, (spar, bare), stack.logs)) for t in targets]
+            rows = [(t, measure(args, t, servers, stack.logs)) for t in targets]
     report(rows)
 
 
+def check_sql_app(sql: Server, targets: list[Target]) -> None:
+    """The sql app answers every target with 200, and refuses a token it does not know: it
+    does read the token."""
+    for target in targets:
+        ok(
+            httpx.get(sql.url + target.path, headers={"Authorization": f"Bearer {target.token}"}),
+            200,
+        )
+        refused = httpx.get(sql.url + target.path, headers={"Authorization": "Bearer ust_nobody"})
+        if refused.status_code != 401:
+            raise RuntimeError(f"the sql app let an unknown token read {target.path}")
+
+
 def measure(
-    args: argparse.Namespace, target: Target, servers: tuple[Server, Server], logs: Path
-) -> tuple[Result, Result]:
+    args: argparse.Namespace, target: Target, servers: tuple[Server, ...], logs: Path
+) -> dict[str, Result]:
     """Alternate the servers pass by pass, so that a slow moment of a shared machine does
     not fall on one of them only; the pass with the median throughput of each."""
     passes: dict[str, list[Result]] = {server.name: [] for server in servers}
@@ -412,8 +587,7 @@ def measure(
             before = cpu_snapshot(server)
             result = drive(args, url, target.token, args.duration, logs)
             passes[server.name].append(with_cpu(result, server, before))
-    spar, bare = (_median(passes[server.name]) for server in servers)
-    return spar, bare
+    return {name: _median(results) for name, results in passes.items()}
 
 
 def _median(results: list[Result]) -> Result:
@@ -421,35 +595,40 @@ def _median(results: list[Result]) -> Result:
     return by_rps[len(by_rps) // 2]
 
 
-def report(rows: list[tuple[Target, Result, Result]]) -> None:
+def report(rows: list[tuple[Target, dict[str, Result]]]) -> None:
     print()
     header = (
-        f"{'request':36} {'server':6} {'req/s':>8} {'p50 ms':>8} {'p99 ms':>8} {'failed':>6} "
+        f"{'request':36} {'server':9} {'req/s':>8} {'p50 ms':>8} {'p99 ms':>8} {'failed':>6} "
         f"{'CPU ms/req: server':>18} {'PostgreSQL':>10}"
     )
     print(header)
     print("-" * len(header))
-    for target, spar, bare in rows:
-        for name, r in (("spar", spar), ("bare", bare)):
+    for target, results in rows:
+        for name, r in results.items():
             label = target.name if name == "spar" else ""
             print(
-                f"{label:36} {name:6} {r.rps:8.0f} {r.p50_ms:8.1f} {r.p99_ms:8.1f} "
+                f"{label:36} {name:9} {r.rps:8.0f} {r.p50_ms:8.1f} {r.p99_ms:8.1f} "
                 f"{r.failed:6d} {r.server_cpu_ms:18.2f} {r.db_cpu_ms:10.2f}"
             )
-        throughput = spar.rps / bare.rps
-        tail = spar.p99_ms / bare.p99_ms
-        verdict = "ok" if throughput >= 0.5 and tail <= 2.0 else "below target"
-        print(
-            f"{'':36} {'ratio':6} {throughput:8.2f} {spar.p50_ms / bare.p50_ms:8.2f} "
-            f"{tail:8.2f}        {spar.server_cpu_ms / bare.server_cpu_ms:18.2f}   "
-            f"{verdict} (targets: req/s >= 0.50, p99 <= 2.00)"
-        )
+        spar = results["spar"]
+        for name in ("bare", "sql"):
+            base = results[name]
+            throughput, tail = spar.rps / base.rps, spar.p99_ms / base.p99_ms
+            line = (
+                f"{'':36} {'spar/' + name:9} {throughput:8.2f} {spar.p50_ms / base.p50_ms:8.2f} "
+                f"{tail:8.2f}        {spar.server_cpu_ms / base.server_cpu_ms:18.2f}"
+            )
+            if name == "sql":
+                verdict = "ok" if throughput >= 0.5 and tail <= 2.0 else "below target"
+                line += f"   {verdict} (targets: req/s >= 0.50, p99 <= 2.00)"
+            print(line)
     print()
-    print(
-        "median over requests: throughput ratio "
-        f"{statistics.median(s.rps / b.rps for _, s, b in rows):.2f}, p99 ratio "
-        f"{statistics.median(s.p99_ms / b.p99_ms for _, s, b in rows):.2f}"
-    )
+    for name in ("bare", "sql"):
+        print(
+            f"median over requests, spar/{name}: throughput ratio "
+            f"{statistics.median(r['spar'].rps / r[name].rps for _, r in rows):.2f}, p99 ratio "
+            f"{statistics.median(r['spar'].p99_ms / r[name].p99_ms for _, r in rows):.2f}"
+        )
 
 
 if __name__ == "__main__":

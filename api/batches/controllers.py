@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Annotated
 from uuid import UUID
 
@@ -22,7 +22,6 @@ from shared.identity.access import OrgAccess, requires
 from shared.outbound.limits import Destination
 
 EVENT_POLL_S = 0.5
-RECENT = timedelta(seconds=30)
 EVENTS = (
     "Server-Sent Events: for each, an `event: <name>` line, a `data: <JSON object>` line "
     "and a blank line.  `progress`: the batch (a `BatchRunRead` without `runs` and "
@@ -226,7 +225,7 @@ async def _progress(
                 session,
                 access=access,
                 batch_id=batch_id,
-                ended_since=since - RECENT if since is not None else None,
+                ended_since=since - services.RECENT if since is not None else None,
                 limiter=state.limiter,
                 destinations=destinations,
             )

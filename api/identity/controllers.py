@@ -9,7 +9,7 @@ from litestar.openapi import ResponseSpec
 from litestar.params import JSONBody
 from litestar.status_codes import HTTP_200_OK, HTTP_204_NO_CONTENT
 
-from api.deps import Access, Caller, Config, DbSession, Page, PathId, listing
+from api.deps import Access, Caller, Config, DbReads, DbSession, Page, PathId, listing
 from shared.identity import accounts, members, organizations, platform_tokens, roles, schemas
 from shared.identity.access import AUTHENTICATED, PUBLIC, USER_ONLY, requires, requires_role
 from shared.identity.permissions import ADMIN, OWNER
@@ -66,9 +66,9 @@ class AuthController(Controller):
         await accounts.logout(db_session, principal=principal)
 
     @get("/me", operation_id="getCurrentUser", access=USER_ONLY)
-    async def me(self, db_session: DbSession, principal: Caller) -> schemas.Me:
+    async def me(self, db_reads: DbReads, principal: Caller) -> schemas.Me:
         """The current user with each organization, its role and effective permissions."""
-        return await accounts.me(db_session, principal=principal)
+        return await accounts.me(db_reads, principal=principal)
 
 
 class OrganizationController(Controller):
@@ -181,11 +181,11 @@ class RoleController(Controller):
 
     @get("/", operation_id="listRoles", access=requires("roles:read"))
     async def list_roles(
-        self, db_session: DbSession, access: Access, org_id: PathId, paging: Page
+        self, db_reads: DbReads, access: Access, org_id: PathId, paging: Page
     ) -> schemas.RoleList:
         """The organization's system and custom roles with their permissions, paged."""
         return listing(
-            schemas.RoleList, await roles.list_roles(db_session, access=access, paging=paging)
+            schemas.RoleList, await roles.list_roles(db_reads, access=access, paging=paging)
         )
 
     @post("/", operation_id="createRole", access=requires("roles:write"))
@@ -238,12 +238,12 @@ class PlatformTokenController(Controller):
 
     @get("/", operation_id="listPlatformTokens", access=requires_role(ADMIN))
     async def list_tokens(
-        self, db_session: DbSession, access: Access, org_id: PathId, paging: Page
+        self, db_reads: DbReads, access: Access, org_id: PathId, paging: Page
     ) -> schemas.PlatformTokenList:
         """The organization's platform tokens, never their values, paged (ADMIN/OWNER)."""
         return listing(
             schemas.PlatformTokenList,
-            await platform_tokens.list_platform_tokens(db_session, access=access, paging=paging),
+            await platform_tokens.list_platform_tokens(db_reads, access=access, paging=paging),
         )
 
     @post("/", operation_id="createPlatformToken", access=requires_role(ADMIN))

@@ -10,7 +10,7 @@ from litestar.datastructures import State
 from litestar.params import JSONBody, QueryParameter
 from litestar.status_codes import HTTP_202_ACCEPTED
 
-from api.deps import Access, Config, DbSession, Page, PathId, listing
+from api.deps import Access, Config, DbReads, DbSession, Page, PathId, listing
 from shared.identity.access import requires
 from shared.notifications import schemas, services
 from shared.notifications.schemas import DeliveryStatus
@@ -39,12 +39,12 @@ class WebhookEndpointController(Controller):
 
     @get("/", operation_id="listWebhookEndpoints", access=requires("notifications:read"))
     async def list_endpoints(
-        self, db_session: DbSession, access: Access, org_id: PathId, paging: Page
+        self, db_reads: DbReads, access: Access, org_id: PathId, paging: Page
     ) -> schemas.WebhookEndpointList:
         """The organization's webhook endpoints, paged."""
         return listing(
             schemas.WebhookEndpointList,
-            await services.list_endpoints(db_session, access=access, paging=paging),
+            await services.list_endpoints(db_reads, access=access, paging=paging),
         )
 
     @get(

@@ -9,7 +9,7 @@ from litestar.openapi import ResponseSpec
 from litestar.params import JSONBody, PathParameter
 from litestar.status_codes import HTTP_200_OK, HTTP_201_CREATED
 
-from api.deps import Access, Config, DbSession, Page, PathId, listing
+from api.deps import Access, Config, DbReads, DbSession, Page, PathId, listing
 from shared.identity.access import requires
 from shared.outbound import schemas, services
 
@@ -28,12 +28,12 @@ class AllowedDomainController(Controller):
 
     @get("/", operation_id="listAllowedDomains", access=requires("domains:read"))
     async def list_domains(
-        self, db_session: DbSession, access: Access, org_id: PathId, paging: Page
+        self, db_reads: DbReads, access: Access, org_id: PathId, paging: Page
     ) -> schemas.AllowedDomainList:
         """The organization's allowed domains, paged."""
         return listing(
             schemas.AllowedDomainList,
-            await services.list_domains(db_session, access=access, paging=paging),
+            await services.list_domains(db_reads, access=access, paging=paging),
         )
 
     @post("/", operation_id="createAllowedDomain", access=requires("domains:write"))
@@ -88,12 +88,12 @@ class CredentialController(Controller):
 
     @get("/", operation_id="listCredentials", access=requires("credentials:read"))
     async def list_credentials(
-        self, db_session: DbSession, access: Access, org_id: PathId, paging: Page
+        self, db_reads: DbReads, access: Access, org_id: PathId, paging: Page
     ) -> schemas.CredentialList:
         """Keys and descriptions; values are write-only and never returned."""
         return listing(
             schemas.CredentialList,
-            await services.list_credentials(db_session, access=access, paging=paging),
+            await services.list_credentials(db_reads, access=access, paging=paging),
         )
 
     @put(
@@ -145,12 +145,12 @@ class LLMProviderController(Controller):
 
     @get("/", operation_id="listLLMProviders", access=requires("providers:read"))
     async def list_providers(
-        self, db_session: DbSession, access: Access, org_id: PathId, paging: Page
+        self, db_reads: DbReads, access: Access, org_id: PathId, paging: Page
     ) -> schemas.LLMProviderList:
         """The organization's LLM providers, paged."""
         return listing(
             schemas.LLMProviderList,
-            await services.list_providers(db_session, access=access, paging=paging),
+            await services.list_providers(db_reads, access=access, paging=paging),
         )
 
     @post("/", operation_id="createLLMProvider", access=requires("providers:write"))
@@ -209,11 +209,11 @@ class AgentController(Controller):
 
     @get("/", operation_id="listAgents", access=requires("agents:read"))
     async def list_agents(
-        self, db_session: DbSession, access: Access, org_id: PathId, paging: Page
+        self, db_reads: DbReads, access: Access, org_id: PathId, paging: Page
     ) -> schemas.AgentList:
         """The organization's agents, paged."""
         return listing(
-            schemas.AgentList, await services.list_agents(db_session, access=access, paging=paging)
+            schemas.AgentList, await services.list_agents(db_reads, access=access, paging=paging)
         )
 
     @post("/", operation_id="createAgent", access=requires("agents:write"))

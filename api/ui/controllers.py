@@ -57,6 +57,7 @@ from api.ui.session import (
 )
 from shared.batches import services as batches
 from shared.batches.schemas import BatchRunRead
+from shared.db.base import utcnow
 from shared.errors import NotFound, PermissionDenied, Unauthorized
 from shared.identity import accounts
 from shared.identity import organizations as identity
@@ -122,11 +123,14 @@ def page(name: str, status_code: int = 200, **context: Any) -> Template:
 
 
 class LiveProgress(msgspec.Struct, frozen=True):
-    """What a batch's page polls: its counters and runs, its badge, and whether it is over."""
+    """What a batch's page polls: its counters and runs (those changed since the poll's
+    ``since``, when given), its badge, whether it is over, and the ``cursor`` to give as
+    the next poll's ``since``."""
 
     batch: BatchRunRead
     badge: ui_services.Badge
     over: bool
+    cursor: datetime
 
 
 async def provide_org_name(db_session: DbSession, access: Access) -> str:
@@ -280,6 +284,7 @@ class BatchController(Controller):
         org_name: OrgName,
         batch_id: PathId,
     ) -> Template:
+        looked = utcnow()  # its live script's first poll reads the runs changed since
         batch = await batches.batch_detail(
             db_session,
             access=access,
@@ -291,6 +296,7 @@ class BatchController(Controller):
             "batch.html",
             org_id=access.organization_id,
             org_name=org_name,
+            since=looked.isoformat(),
             batch=batch,
             runs=ui_services.runs_in_order(batch),
             over=batches.is_over(batch),
@@ -300,17 +306,34 @@ class BatchController(Controller):
 
     @get("/{batch_id:str}/progress", access=READ)
     async def progress(
-        self, db_session: DbSession, state: State, access: Access, batch_id: PathId
+        self,
+        db_session: DbSession,
+        state: State,
+        access: Access,
+        batch_id: PathId,
+        since: Annotated[
+            datetime | None,
+            QueryParameter(description="The previous poll's cursor: only the runs changed since."),
+        ] = None,
     ) -> LiveProgress:
-        batch = await batches.batch_detail(
-            db_session,
-            access=access,
-            batch_id=batch_id,
-            broker=state.broker,
-            limiter=state.limiter,
-        )
+        """The batch's counters and its runs: every run on a first look, then (``since``,
+        the previous answer's ``cursor``) only those changed since, like its event stream:
+        a page of a batch of thousands of runs polls each second."""
+        looked = utcnow()
+        if since is None:
+            batch = await batches.batch_detail(
+                db_session,
+                access=access,
+                batch_id=batch_id,
+                broker=state.broker,
+                limiter=state.limiter,
+            )
+        else:
+            batch = await batches.batch_changes(
+                db_session, access=access, batch_id=batch_id, since=since, limiter=state.limiter
+            )
         return LiveProgress(
-            batch=batch, badge=ui_services.badge(batch), over=batches.is_over(batch)
+            batch=batch, badge=ui_services.badge(batch), over=batches.is_over(batch), cursor=looked
         )
 
 

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 from uuid import UUID
 
@@ -282,6 +282,26 @@ async def batch_detail(
     )
 
 
+async def batch_changes(
+    session: AsyncSession,
+    *,
+    access: OrgAccess,
+    batch_id: UUID,
+    since: datetime,
+    limiter: DestinationLimiter,
+) -> schemas.BatchRunRead:
+    """What a viewer of the batch that looked at ``since`` has yet to see: its counters,
+    the rate limit holding it back, and the summaries of the runs changed since then
+    (:data:`RECENT` before it, so that none is missed).  A page following a batch of
+    thousands of runs reads these each second, not every run."""
+    batch = await get_batch(session, access=access, batch_id=batch_id)
+    runs = await run_summaries(session, batch_id=batch.id, changed_since=since - RECENT)
+    limited = await rate_limited(
+        batch, limiter=limiter, destinations=await batch_destinations(session, batch=batch)
+    )
+    return batch_read(batch, runs, limited=limited)
+
+
 async def judge_flip_rate(session: AsyncSession, *, batch: BatchRun) -> float | None:
     """Of the batch's criterion results the judge decided (per turn and on the whole
     conversation), the share whose votes were not unanimous; ``None`` when each was judged
@@ -341,16 +361,25 @@ async def rate_limited(
     )
 
 
+# How far back a reader following a batch by its runs' timestamps (``completed_at``,
+# ``updated_at``) looks again: a run's change is stamped by its writer just before it
+# commits, so one stamped a moment before a look may only be seen by the next.
+RECENT = timedelta(seconds=30)
+
+
 async def run_summaries(
     session: AsyncSession,
     *,
     batch_id: UUID,
     ended: bool = False,
     ended_since: datetime | None = None,
+    changed_since: datetime | None = None,
 ) -> list[schemas.BatchRunItemSummary]:
     """A summary of each run of the batch (the batch detail's ``runs`` and the events
     stream's ``run`` events), in the batch's order; with ``ended``, only the terminal runs
-    (those that ended at ``ended_since`` or later, when given) in the order they ended."""
+    (those that ended at ``ended_since`` or later, when given) in the order they ended;
+    with ``changed_since``, only the runs changed then or later (every change of a run,
+    its turns' included, stamps its ``updated_at``)."""
     passed_turns = (
         select(func.count(TurnResult.id))
         .where(TurnResult.run_id == ScenarioRun.id, TurnResult.passed)
@@ -372,6 +401,8 @@ async def run_summaries(
         passed_turns.label("passed_turns"),
         simulated_turns.label("simulated_turns"),
     ).where(ScenarioRun.batch_run_id == batch_id)
+    if changed_since is not None:
+        query = query.where(ScenarioRun.updated_at >= changed_since)
     if ended:
         query = query.where(ScenarioRun.status.in_(TERMINAL_STATUSES)).order_by(
             ScenarioRun.completed_at, ScenarioRun.id

@@ -15,11 +15,12 @@ from __future__ import annotations
 import asyncio
 import weakref
 from collections.abc import Mapping, Sequence
+from types import SimpleNamespace
 from typing import Any, TypeVar
 
 import msgspec
 from psycopg import AsyncConnection
-from psycopg.rows import dict_row, namedtuple_row
+from psycopg.rows import dict_row, kwargs_row, namedtuple_row
 from psycopg.types.json import Jsonb, set_json_loads
 from psycopg_pool import AsyncConnectionPool
 from sqlalchemy import JSON, BindParameter, Table
@@ -35,8 +36,9 @@ S = TypeVar("S", bound=msgspec.Struct)
 # Session settings of every PostgreSQL connection Spar makes (these and the engine's).  No
 # JIT: Spar's statements are short, and on a large fan-out (a batch's runs inserted with
 # their snapshots) the planner's estimates had PostgreSQL spend a third of a second
-# compiling a query that then ran in less.
-POSTGRES_OPTIONS = "-c jit=off"
+# compiling a query that then ran in less.  Time zone UTC: what SQLAlchemy's columns hand
+# back (``UTCDateTime``), psycopg hands back too on this path, without a conversion per value.
+POSTGRES_OPTIONS = "-c jit=off -c TimeZone=UTC"
 # The run engine's own writes commit asynchronously: a commit returns (and releases its row
 # locks) before its WAL reaches the disk.  Every batch run's end writes its batch's row, and
 # with synchronous commits a batch's ends queue behind one another's disk flushes; a
@@ -45,7 +47,8 @@ POSTGRES_OPTIONS = "-c jit=off"
 # itself crashes (never a worker crash; never consistency): run progress that at-least-once
 # delivery replays anyway — a lost turn is played again, a lost end is redone once, and the
 # sweeper re-sends the runs it concerned.  Everything else (the API's writes) stays
-# synchronous.
+# synchronous, but for the bookkeeping of its guard, which reads on this pool (a platform
+# token's ``last_used_at``, once a minute: losing one costs a minute of that timestamp).
 RUN_ENGINE_OPTIONS = "-c synchronous_commit=off"
 
 
@@ -99,6 +102,14 @@ class Statement:
 
     async def rows(self, connection: AsyncConnection[Any], **given: Any) -> Sequence[Any]:
         async with connection.cursor(row_factory=namedtuple_row) as cursor:
+            await cursor.execute(self.sql, self._params(given))
+            return await cursor.fetchall()
+
+    async def objects(self, connection: AsyncConnection[Any], **given: Any) -> list[Any]:
+        """The rows as objects with an attribute per column: what
+        :meth:`shared.schemas.Output.from_row` reads, as it reads an ORM object (a named
+        tuple would be read as an array)."""
+        async with connection.cursor(row_factory=kwargs_row(SimpleNamespace)) as cursor:
             await cursor.execute(self.sql, self._params(given))
             return await cursor.fetchall()
 

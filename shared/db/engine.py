@@ -95,8 +95,10 @@ class Database:
       from here; the services they call take that session and never commit.
     * :meth:`connection`: a connection of the run engine's direct pool
       (:mod:`shared.db.direct`), in autocommit: each statement is its own transaction.
-    * :attr:`autocommit`: the engine in autocommit (same pool), for a lookup that needs no
-      session (the authorization guard).
+      The run engine's, and the API's on every request: the authorization guard's lookup
+      and the frequent reads (``db_reads``: listings, ``/auth/me``).
+    * :attr:`autocommit`: the engine in autocommit (same pool), under the read-only
+      sessions.
     """
 
     def __init__(self, engine: AsyncEngine) -> None:

@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from functools import cache
 from typing import Any, TypeVar
 from uuid import UUID
 
-from sqlalchemy import select
+from psycopg import AsyncConnection
+from sqlalchemy import BigInteger, Integer, bindparam, func, select, true
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm.interfaces import ORMOption
 
+from shared.db.direct import Statement
 from shared.errors import Conflict, NotFound
-from shared.paging import Paging, paginate
+from shared.paging import Paging
 
 T = TypeVar("T")
 
@@ -41,13 +44,63 @@ async def one_in_org(
     return row
 
 
+class CountedPage:
+    """A listing's page and its total in one statement, compiled once: ``columns`` (an
+    ``id`` and a ``created_at`` among them) of ``table``'s rows where ``wanted``, in the
+    order every listing uses, ``:p_limit`` of them after ``:p_offset``, each beside the
+    count of them all.  The page is joined to its count, not the count to the page: an
+    empty page is still one row (its columns null), to read the total from.
+
+    One round trip where a count and a page were two: on psycopg directly a round trip is
+    most of what a listing costs the API's CPU (and PostgreSQL's).  Run straight on psycopg
+    (``connection``: the request's ``db_reads``), no ORM."""
+
+    def __init__(self, table: Any, wanted: Any, columns: Sequence[Any]) -> None:
+        page = (
+            select(*columns)
+            .where(wanted)
+            .order_by(table.c.created_at, table.c.id)
+            .limit(bindparam("p_limit", type_=Integer()))
+            .offset(bindparam("p_offset", type_=BigInteger()))
+            .subquery("page")
+        )
+        counted = (
+            select(func.count().label("listing_total"))
+            .select_from(table)
+            .where(wanted)
+            .subquery("counted")
+        )
+        self._statement = Statement(
+            select(counted.c.listing_total, *page.c)
+            .select_from(counted.outerjoin(page, true()))
+            .order_by(page.c.created_at, page.c.id)
+        )
+
+    async def read(
+        self, connection: AsyncConnection[Any], paging: Paging, **given: Any
+    ) -> tuple[list[Any], int]:
+        """The page's rows (objects with an attribute per column: what ``from_row`` reads)
+        and the total, ``given`` the statement's parameters."""
+        rows = await self._statement.objects(
+            connection, p_limit=paging.limit, p_offset=paging.offset, **given
+        )
+        return [row for row in rows if row.id is not None], rows[0].listing_total
+
+
+@cache
+def _in_org(model: Any) -> CountedPage:
+    table = model.__table__
+    in_org = table.c.organization_id == bindparam("p_org", type_=table.c.organization_id.type)
+    return CountedPage(table, in_org, list(table.c))
+
+
 async def page_in_org(
-    session: AsyncSession, model: type[T], org_id: UUID, paging: Paging
-) -> tuple[list[T], int]:
+    connection: AsyncConnection[Any], model: Any, org_id: UUID, paging: Paging
+) -> tuple[Sequence[Any], int]:
     """One page of ``model``'s rows in ``org_id``, in the order every listing uses, and
-    their total."""
-    query = select(model).where(model.organization_id == org_id)  # type: ignore[attr-defined]
-    return await paginate(session, query, paging, model.created_at, model.id)  # type: ignore[attr-defined]
+    their total (:class:`CountedPage`): the rows hold the table's columns as attributes,
+    not ORM objects."""
+    return await _in_org(model).read(connection, paging, p_org=org_id)
 
 
 async def all_in_org(

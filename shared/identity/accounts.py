@@ -8,13 +8,18 @@ from __future__ import annotations
 
 import asyncio
 from datetime import datetime, timedelta
+from typing import Any
 from uuid import UUID
 
-from sqlalchemy import select, update
+from psycopg import AsyncConnection
+from sqlalchemy import Uuid, bindparam, func, literal_column, select, update
+from sqlalchemy.dialects.postgresql import aggregate_order_by
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from shared import security
+from shared.db import shapes
 from shared.db.base import utcnow
+from shared.db.direct import Statement
 from shared.db.models import Membership, Organization, Role, User, UserToken
 from shared.db.queries import flush_unique
 from shared.errors import Conflict, InvalidInput, NotFound, PermissionDenied, Unauthorized
@@ -171,21 +176,46 @@ async def get_user(session: AsyncSession, *, user_id: UUID) -> User:
     return user
 
 
-async def me(session: AsyncSession, *, principal: Principal) -> schemas.Me:
-    user = await get_user(session, user_id=principal.user_id)  # type: ignore[arg-type]
-    rows = (
-        await session.execute(
-            select(Organization, Role)
-            .join(Membership, Membership.organization_id == Organization.id)
-            .join(Role, Role.id == Membership.role_id)
-            .where(Membership.user_id == user.id)
-            .order_by(Organization.created_at, Organization.id)
+# GET /auth/me on every page load of a client: one statement compiled once, run straight on
+# psycopg (no ORM): the user, and each organization with the user's role there as one JSON
+# array, in the order organizations are listed.
+_users, _orgs, _roles = User.__table__, Organization.__table__, Role.__table__
+_organizations_of_user = (
+    select(
+        func.coalesce(
+            func.jsonb_agg(
+                aggregate_order_by(
+                    shapes.json_object(
+                        schemas.OrganizationWithAccess,
+                        _orgs,
+                        role=shapes.json_object(schemas.RoleInfo, _roles),
+                        permissions=_roles.c.permissions,
+                    ),
+                    _orgs.c.created_at,
+                    _orgs.c.id,
+                )
+            ),
+            literal_column("'[]'::jsonb"),
         )
-    ).all()
-    organizations = [
-        schemas.OrganizationWithAccess.from_row(
-            org, role=role, permissions=ordered(role.permissions)
-        )
-        for org, role in rows
-    ]
-    return schemas.Me(user=schemas.UserRead.from_row(user), organizations=organizations)
+    )
+    .select_from(_orgs)
+    .join(Membership, Membership.organization_id == _orgs.c.id)
+    .join(_roles, _roles.c.id == Membership.role_id)
+    .where(Membership.user_id == _users.c.id)
+    .scalar_subquery()
+)
+_ME = Statement(
+    select(
+        shapes.json_object(schemas.UserRead, _users).label("user"),
+        _organizations_of_user.label("organizations"),
+    ).where(_users.c.id == bindparam("p_user", type_=Uuid()))
+)
+
+
+async def me(connection: AsyncConnection[Any], *, principal: Principal) -> schemas.Me:
+    found = await _ME.structs(connection, schemas.Me, p_user=principal.user_id)
+    if not found:
+        raise NotFound("user not found")
+    for organization in found[0].organizations:
+        organization.permissions = ordered(organization.permissions)
+    return found[0]

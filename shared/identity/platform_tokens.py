@@ -6,8 +6,11 @@ Every function takes the caller's session and access (an ADMIN's or OWNER's).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
 from uuid import UUID
 
+from psycopg import AsyncConnection
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from shared import security
@@ -53,9 +56,9 @@ async def create_platform_token(
 
 
 async def list_platform_tokens(
-    session: AsyncSession, *, access: OrgAccess, paging: Paging
-) -> tuple[list[PlatformToken], int]:
-    return await page_in_org(session, PlatformToken, access.organization_id, paging)
+    connection: AsyncConnection[Any], *, access: OrgAccess, paging: Paging
+) -> tuple[Sequence[Any], int]:
+    return await page_in_org(connection, PlatformToken, access.organization_id, paging)
 
 
 async def get_platform_token(

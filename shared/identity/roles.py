@@ -6,9 +6,11 @@ it, or strip it from others.  Every function takes the caller's session and acce
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 from uuid import UUID
 
+from psycopg import AsyncConnection
 from sqlalchemy import select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -22,9 +24,9 @@ from shared.paging import Paging
 
 
 async def list_roles(
-    session: AsyncSession, *, access: OrgAccess, paging: Paging
-) -> tuple[list[Role], int]:
-    return await page_in_org(session, Role, access.organization_id, paging)
+    connection: AsyncConnection[Any], *, access: OrgAccess, paging: Paging
+) -> tuple[Sequence[Any], int]:
+    return await page_in_org(connection, Role, access.organization_id, paging)
 
 
 async def get_role(session: AsyncSession, *, access: OrgAccess, role_id: UUID) -> Role:

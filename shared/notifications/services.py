@@ -14,12 +14,14 @@ Every function here runs in its caller's transaction; a delivery it sends again 
 from __future__ import annotations
 
 import uuid
+from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
 from urllib.parse import urlsplit
 from uuid import UUID
 
 import dramatiq
+from psycopg import AsyncConnection
 from sqlalchemy import select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -89,9 +91,9 @@ async def get_endpoint(
 
 
 async def list_endpoints(
-    session: AsyncSession, *, access: OrgAccess, paging: Paging
-) -> tuple[list[WebhookEndpoint], int]:
-    return await page_in_org(session, WebhookEndpoint, access.organization_id, paging)
+    connection: AsyncConnection[Any], *, access: OrgAccess, paging: Paging
+) -> tuple[Sequence[Any], int]:
+    return await page_in_org(connection, WebhookEndpoint, access.organization_id, paging)
 
 
 async def update_endpoint(

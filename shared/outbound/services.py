@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import ipaddress
 import re
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 from uuid import UUID, uuid4
 
 import msgspec
+from psycopg import AsyncConnection
 from sqlalchemy import select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -130,9 +131,9 @@ async def _require_credentials(
 
 
 async def list_domains(
-    session: AsyncSession, *, access: OrgAccess, paging: Paging
-) -> tuple[list[AllowedDomain], int]:
-    return await page_in_org(session, AllowedDomain, access.organization_id, paging)
+    connection: AsyncConnection[Any], *, access: OrgAccess, paging: Paging
+) -> tuple[Sequence[Any], int]:
+    return await page_in_org(connection, AllowedDomain, access.organization_id, paging)
 
 
 async def get_domain(session: AsyncSession, *, access: OrgAccess, domain_id: UUID) -> AllowedDomain:
@@ -228,9 +229,9 @@ async def put_credential(
 
 
 async def list_credentials(
-    session: AsyncSession, *, access: OrgAccess, paging: Paging
-) -> tuple[list[Credential], int]:
-    return await page_in_org(session, Credential, access.organization_id, paging)
+    connection: AsyncConnection[Any], *, access: OrgAccess, paging: Paging
+) -> tuple[Sequence[Any], int]:
+    return await page_in_org(connection, Credential, access.organization_id, paging)
 
 
 async def credential_usage(
@@ -310,9 +311,9 @@ class _Kind(Generic[Row]):
         return await one_in_org(session, self.model, org_id, row_id, self.what)
 
     async def page(
-        self, session: AsyncSession, access: OrgAccess, paging: Paging
-    ) -> tuple[list[Row], int]:
-        return await page_in_org(session, self.model, access.organization_id, paging)
+        self, connection: AsyncConnection[Any], access: OrgAccess, paging: Paging
+    ) -> tuple[Sequence[Any], int]:
+        return await page_in_org(connection, self.model, access.organization_id, paging)
 
     async def create(self, session: AsyncSession, access: OrgAccess, body: schemas.Input) -> Row:
         await _lock_outbound(session, access.organization_id)
@@ -471,9 +472,9 @@ async def agent_in_org(session: AsyncSession, *, org_id: UUID, agent_id: UUID) -
 
 
 async def list_providers(
-    session: AsyncSession, *, access: OrgAccess, paging: Paging
-) -> tuple[list[LLMProvider], int]:
-    return await _PROVIDERS.page(session, access, paging)
+    connection: AsyncConnection[Any], *, access: OrgAccess, paging: Paging
+) -> tuple[Sequence[Any], int]:
+    return await _PROVIDERS.page(connection, access, paging)
 
 
 async def get_provider(
@@ -500,9 +501,9 @@ async def delete_provider(session: AsyncSession, *, access: OrgAccess, provider_
 
 
 async def list_agents(
-    session: AsyncSession, *, access: OrgAccess, paging: Paging
-) -> tuple[list[Agent], int]:
-    return await _AGENTS.page(session, access, paging)
+    connection: AsyncConnection[Any], *, access: OrgAccess, paging: Paging
+) -> tuple[Sequence[Any], int]:
+    return await _AGENTS.page(connection, access, paging)
 
 
 async def get_agent(session: AsyncSession, *, access: OrgAccess, agent_id: UUID) -> Agent:

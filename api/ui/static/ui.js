@@ -1,14 +1,18 @@
 // Spar results UI: the live progress of a batch run.  A batch page that is still running
 // names its progress URL (data-progress-url); poll it every second, update the badge, the
-// counters, the bar, the rate limit holding it back (if one does) and each run's row (status, turns passed, when it ended), and reload
-// the page once the batch is over (for its final state, its runs in order and its judge
-// trust).  Text only (textContent): nothing received is parsed as HTML.
+// counters, the bar, the rate limit holding it back (if one does) and each run's row
+// (status, turns passed, when it ended), and reload the page once the batch is over (for
+// its final state, its runs in order and its judge trust).  Each poll asks only for the
+// runs changed since the previous look (since: the page's own, data-progress-since, then
+// each answer's cursor): a batch of thousands of runs is not read whole every second.
+// Text only (textContent): nothing received is parsed as HTML.
 "use strict";
 
 (function () {
   const section = document.querySelector("[data-progress-url]");
   if (!section) return;
   const url = section.dataset.progressUrl;
+  let since = section.dataset.progressSince || null;
   const POLL_MS = 1000;
 
   function setText(element, value) {
@@ -64,7 +68,8 @@
   async function poll() {
     let body = null;
     try {
-      const response = await fetch(url, {
+      const query = since ? "?since=" + encodeURIComponent(since) : "";
+      const response = await fetch(url + query, {
         headers: { accept: "application/json" },
         credentials: "same-origin",
         cache: "no-store",
@@ -80,6 +85,7 @@
       window.setTimeout(poll, POLL_MS); // the server is unreachable for now: try again
       return;
     }
+    since = body.cursor;
     show(body.batch, body.badge);
     if (body.over) {
       window.location.reload();
