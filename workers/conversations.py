@@ -80,18 +80,8 @@ class Conversations(dramatiq.Middleware):
 
     # --- on the event loop ---------------------------------------------------------------
 
-    def start_here(self, run_id: str) -> bool:
-        """Play the run now, if this process has room: called on the event loop by a run
-        that handed its batch's window to ``run_id`` (whose message is sent as well: the
-        delivery that claims it second finds it alive and does nothing).  It starts without
-        waiting for the broker, in the process that has just freed the room for it."""
-        if self._stopping.is_set() or not self._room.acquire(blocking=False):
-            return False
-        self._launch(run_id, 0)
-        return True
-
     def _launch(self, run_id: str, retries: int) -> None:
-        if run_id in self._flying:  # a duplicate of a run this process plays: nothing to do
+        if run_id in self._flying:  # a duplicate of a run this process plays (re-sent)
             self._room.release()
             return
         RUNS_IN_FLIGHT.inc()

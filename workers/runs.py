@@ -30,14 +30,12 @@ RUN_BACKOFF_MS = (1_000, 30_000)
 
 async def play_run(run_id: str) -> None:
     """One delivery of the run; the runs that took its place in its batch's window are
-    committed: start them here if this process has room, and send them (the message is
-    then a no-op, unless this process dies before claiming them)."""
+    committed: send them."""
     runtime = get_runtime()
     successors = await execute_run(
         runtime.database, runtime.settings, UUID(run_id), http=runtime.http, limiter=runtime.limiter
     )
     for successor in successors or ():
-        conversations.start_here(str(successor))
         send(broker, RUN_SCENARIO, str(successor))
 
 

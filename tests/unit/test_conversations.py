@@ -150,28 +150,6 @@ def test_a_thread_waiting_for_room_as_the_worker_stops_sends_its_run_back(plays:
     assert sorted(plays.sent) == [("long:30", None, 0), ("next", None, 0)]
 
 
-def test_a_run_handed_the_window_starts_here_only_if_there_is_room(
-    plays: Plays, stopped: list[dramatiq.Worker]
-) -> None:
-    conversations, worker = _started(plays, limit=1)
-    stopped.append(worker)
-    loop = conversations._loop()
-
-    def start_here(run_id: str) -> bool:
-        async def on_the_loop() -> bool:
-            return conversations.start_here(run_id)
-
-        return asyncio.run_coroutine_threadsafe(on_the_loop(), loop).result(timeout=5)
-
-    conversations.start("first:0.3", 0)
-    _until(lambda: plays.now == 1)
-    assert start_here("second:0") is False  # full: its message will bring it
-    _until(lambda: plays.now == 0)
-    assert start_here("third:0.1") is True
-    _until(lambda: plays.played == ["first:0.3", "third:0.1"] and plays.now == 0)
-    assert plays.most == 1 and plays.sent == []
-
-
 def test_a_duplicate_of_a_run_in_flight_here_is_dropped_at_once(
     plays: Plays, stopped: list[dramatiq.Worker]
 ) -> None:
@@ -179,7 +157,7 @@ def test_a_duplicate_of_a_run_in_flight_here_is_dropped_at_once(
     stopped.append(worker)
     conversations.start("same:0.3", 0)
     _until(lambda: plays.now == 1)
-    conversations.start("same:0.3", 0)  # its message, after its predecessor started it here
+    conversations.start("same:0.3", 0)  # sent again (by the sweeper) while it plays here
     conversations.start("other:0", 0)
     _until(lambda: plays.now == 0 and "other:0" in plays.played)
     assert plays.played == ["same:0.3", "other:0"] and plays.most == 2

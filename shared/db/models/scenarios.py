@@ -130,6 +130,8 @@ class ScenarioRun(IdMixin, TimestampMixin, Base):
         Index("ix_scenario_runs_org_created", "organization_id", "created_at"),
         Index("ix_scenario_runs_status_updated", "status", "updated_at"),
         Index("ix_scenario_runs_batch_status", "batch_run_id", "status"),
+        # The runs of a batch changed since a results page's last look (its poll).
+        Index("ix_scenario_runs_batch_updated", "batch_run_id", "updated_at"),
         # The batch window's next runs, in order, without scanning the ones handed out.
         Index(
             "ix_scenario_runs_undispatched",
