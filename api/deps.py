@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from functools import cache
 from typing import Annotated, Any, TypeVar, get_args
 from uuid import UUID
@@ -12,21 +12,22 @@ from litestar import Request
 from litestar.datastructures import State
 from litestar.di import NamedDependency, Provide
 from litestar.params import FromPath, QueryParameter
-from psycopg import AsyncConnection
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from api.auth import provide_access, provide_principal
+from shared.db.engine import Database
 from shared.identity.access import OrgAccess, Principal
 from shared.paging import DEFAULT_LIMIT, MAX_LIMIT, MAX_OFFSET, Paging
 from shared.schemas import Output
 from shared.settings import Settings
 
 Listing = TypeVar("Listing", bound=Output)
+T = TypeVar("T")
 
 # Handler parameter types: dependencies are named explicitly, path ids are UUIDs (a
 # malformed one answers 422 with loc ["path", ...]).
 DbSession = NamedDependency[AsyncSession]
-DbReads = NamedDependency[AsyncConnection[Any]]
+DbReads = NamedDependency[Database]
 Access = NamedDependency[OrgAccess]
 Caller = NamedDependency[Principal]
 Page = NamedDependency[Paging]
@@ -53,14 +54,24 @@ async def provide_db_session(
         yield session
 
 
-async def provide_db_reads(request: Request[Any, Any, Any]) -> AsyncIterator[AsyncConnection[Any]]:
-    """A connection of the direct pool (:meth:`Database.connection`, autocommit), for a
-    handler whose reads are all statements compiled once (:class:`shared.db.direct.Statement`):
+def provide_db_reads(request: Request[Any, Any, Any]) -> Database:
+    """The database whose direct pool (:meth:`Database.connection`, autocommit) serves a
+    handler's reads that are all statements compiled once (:class:`shared.db.direct.Statement`):
     the frequent reads (listings, ``/auth/me``), where opening, committing and closing an
-    ORM session cost more CPU than the rest of the request.  The app's state is read from
-    the request: a ``state`` parameter is a copy of it made for each request."""
-    async with request.app.state.database.connection() as connection:
-        yield connection
+    ORM session cost more CPU than the rest of the request.  The handler takes its
+    connection with :func:`reading`, not a dependency: Litestar resolves a handler's
+    dependencies concurrently, and when one fails (a query parameter out of range) it never
+    closes the generators of the others, so a connection taken there would never be given
+    back.  The app's state is read from the request: a ``state`` parameter is a copy of it
+    made for each request."""
+    return request.app.state.database
+
+
+async def reading(database: Database, read: Callable[..., Awaitable[T]], **arguments: Any) -> T:
+    """``read(connection, **arguments)`` on a connection of ``database``'s direct pool,
+    given back as soon as it answers."""
+    async with database.connection() as connection:
+        return await read(connection, **arguments)
 
 
 def provide_settings(state: State) -> Settings:
@@ -95,7 +106,7 @@ def _items_of(body: type[Output]) -> tuple[str, type[Output]]:
 
 DEPENDENCIES = {
     "db_session": Provide(provide_db_session),
-    "db_reads": Provide(provide_db_reads),
+    "db_reads": Provide(provide_db_reads, sync_to_thread=False),
     "settings": Provide(provide_settings, sync_to_thread=False),
     "paging": Provide(provide_paging, sync_to_thread=False),
     "principal": Provide(provide_principal),

@@ -9,7 +9,7 @@ from litestar.openapi import ResponseSpec
 from litestar.params import JSONBody
 from litestar.status_codes import HTTP_200_OK, HTTP_204_NO_CONTENT
 
-from api.deps import Access, Caller, Config, DbReads, DbSession, Page, PathId, listing
+from api.deps import Access, Caller, Config, DbReads, DbSession, Page, PathId, listing, reading
 from shared.identity import accounts, members, organizations, platform_tokens, roles, schemas
 from shared.identity.access import AUTHENTICATED, PUBLIC, USER_ONLY, requires, requires_role
 from shared.identity.permissions import ADMIN, OWNER
@@ -68,7 +68,7 @@ class AuthController(Controller):
     @get("/me", operation_id="getCurrentUser", access=USER_ONLY)
     async def me(self, db_reads: DbReads, principal: Caller) -> schemas.Me:
         """The current user with each organization, its role and effective permissions."""
-        return await accounts.me(db_reads, principal=principal)
+        return await reading(db_reads, accounts.me, principal=principal)
 
 
 class OrganizationController(Controller):
@@ -185,7 +185,8 @@ class RoleController(Controller):
     ) -> schemas.RoleList:
         """The organization's system and custom roles with their permissions, paged."""
         return listing(
-            schemas.RoleList, await roles.list_roles(db_reads, access=access, paging=paging)
+            schemas.RoleList,
+            await reading(db_reads, roles.list_roles, access=access, paging=paging),
         )
 
     @post("/", operation_id="createRole", access=requires("roles:write"))
@@ -243,7 +244,9 @@ class PlatformTokenController(Controller):
         """The organization's platform tokens, never their values, paged (ADMIN/OWNER)."""
         return listing(
             schemas.PlatformTokenList,
-            await platform_tokens.list_platform_tokens(db_reads, access=access, paging=paging),
+            await reading(
+                db_reads, platform_tokens.list_platform_tokens, access=access, paging=paging
+            ),
         )
 
     @post("/", operation_id="createPlatformToken", access=requires_role(ADMIN))

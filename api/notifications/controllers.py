@@ -10,7 +10,7 @@ from litestar.datastructures import State
 from litestar.params import JSONBody, QueryParameter
 from litestar.status_codes import HTTP_202_ACCEPTED
 
-from api.deps import Access, Config, DbReads, DbSession, Page, PathId, listing
+from api.deps import Access, Config, DbReads, DbSession, Page, PathId, listing, reading
 from shared.identity.access import requires
 from shared.notifications import schemas, services
 from shared.notifications.schemas import DeliveryStatus
@@ -44,7 +44,7 @@ class WebhookEndpointController(Controller):
         """The organization's webhook endpoints, paged."""
         return listing(
             schemas.WebhookEndpointList,
-            await services.list_endpoints(db_reads, access=access, paging=paging),
+            await reading(db_reads, services.list_endpoints, access=access, paging=paging),
         )
 
     @get(

@@ -9,7 +9,7 @@ from litestar.openapi import ResponseSpec
 from litestar.params import JSONBody, PathParameter
 from litestar.status_codes import HTTP_200_OK, HTTP_201_CREATED
 
-from api.deps import Access, Config, DbReads, DbSession, Page, PathId, listing
+from api.deps import Access, Config, DbReads, DbSession, Page, PathId, listing, reading
 from shared.identity.access import requires
 from shared.outbound import schemas, services
 
@@ -33,7 +33,7 @@ class AllowedDomainController(Controller):
         """The organization's allowed domains, paged."""
         return listing(
             schemas.AllowedDomainList,
-            await services.list_domains(db_reads, access=access, paging=paging),
+            await reading(db_reads, services.list_domains, access=access, paging=paging),
         )
 
     @post("/", operation_id="createAllowedDomain", access=requires("domains:write"))
@@ -93,7 +93,7 @@ class CredentialController(Controller):
         """Keys and descriptions; values are write-only and never returned."""
         return listing(
             schemas.CredentialList,
-            await services.list_credentials(db_reads, access=access, paging=paging),
+            await reading(db_reads, services.list_credentials, access=access, paging=paging),
         )
 
     @put(
@@ -150,7 +150,7 @@ class LLMProviderController(Controller):
         """The organization's LLM providers, paged."""
         return listing(
             schemas.LLMProviderList,
-            await services.list_providers(db_reads, access=access, paging=paging),
+            await reading(db_reads, services.list_providers, access=access, paging=paging),
         )
 
     @post("/", operation_id="createLLMProvider", access=requires("providers:write"))
@@ -213,7 +213,8 @@ class AgentController(Controller):
     ) -> schemas.AgentList:
         """The organization's agents, paged."""
         return listing(
-            schemas.AgentList, await services.list_agents(db_reads, access=access, paging=paging)
+            schemas.AgentList,
+            await reading(db_reads, services.list_agents, access=access, paging=paging),
         )
 
     @post("/", operation_id="createAgent", access=requires("agents:write"))

@@ -9,7 +9,7 @@ from litestar import Controller, delete, get, post, put
 from litestar.datastructures import State
 from litestar.params import JSONBody, QueryParameter
 
-from api.deps import Access, DbReads, DbSession, Page, PathId
+from api.deps import Access, DbReads, DbSession, Page, PathId, reading
 from shared.identity.access import requires
 from shared.scenarios import schemas, services
 from shared.schemas import TEXT_PATTERN
@@ -37,7 +37,9 @@ class ScenarioController(Controller):
         ] = None,
     ) -> schemas.ScenarioList:
         """The organization's scenarios, paged; `tag` keeps those with that tag."""
-        rows, total = await services.list_scenarios(db_reads, access=access, paging=paging, tag=tag)
+        rows, total = await reading(
+            db_reads, services.list_scenarios, access=access, paging=paging, tag=tag
+        )
         return schemas.ScenarioList(scenarios=rows, total=total)
 
     @post("/", operation_id="createScenario", access=requires("scenarios:write"))

@@ -363,20 +363,23 @@ def test_a_sigterm_to_the_whole_process_group_stops_the_worker_gracefully(
 
 
 class _Concurrency:
-    """How many of the agent's requests were in progress at once, at most."""
+    """An agent that holds each request until ``together`` have been in progress at once
+    (at most ``wait_s``), and counts the most in progress at once."""
 
-    def __init__(self, delay_s: float) -> None:
-        self.delay_s = delay_s
+    def __init__(self, together: int, wait_s: float) -> None:
+        self.together = together
+        self.wait_s = wait_s
         self.now = 0
         self.most = 0
-        self._lock = threading.Lock()
+        self._changed = threading.Condition()
 
     def reply(self, body: dict) -> str:
-        with self._lock:
+        with self._changed:
             self.now += 1
             self.most = max(self.most, self.now)
-        time.sleep(self.delay_s)
-        with self._lock:
+            self._changed.notify_all()
+            self._changed.wait_for(lambda: self.most >= self.together, timeout=self.wait_s)
+        with self._changed:
             self.now -= 1
         return f"ok {body['message']}"
 
@@ -386,7 +389,7 @@ async def test_a_worker_plays_more_runs_at_once_than_it_has_threads_up_to_its_bo
 ):
     """A run waits on its agent on the worker's event loop, not on a worker thread: one
     thread carries as many conversations as ``--runs-in-flight`` allows, and no more."""
-    agent_calls = _Concurrency(delay_s=1.0)
+    agent_calls = _Concurrency(together=8, wait_s=10.0)
     with (
         FakeAgent(reply=agent_calls.reply) as agent,
         FakeOpenAI(reply=VERDICT) as judge,
