@@ -69,6 +69,7 @@ from bench.stack import (
     loopback_fakes,
     unwind_on_sigterm,
 )
+from shared.llm.judge import SYSTEM_PROMPT
 
 INSPECT_AI = "0.3.285"
 OPENAI = "3.57.0"  # the SDK Inspect's openai provider drives, pinned beside it
@@ -220,12 +221,7 @@ from inspect_ai.util import collect
 WORK = json.loads(sys.argv[1])
 MOMENTS = {}  # perf_counter() of the first agent call and of the last sample's last verdict
 
-JUDGE_SYSTEM = """You are a strict, fair evaluator of a conversational AI agent.
-You are given a criterion (a yes/no question about the agent's latest reply), optional
-labelled examples, and the conversation so far. Decide whether the agent's LATEST reply
-satisfies the criterion. Answer PASS only if it clearly does; otherwise FAIL.
-Respond with a JSON object: {"verdict": "PASS" | "FAIL", "critique": one or two sentences
-explaining the decision, "evidence": a short quote from the reply supporting it}."""
+JUDGE_SYSTEM = WORK["judge_system"]  # Spar's own judge prompt
 
 
 def say(event, **figures):
@@ -393,6 +389,7 @@ class InspectAI:
                 "concurrency": args.concurrency,
                 "agent_url": fake.agent_url,
                 "judge_url": fake.judge_url,
+                "judge_system": SYSTEM_PROMPT,
                 "log_dir": str(Path(work) / "logs"),
             }
             # Its own environment: nothing of Spar's on its path.

@@ -101,6 +101,18 @@ async def _poll(client, t, run_id: str, *, until, within: float = 30.0) -> dict:
         await asyncio.sleep(0.1)
 
 
+async def _started_and_one_turn_in(client, t, scenario_id: str, agent_id: str) -> str:
+    """A run of the scenario started, once its first turn is committed: its id."""
+    started = await client.post(
+        f"/v1/orgs/{t.id}/scenarios/{scenario_id}/run",
+        json={"agent_id": agent_id},
+        headers=t.owner.headers,
+    )
+    run_id = started.json()["id"]
+    await _poll(client, t, run_id, until=lambda r: len(r["turn_results"]) >= 1)
+    return run_id
+
+
 async def _result_counts(db, run_id: str) -> tuple[int, int, int]:
     turns = await db.scalar(
         select(func.count()).select_from(TurnResult).where(TurnResult.run_id == run_id)
@@ -215,13 +227,7 @@ async def test_a_worker_killed_mid_run_is_resumed_by_the_next(
     ):
         t, agent_id, scenario_id = await _setup(client, agent.url, judge.url, turns=4)
         with spar_process(worker_args, worker_env, cwd=tmp_path) as worker:
-            started = await client.post(
-                f"/v1/orgs/{t.id}/scenarios/{scenario_id}/run",
-                json={"agent_id": agent_id},
-                headers=t.owner.headers,
-            )
-            run_id = started.json()["id"]
-            await _poll(client, t, run_id, until=lambda r: len(r["turn_results"]) >= 1)
+            run_id = await _started_and_one_turn_in(client, t, scenario_id, agent_id)
             os.killpg(worker.pid, signal.SIGKILL)
             worker.wait()
         crashed = (
@@ -432,13 +438,7 @@ async def test_a_stopping_worker_hands_its_runs_in_flight_to_the_next_at_once(
     ):
         t, agent_id, scenario_id = await _setup(client, agent.url, judge.url, turns=8)
         with spar_process(worker_args, stopping, cwd=tmp_path) as worker:
-            started = await client.post(
-                f"/v1/orgs/{t.id}/scenarios/{scenario_id}/run",
-                json={"agent_id": agent_id},
-                headers=t.owner.headers,
-            )
-            run_id = started.json()["id"]
-            await _poll(client, t, run_id, until=lambda r: len(r["turn_results"]) >= 1)
+            run_id = await _started_and_one_turn_in(client, t, scenario_id, agent_id)
             stopped_at = time.monotonic()
             os.killpg(worker.pid, signal.SIGTERM)
             assert worker.wait(timeout=15) == 0
