@@ -376,16 +376,28 @@ def server_span(batch: dict[str, Any]) -> float:
 # --- main ----------------------------------------------------------------------------------------
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--scenarios", "-n", type=int, default=500, help="N (default 500)")
+def workload_arguments(
+    parser: argparse.ArgumentParser, *, scenarios: int, concurrency: int, threads: int
+) -> None:
+    """The workload's options (N, T, C, K, the fakes' latency and kind) and Spar's (its
+    workers, their threads, pool and prefetch), with these defaults: this bench's and
+    ``bench/peers.py``'s."""
+    parser.add_argument(
+        "--scenarios", "-n", type=int, default=scenarios, help=f"N (default {scenarios})"
+    )
     parser.add_argument("--turns", "-t", type=int, default=3, help="T turns each (default 3)")
     parser.add_argument("--criteria", "-c", type=int, default=2, help="C per turn (default 2)")
-    parser.add_argument("--concurrency", "-k", type=int, default=100, help="K (1-100)")
+    parser.add_argument(
+        "--concurrency",
+        "-k",
+        type=int,
+        default=concurrency,
+        help=f"K (1-100; default {concurrency})",
+    )
     parser.add_argument("--agent-ms", type=float, default=200.0, help="agent latency per turn")
     parser.add_argument("--judge-ms", type=float, default=300.0, help="judge latency per call")
     parser.add_argument("--workers", type=int, default=2, help="spar worker processes")
-    parser.add_argument("--threads", type=int, default=64, help="threads per worker process")
+    parser.add_argument("--threads", type=int, default=threads, help="threads per worker process")
     parser.add_argument("--db-pool", type=int, default=None, help="SPAR_DB_POOL_SIZE of workers")
     parser.add_argument(
         "--prefetch",
@@ -394,6 +406,33 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="messages a worker process may hold (Dramatiq's dramatiq_queue_prefetch; "
         "its default is 2 x threads, which lets one process hoard runs it has no thread for)",
     )
+    parser.add_argument(
+        "--fakes",
+        choices=sorted(FAKES),
+        default="asyncio",
+        help="the agent and judge fakes: asyncio (default; a process of their own, one event "
+        "loop) or threaded (stdlib ThreadingHTTPServer, a thread per connection, inside this "
+        "process beside its poll: how many users' own test agents are written)",
+    )
+    parser.add_argument(
+        "--timeout", type=float, default=600.0, help="seconds per batch (peers.py: per tool)"
+    )
+
+
+def ideal_s(args: argparse.Namespace) -> float:
+    """⌈N/K⌉ x T x (agent + judge latency): a conversation's turns are sequential and a
+    turn's criteria are judged at once, so C does not multiply it."""
+    return math.ceil(args.scenarios / args.concurrency) * args.turns * turn_ideal_s(args)
+
+
+def turn_ideal_s(args: argparse.Namespace) -> float:
+    """A turn's ideal: the agent's latency, and the judge's if the turn has criteria."""
+    return (args.agent_ms + (args.judge_ms if args.criteria else 0.0)) / 1000
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    workload_arguments(parser, scenarios=500, concurrency=100, threads=64)
     parser.add_argument(
         "--warmup",
         type=int,
@@ -415,14 +454,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "pass, no zero-latency pass (the target is 0.88 at -n 200 -k 50)",
     )
     parser.add_argument(
-        "--fakes",
-        choices=sorted(FAKES),
-        default="asyncio",
-        help="the agent and judge fakes: asyncio (default; a process of their own, one event "
-        "loop) or threaded (stdlib ThreadingHTTPServer, a thread per connection, inside this "
-        "process beside its poll: how many users' own test agents are written)",
-    )
-    parser.add_argument(
         "--batches",
         type=int,
         default=1,
@@ -436,7 +467,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--judge-ms 1000 --first-batch (real models' latencies); prints each batch's "
         "efficiency and the workers' memory per run in flight",
     )
-    parser.add_argument("--timeout", type=float, default=600.0, help="seconds per batch")
     args = parser.parse_args(argv)
     if args.thousand:
         args.batches, args.scenarios, args.concurrency = 10, 200, 100
@@ -522,8 +552,7 @@ def latency_pass(
     each batch (with its ``efficiency``) and the CPU the stack spent, printed as they
     come."""
     n, t, c, k, b = args.scenarios, args.turns, args.criteria, args.concurrency, args.batches
-    per_turn_s = (args.agent_ms + (args.judge_ms if c else 0.0)) / 1000
-    ideal_s = math.ceil(n / k) * t * per_turn_s
+    ideal, turn_s = ideal_s(args), turn_ideal_s(args)
     meter = CpuMeter(spar, fake)
     occupancy = Occupancy(spar)
     meter.start()
@@ -534,8 +563,8 @@ def latency_pass(
     if args.first_batch:
         print("first batch after the workers start (no warm-up):")
     for done in batches:
-        report_latency_pass(done, n, t, c, k, ideal_s, per_turn_s, attempt)
-        done["efficiency"] = ideal_s / done["wall_s"]
+        report_latency_pass(done, n, t, c, k, ideal, turn_s, attempt)
+        done["efficiency"] = ideal / done["wall_s"]
     if b > 1:
         each = [done["efficiency"] for done in batches]
         print(
@@ -544,7 +573,7 @@ def latency_pass(
         )
     report_cpu(spent, b * n * t, b * n * t * (1 + c))
     occupancy.report()
-    print_breakdown(breakdown(spar.database_url, batches[0]["id"]), t, per_turn_s)
+    print_breakdown(breakdown(spar.database_url, batches[0]["id"]), t, turn_s)
     return batches, spent
 
 

@@ -42,7 +42,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import math
 import os
 import shutil
 import subprocess
@@ -59,9 +58,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import psutil
 
-from bench.batch import first_batch
+from bench.batch import first_batch, ideal_s, workload_arguments
 from bench.stack import (
-    FAKES,
     ROOT,
     Fakes,
     cpu_seconds,
@@ -487,26 +485,13 @@ PEERS: dict[str, Peer] = {"inspect": InspectAI()}
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--scenarios", "-n", type=int, default=200, help="N (default 200)")
-    parser.add_argument("--turns", "-t", type=int, default=3, help="T turns each (default 3)")
-    parser.add_argument("--criteria", "-c", type=int, default=2, help="C per turn (default 2)")
-    parser.add_argument("--concurrency", "-k", type=int, default=50, help="K (1-100; default 50)")
-    parser.add_argument("--agent-ms", type=float, default=200.0, help="agent latency per turn")
-    parser.add_argument("--judge-ms", type=float, default=300.0, help="judge latency per call")
+    workload_arguments(parser, scenarios=200, concurrency=50, threads=32)
     parser.add_argument(
         "--peers",
         default="inspect",
         help=f"comma-separated peers to run beside Spar: {', '.join(PEERS)} (default inspect)",
     )
     parser.add_argument("--no-spar", action="store_true", help="run the peers only")
-    parser.add_argument("--workers", type=int, default=2, help="spar worker processes")
-    parser.add_argument("--threads", type=int, default=32, help="threads per worker process")
-    parser.add_argument("--db-pool", type=int, default=None, help="SPAR_DB_POOL_SIZE of workers")
-    parser.add_argument("--prefetch", type=int, default=None, help="messages a worker may hold")
-    parser.add_argument(
-        "--fakes", choices=sorted(FAKES), default="asyncio", help="as bench/batch.py's"
-    )
-    parser.add_argument("--timeout", type=float, default=600.0, help="seconds per tool")
     args = parser.parse_args(argv)
     args.batches, args.first_batch = 1, True  # Spar's side: bench/batch.py --first-batch
     args.peers = [name.strip() for name in args.peers.split(",") if name.strip()]
@@ -514,13 +499,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if unknown:
         parser.error(f"unknown peer(s) {', '.join(unknown)}; known: {', '.join(PEERS)}")
     return args
-
-
-def ideal_s(args: argparse.Namespace) -> float:
-    """⌈N/K⌉ x T x (agent + judge latency), as bench/batch.py computes it: a conversation's
-    turns are sequential and a turn's criteria are judged at once."""
-    per_turn_ms = args.agent_ms + (args.judge_ms if args.criteria else 0.0)
-    return math.ceil(args.scenarios / args.concurrency) * args.turns * per_turn_ms / 1000
 
 
 def main(argv: list[str] | None = None) -> None:
