@@ -651,7 +651,8 @@ def report_cpu(spent: CpuSpent, turns: int, calls: int) -> None:
     per turn and per outbound call (the agent's and the judge's)."""
     per_turn = spent.stack / turns * 1000
     print(
-        f"  CPU per turn        {per_turn:8.2f} ms  (Spar {spent.spar / turns * 1000:.2f} + "
+        f"  CPU per turn        {per_turn:8.2f} ms  (Spar {spent.spar / turns * 1000:.2f}, of "
+        f"which spar serve {spent.serve / turns * 1000:.2f}, + "
         f"PostgreSQL {spent.database / turns * 1000:.2f} + Redis "
         f"{spent.redis / turns * 1000:.2f}; per outbound call {spent.stack / calls * 1000:.2f} "
         f"ms; {spent.stack:.2f} s of CPU in {spent.wall_s:.2f} s; the fakes' process "

@@ -315,6 +315,7 @@ class CpuSpent:
     """CPU seconds (user + system) spent in a window, by part of the stack."""
 
     spar: float  # spar serve, the workers and their children
+    serve: float  # of which spar serve (with its children)
     database: float  # the backends connected to the benchmark's database
     redis: float
     fakes: float  # the fakes' process (threaded: the benchmark's own, its poll included)
@@ -362,17 +363,21 @@ class CpuMeter:
         """CPU seconds so far of each process of each part."""
         import psutil
 
-        spar = []
-        for pid in [self._spar.serve_pid, *self._spar.worker_pids]:
+        def family(pid: int) -> list[int]:
             with contextlib.suppress(psutil.NoSuchProcess):
                 parent = psutil.Process(pid)
-                spar += [pid, *(child.pid for child in parent.children(recursive=True))]
+                return [pid, *(child.pid for child in parent.children(recursive=True))]
+            return []
+
+        serve = family(self._spar.serve_pid)
+        workers = [p for pid in self._spar.worker_pids for p in family(pid)]
         redis_pids = []
         if self._spar.redis_url:
             server = redis.Redis.from_url(self._spar.redis_url).info("server")
             redis_pids = [int(server["process_id"])]
         return {
-            "spar": {pid: cpu_seconds(pid) for pid in spar},
+            "spar": {pid: cpu_seconds(pid) for pid in serve + workers},
+            "serve": {pid: cpu_seconds(pid) for pid in serve},
             "database": backend_cpu_seconds(self._spar.database_url),
             "redis": {pid: cpu_seconds(pid) for pid in redis_pids},
             "fakes": {pid: cpu_seconds(pid) for pid in self._fake_pids},
