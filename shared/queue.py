@@ -15,13 +15,17 @@ worker's middleware is ``workers.observability``).
 from __future__ import annotations
 
 import asyncio
+import logging
+import threading
+import time
 from functools import lru_cache
 from typing import Any
 
 import dramatiq
+import redis
 from dramatiq.asyncio import EventLoopThread, set_event_loop_thread
 from dramatiq.broker import Consumer
-from dramatiq.brokers.redis import RedisBroker
+from dramatiq.brokers.redis import RedisBroker, _RedisConsumer
 from dramatiq.brokers.stub import StubBroker
 from dramatiq.common import q_name
 from dramatiq.middleware import AsyncIO
@@ -33,6 +37,10 @@ from shared.logs import MESSAGE_OPTION, current_request_id, new_request_id
 from shared.settings import Settings
 
 MAINTENANCE_CHANCE = 10_000  # per million broker commands
+# A message enqueued on a work queue is announced on ``spar:wake:<db>:<queue>``: channels
+# are the Redis server's, not a database's.
+WAKE_PREFIX = "spar:wake:"
+FULL_POLL_S = 0.05  # a consumer holding all it may prefetch looks again this often
 QUEUES = ("runs", "batches", "documents", "calibration", "triggers", "notifications")
 RUN_SCENARIO = ("runs", "run_scenario")
 DISPATCH_BATCH = ("batches", "dispatch_batch")
@@ -42,6 +50,9 @@ CALIBRATE = ("calibration", "calibrate")
 JUDGE_TRUST = ("calibration", "judge_trust")
 ANNOUNCE_EVENT = ("notifications", "announce_event")
 DELIVER_WEBHOOK = ("notifications", "deliver_webhook")
+
+
+log = logging.getLogger("spar.queue")
 
 
 class _AsyncIO(AsyncIO):
@@ -70,9 +81,9 @@ def _new_event_loop() -> asyncio.AbstractEventLoop:
 
 
 class PollingRedisBroker(RedisBroker):
-    """Dramatiq's Redis broker, an idle consumer of a work queue polling it at least every
-    ``work_poll_ms`` (``SPAR_WORK_POLL_MS``), and a dead worker's messages given back to
-    their queues within about ``heartbeat_timeout_s`` (``SPAR_RUN_HEARTBEAT_TIMEOUT_S``).
+    """Dramatiq's Redis broker, its work queues' idle consumers woken as soon as a message
+    is enqueued, and a dead worker's messages given back to their queues within about
+    ``heartbeat_timeout_s`` (``SPAR_RUN_HEARTBEAT_TIMEOUT_S``).
 
     A worker killed with messages fetched but not yet started strands them in its ack set
     until another worker's maintenance finds it dead: after Dramatiq's heartbeat timeout
@@ -83,11 +94,13 @@ class PollingRedisBroker(RedisBroker):
     twice, which the claims in SQL make harmless.
 
     Redis pushes nothing to Dramatiq's consumers: an idle one polls, backing off up to its
-    idle timeout.  Dramatiq gives consumers and worker threads one timeout
-    (``dramatiq_worker_timeout``, 1 s), so a batch's successor run, sent the moment its
-    predecessor ends, could wait up to a second for an idle worker to look.  Only the work
-    queues' consumers poll this often; the delay queues' consumers and the worker threads,
-    which wake only to check for shutdown, keep Dramatiq's timeout."""
+    idle timeout (1 s), so a message could wait that long for an idle worker to look, and
+    polling more often costs every idle consumer a Redis script per look (at 50 ms, a tenth
+    of a busy worker's CPU, measured in ``bench/batch.py``).  Here every message enqueued
+    on a work queue is announced on a channel (``PUBLISH``, :meth:`wake_channel`), and an
+    idle consumer of that queue waits for the announcement, looking anyway every
+    ``work_poll_ms`` (``SPAR_WORK_POLL_MS``) for a message no one announced.  The delay
+    queues' consumers keep Dramatiq's timeout."""
 
     def __init__(self, *, url: str, work_poll_ms: int, heartbeat_timeout_s: float) -> None:
         super().__init__(
@@ -96,11 +109,88 @@ class PollingRedisBroker(RedisBroker):
             maintenance_chance=MAINTENANCE_CHANCE,
         )
         self.work_poll_ms = work_poll_ms
+        database = self.client.connection_pool.connection_kwargs.get("db", 0)
+        self._wake_prefix = f"{WAKE_PREFIX}{database}:"
+        self._wakes: _Wakes | None = None
+        self._wakes_lock = threading.Lock()
 
     def consume(self, queue_name: str, prefetch: int = 1, timeout: int = 5000) -> Consumer:
-        if q_name(queue_name) == queue_name:
-            timeout = min(timeout, self.work_poll_ms)
-        return super().consume(queue_name, prefetch, timeout)
+        if q_name(queue_name) != queue_name:  # a delay queue
+            return super().consume(queue_name, prefetch, timeout)
+        with self._wakes_lock:
+            if self._wakes is None:
+                self._wakes = _Wakes(self.client, [self.wake_channel(q) for q in QUEUES])
+        wake = self._wakes.event(self.wake_channel(queue_name))
+        return _WakingConsumer(self, queue_name, prefetch, self.work_poll_ms / 1000, wake)
+
+    def enqueue(self, message: dramatiq.Message, *, delay: int | None = None) -> dramatiq.Message:
+        enqueued = super().enqueue(message, delay=delay)
+        if delay is None:  # on its queue now (a delayed one is announced when it moves there)
+            self.client.publish(self.wake_channel(message.queue_name), b"")
+        return enqueued
+
+    def wake_channel(self, queue_name: str) -> str:
+        """Where a message enqueued on the work queue ``queue_name`` is announced."""
+        return self._wake_prefix + queue_name
+
+
+class _WakingConsumer(_RedisConsumer):  # Dramatiq's own, its broker's ``consumer_class``
+    """A work queue's consumer: with nothing to fetch, it waits for a message's announcement
+    (or ``idle_s``) instead of Dramatiq's backoff."""
+
+    def __init__(
+        self,
+        broker: RedisBroker,
+        queue_name: str,
+        prefetch: int,
+        idle_s: float,
+        wake: threading.Event,
+    ) -> None:
+        super().__init__(broker, queue_name, prefetch, 0)  # no backoff of its own
+        self.idle_s = idle_s
+        self._wake = wake
+
+    def __next__(self) -> Any:
+        message = super().__next__()
+        if message is None:
+            # Holding all it may prefetch, it waits for its messages' acks, not for news.
+            full = self.outstanding_message_count >= self.prefetch
+            # Cleared before the next fetch: an announcement after it wakes the next wait.
+            if self._wake.wait(FULL_POLL_S if full else self.idle_s):
+                self._wake.clear()
+        return message
+
+
+class _Wakes:
+    """The work queues' announcements in one process: a thread subscribed to their channels
+    sets the event of each channel that gets a message.  Redis away, it subscribes again
+    once Redis is back; meanwhile the consumers poll every ``SPAR_WORK_POLL_MS``."""
+
+    def __init__(self, client: redis.Redis, channels: list[str]) -> None:
+        self._client = client
+        self._events = {channel.encode(): threading.Event() for channel in channels}
+        threading.Thread(target=self._listen, name="spar-wakes", daemon=True).start()
+
+    def event(self, channel: str) -> threading.Event:
+        return self._events[channel.encode()]
+
+    def _listen(self) -> None:
+        pause = 0.1
+        while True:
+            pubsub = self._client.pubsub(ignore_subscribe_messages=True)
+            try:
+                pubsub.subscribe(*self._events)
+                pause = 0.1
+                for message in pubsub.listen():
+                    wake = self._events.get(message["channel"])
+                    if wake is not None:
+                        wake.set()
+            except redis.RedisError:
+                log.info("work queue announcements: Redis away, subscribing again", exc_info=True)
+                time.sleep(pause)
+                pause = min(pause * 2, 5.0)
+            finally:
+                pubsub.close()
 
 
 @lru_cache(maxsize=4)

@@ -64,7 +64,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     knowledge_max_bytes: int = 5 * 1024 * 1024
     knowledge_wait_s: float = 60.0
     db_pool_size: int = 10
-    work_poll_ms: int = 50
+    work_poll_ms: int = 1000
     # A worker process plays at most this many scenario runs at once, on its event loop
     # (workers.conversations); asked to stop, it waits this long for them to end, then
     # hands the rest to other workers.

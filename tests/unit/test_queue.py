@@ -1,24 +1,25 @@
-"""The Redis broker: how long an idle consumer may wait before it looks at Redis."""
+"""The Redis broker: how an idle consumer of a work queue learns of a message (announced on
+a channel as it is enqueued), how long it waits when none is announced, and how soon a dead
+worker's messages come back."""
 
 from __future__ import annotations
 
+import threading
+import time
+
+import dramatiq
+import pytest
+import redis
 from dramatiq.common import dq_name
 
 from shared.queue import PollingRedisBroker
 
-URL = "redis://127.0.0.1:6379/15"  # never connected: building consumers sends nothing
+URL = "redis://127.0.0.1:6379/15"  # never connected: building a delay queue's consumer
 
 
-def test_work_queues_are_polled_at_least_every_work_poll_ms():
+def test_work_queues_wait_at_most_work_poll_ms_and_delay_queues_keep_dramatiqs_timeout():
     broker = PollingRedisBroker(url=URL, work_poll_ms=20, heartbeat_timeout_s=30)
-    assert broker.consume("runs", prefetch=4, timeout=1000).timeout == 20
-    assert broker.consume("batches", prefetch=4, timeout=1000).timeout == 20
-    # A shorter idle timeout of Dramatiq's own is kept.
-    assert broker.consume("runs", prefetch=4, timeout=10).timeout == 10
-
-
-def test_delay_queues_keep_dramatiqs_timeout():
-    broker = PollingRedisBroker(url=URL, work_poll_ms=20, heartbeat_timeout_s=30)
+    assert broker.consume("runs", prefetch=4, timeout=1000).idle_s == 0.02
     assert broker.consume(dq_name("runs"), prefetch=4, timeout=1000).timeout == 1000
 
 
@@ -28,3 +29,76 @@ def test_a_dead_workers_messages_come_back_after_the_run_heartbeat_timeout():
     broker = PollingRedisBroker(url=URL, work_poll_ms=20, heartbeat_timeout_s=12.5)
     assert broker.heartbeat_timeout == 12_500
     assert broker.maintenance_chance == 10_000
+
+
+@pytest.fixture
+def redis_url(redis_url: str) -> str:
+    """This test worker's Redis database, empty."""
+    redis.Redis.from_url(redis_url).flushdb()
+    return redis_url
+
+
+def _message(queue: str = "runs") -> dramatiq.Message:
+    return dramatiq.Message(
+        queue_name=queue, actor_name="run_scenario", args=("x",), kwargs={}, options={}
+    )
+
+
+def test_an_idle_consumer_is_woken_by_a_message_sent_long_before_its_next_look(redis_url: str):
+    """Idle, the consumer would look again only after ``work_poll_ms`` (10 s here): the
+    message's announcement wakes it at once."""
+    receiving = PollingRedisBroker(url=redis_url, work_poll_ms=10_000, heartbeat_timeout_s=30)
+    sending = PollingRedisBroker(url=redis_url, work_poll_ms=10_000, heartbeat_timeout_s=30)
+    for broker in (receiving, sending):
+        broker.declare_queue("runs")
+    consumer = receiving.consume("runs", prefetch=1)
+    got: list[tuple[float, object]] = []
+
+    def look() -> None:
+        started = time.monotonic()
+        while (message := next(consumer)) is None and time.monotonic() - started < 15:
+            pass
+        got.append((time.monotonic() - started, message))
+
+    looking = threading.Thread(target=look)
+    looking.start()
+    time.sleep(0.5)  # the consumer found nothing and waits (up to 10 s)
+    sent = time.monotonic()
+    sending.enqueue(_message())
+    looking.join(timeout=20)
+    took, message = got[0]
+    assert message is not None and message.args == ("x",)
+    assert time.monotonic() - sent < 2.0, f"woken after {took:.1f} s"
+
+
+def test_a_message_nobody_announced_is_found_at_the_next_idle_look(redis_url: str):
+    broker = PollingRedisBroker(url=redis_url, work_poll_ms=300, heartbeat_timeout_s=30)
+    broker.declare_queue("runs")
+    consumer = broker.consume("runs", prefetch=1)
+    assert next(consumer) is None
+    # Enqueued as Dramatiq's own broker does, with no announcement.
+    dramatiq.brokers.redis.RedisBroker.enqueue(broker, _message())
+    started = time.monotonic()
+    while (message := next(consumer)) is None:
+        assert time.monotonic() - started < 3
+    assert message.args == ("x",)
+
+
+def test_announcements_go_to_the_work_queue_not_the_delay_queue(redis_url: str):
+    broker = PollingRedisBroker(url=redis_url, work_poll_ms=1000, heartbeat_timeout_s=30)
+    broker.declare_queue("runs")
+    listener = redis.Redis.from_url(redis_url).pubsub(ignore_subscribe_messages=True)
+    listener.psubscribe(broker.wake_channel("*"))
+    listener.get_message(timeout=1)
+    broker.enqueue(_message(), delay=60_000)  # on runs.DQ until it is due: nothing to wake
+    broker.enqueue(_message())
+    announced = []
+    deadline = time.monotonic() + 3
+    while time.monotonic() < deadline and not announced:
+        if (message := listener.get_message(timeout=0.5)) is not None:
+            announced.append(message["channel"])
+    time.sleep(0.3)
+    while (message := listener.get_message(timeout=0.1)) is not None:
+        announced.append(message["channel"])
+    assert announced == [broker.wake_channel("runs").encode()]
+    listener.close()
