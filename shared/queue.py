@@ -41,6 +41,12 @@ MAINTENANCE_CHANCE = 10_000  # per million broker commands
 # are the Redis server's, not a database's.
 WAKE_PREFIX = "spar:wake:"
 FULL_POLL_S = 0.05  # a consumer holding all it may prefetch looks again this often
+# The runs a process fetches at once.  A run holds no thread (workers.conversations), so a
+# process takes them a few at a time whatever its threads: a batch's first window, sent at
+# once, is shared between the workers as they fetch, and each run's successor then plays
+# where it did (a prefetch of 32 had one of two processes take 32 of 50 runs, and twice the
+# other's CPU for the whole batch).
+RUNS_PREFETCH = 4
 QUEUES = ("runs", "batches", "documents", "calibration", "triggers", "notifications")
 RUN_SCENARIO = ("runs", "run_scenario")
 DISPATCH_BATCH = ("batches", "dispatch_batch")
@@ -121,6 +127,8 @@ class PollingRedisBroker(RedisBroker):
             if self._wakes is None:
                 self._wakes = _Wakes(self.client, [self.wake_channel(q) for q in QUEUES])
         wake = self._wakes.event(self.wake_channel(queue_name))
+        if queue_name == RUN_SCENARIO[0]:
+            prefetch = min(prefetch, RUNS_PREFETCH)
         return _WakingConsumer(self, queue_name, prefetch, self.work_poll_ms / 1000, wake)
 
     def enqueue(self, message: dramatiq.Message, *, delay: int | None = None) -> dramatiq.Message:

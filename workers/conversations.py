@@ -16,15 +16,6 @@ while its deliveries counted in SQL bound it; one over its time limit is cancell
 ``SPAR_WORKER_DRAIN_S`` for its conversations to end, then cancels the rest, which
 release their claims, and sends each again for another worker to resume from its last
 committed turn.
-
-A run that ends hands its place in its batch's window to the next run (its successor,
-committed with its end): the successor is played here, in the slot its predecessor frees,
-with no message.  A message would cost the broker a round trip to send it, one to fetch it
-and one to acknowledge it, and the consumer's polls between (measured in
-``bench/batch.py``); the successor's claim and heartbeat keep at-least-once as for any
-delivery, and a successor committed but never claimed (its process killed in between) is
-sent again by the sweeper like a lost message.  It is sent as a message when this process
-has no room (threads took the freed slot first) or is stopping.
 """
 
 from __future__ import annotations
@@ -50,14 +41,13 @@ class Conversations(dramatiq.Middleware):
     """The runs a worker process plays on its event loop: at most ``limit`` at once.
 
     ``play(run_id)`` plays one delivery of a run (to its end, or to where another
-    delivery took it) and returns its successors (the runs handed out in its place);
-    ``send(run_id, delay_ms, retries)`` sends a run's message.
+    delivery took it); ``send(run_id, delay_ms, retries)`` sends the run's message again.
     """
 
     def __init__(
         self,
         *,
-        play: Callable[[str], Awaitable[list[str]]],
+        play: Callable[[str], Awaitable[None]],
         send: Callable[[str, int | None, int], None],
         limit: int,
         time_limit_s: float,
@@ -97,31 +87,23 @@ class Conversations(dramatiq.Middleware):
         RUNS_IN_FLIGHT.inc()
         task = asyncio.get_running_loop().create_task(self._fly(run_id, retries))
         self._flying[run_id] = task
-        task.add_done_callback(lambda _: self._landed(run_id, task))
+        task.add_done_callback(lambda _: self._landed(run_id))
 
-    def _landed(self, run_id: str, task: asyncio.Task[list[str]]) -> None:
+    def _landed(self, run_id: str) -> None:
         del self._flying[run_id]
         RUNS_IN_FLIGHT.dec()
         self._room.release()
-        successors = [] if task.cancelled() else task.result()
-        for successor in successors:
-            # The freed slot, unless a waiting thread took it first or the worker stops.
-            if not self._stopping.is_set() and self._room.acquire(blocking=False):
-                self._launch(successor, 0)
-            else:
-                self._send(successor, None, 0)
 
-    async def _fly(self, run_id: str, retries: int) -> list[str]:
+    async def _fly(self, run_id: str, retries: int) -> None:
         try:
             async with asyncio.timeout(self.time_limit_s):
-                return await self._play(run_id)
+                await self._play(run_id)
         except asyncio.CancelledError:
             if self._stopping.is_set():  # released by the run: another worker resumes it
                 self._send(run_id, None, retries)
             raise
         except Exception as exc:  # the delivery failed (its unit released), or timed out
             self._again(run_id, retries, exc)
-            return []
 
     def _again(self, run_id: str, retries: int, exc: Exception) -> None:
         if retries >= self.max_retries:

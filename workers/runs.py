@@ -28,14 +28,15 @@ RUN_TIME_LIMIT_S = 30 * 60
 RUN_BACKOFF_MS = (1_000, 30_000)
 
 
-async def play_run(run_id: str) -> list[str]:
-    """One delivery of the run; the runs that took its place in its batch's window, which
-    are committed (the caller plays or sends them)."""
+async def play_run(run_id: str) -> None:
+    """One delivery of the run; the runs that took its place in its batch's window are
+    committed: send them."""
     runtime = get_runtime()
     successors = await execute_run(
         runtime.database, runtime.settings, UUID(run_id), http=runtime.http, limiter=runtime.limiter
     )
-    return [str(successor) for successor in successors or ()]
+    for successor in successors or ():
+        send(broker, RUN_SCENARIO, str(successor))
 
 
 def send_run(run_id: str, delay_ms: int | None, retries: int) -> None:

@@ -449,6 +449,48 @@ async def test_the_redis_limiters_calls_sent_together_keep_the_limit_and_survive
         await made.close()
 
 
+async def test_the_redis_limiters_connection_authenticates_selects_its_database_and_reconnects(
+    settings: Settings,
+) -> None:
+    """The limiter's own connection (not redis-py's) logs in with the URL's password, uses
+    the URL's database, and, killed by Redis between two calls, is opened again: no call
+    fails and the limit's state carries on."""
+    import redis.asyncio as aioredis
+
+    from shared.outbound.limits import WIRE_NAME
+    from tests.support.processes import private_redis
+
+    assert settings.redis_url
+    with private_redis(settings.redis_url) as url:
+        if url == settings.redis_url:
+            pytest.skip("no redis-server to start a private one with a password")
+        admin = aioredis.Redis.from_url(url)
+        await admin.config_set("requirepass", "s3cret")
+        await admin.aclose()
+        port = url.rsplit(":", 1)[1].split("/")[0]
+        secured = f"redis://:s3cret@127.0.0.1:{port}"
+        admin = aioredis.Redis.from_url(f"{secured}/3")
+        made = RedisLimiter(f"{secured}/3", max_concurrency=2, wait_s=30.0, lease_s=30.0)
+        where = destination()
+        try:
+            first = [await made.acquire(where, refused_since=None) for _ in range(2)]
+            assert await admin.zcard(where.key + ":holders") == 2  # in database 3
+            for client in await admin.client_list():
+                if client["name"] == WIRE_NAME:
+                    await admin.client_kill_filter(_id=client["id"])
+            for lease in first:  # on a new connection
+                await made.release(lease, status=200, retry_after_s=None)
+            assert await admin.zcard(where.key + ":holders") == 0
+            again = await made.acquire(where, refused_since=None)
+            assert await admin.zcard(where.key + ":holders") == 1
+            await made.release(again, status=200, retry_after_s=None)
+            names = [client["name"] for client in await admin.client_list()]
+            assert names.count(WIRE_NAME) == 1
+        finally:
+            await admin.aclose()
+            await made.close()
+
+
 async def test_without_redis_calls_go_out_unlimited_rather_than_fail() -> None:
     unreachable = RedisLimiter(
         f"redis://127.0.0.1:{free_port()}/0", max_concurrency=1, wait_s=30.0, lease_s=30.0

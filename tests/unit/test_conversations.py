@@ -1,7 +1,6 @@
 """The runs a worker plays on its event loop (workers.conversations): bounded in number,
 sent again after a failure with a growing backoff until their retries run out, cancelled
-at their time limit, and handed back when the worker stops; a run's successors are played
-in the slot it frees, with no message, unless the worker is full or stopping.  A real Dramatiq worker on the
+at their time limit, and handed back when the worker stops.  A real Dramatiq worker on the
 in-memory broker gives the event loop thread; ``play`` stands for a run's delivery."""
 
 from __future__ import annotations
@@ -28,9 +27,8 @@ class Plays:
         self.most = 0
         self.cancelled: list[str] = []
         self.played: list[str] = []
-        self.successors: dict[str, list[str]] = {}  # what each run's end hands out
 
-    async def play(self, run_id: str) -> list[str]:
+    async def play(self, run_id: str) -> None:
         self.played.append(run_id)
         self.now += 1
         self.most = max(self.most, self.now)
@@ -38,7 +36,6 @@ class Plays:
             if run_id.startswith("fail"):
                 raise RuntimeError("the delivery failed")
             await asyncio.sleep(float(run_id.partition(":")[2] or 0))
-            return self.successors.get(run_id, [])
         except asyncio.CancelledError:
             self.cancelled.append(run_id)
             raise
@@ -164,34 +161,3 @@ def test_a_duplicate_of_a_run_in_flight_here_is_dropped_at_once(
     conversations.start("other:0", 0)
     _until(lambda: plays.now == 0 and "other:0" in plays.played)
     assert plays.played == ["same:0.3", "other:0"] and plays.most == 2
-
-
-def test_a_runs_successors_are_played_in_the_slot_it_frees_with_no_message(
-    plays: Plays, stopped: list[dramatiq.Worker]
-) -> None:
-    conversations, worker = _started(plays, limit=2)
-    stopped.append(worker)
-    plays.successors = {"a:0.1": ["b:0.1"], "b:0.1": ["c:0"], "x:0.1": ["y:0"]}
-    conversations.start("a:0.1", 0)
-    conversations.start("x:0.1", 0)
-    _until(lambda: {"c:0", "y:0"} <= set(plays.played) and plays.now == 0)
-    assert sorted(plays.played) == ["a:0.1", "b:0.1", "c:0", "x:0.1", "y:0"]
-    assert plays.sent == [] and plays.most == 2
-    conversations.start("z:0", 0)  # every slot was given back
-    _until(lambda: "z:0" in plays.played)
-
-
-def test_a_successor_is_sent_as_a_message_when_the_worker_stops_or_is_full(plays: Plays) -> None:
-    conversations, worker = _started(plays, limit=1, drain_s=2.0)
-    plays.successors = {"a:0.3": ["after-a"], "b:0.3": ["after-b"]}
-    conversations.start("a:0.3", 0)
-    # A thread waiting for room: the slot a frees goes to b or to a's successor, never both.
-    waiting = threading.Thread(target=conversations.start, args=("b:0.3", 0))
-    waiting.start()
-    waiting.join(timeout=5)
-    _until(lambda: plays.now == 1)
-    worker.stop()  # whatever ends now hands its successor to another worker
-    assert plays.most == 1
-    handed = [run for run, _, _ in plays.sent] + [r for r in plays.played if r.startswith("after")]
-    assert sorted(handed) == ["after-a", "after-b"]
-    assert ("after-b", None, 0) in plays.sent  # b ended while the worker stopped
