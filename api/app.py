@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import logging
 from typing import Any
 
@@ -72,6 +73,17 @@ async def _v1_guard(
     await reject_unknown_query(connection, handler)
 
 
+async def freeze_startup_heap(app: Litestar) -> None:
+    """Keep the objects alive after startup (modules, the app, its routes: about 190,000)
+    out of the cyclic garbage collector's reach.  Each full collection walked them all and
+    held the event loop for 50-230 ms on this 2-core VM, every few seconds under load: the
+    API's p99.  Collected first, so no garbage is frozen; the second collection finds the
+    oldest generation empty, so later full collections walk only what outlived startup."""
+    gc.collect()
+    gc.freeze()
+    gc.collect()
+
+
 def create_app(settings: Settings | None = None) -> Litestar:
     settings = settings or get_settings()
     v1 = Router("/v1", route_handlers=V1_CONTROLLERS, guards=[_v1_guard])
@@ -101,7 +113,7 @@ def create_app(settings: Settings | None = None) -> Litestar:
         logging_config=None,  # shared.logs sets one format for every process
         openapi_config=openapi_config(),
         template_config=TEMPLATES,
-        on_startup=[open_database],
+        on_startup=[open_database, freeze_startup_heap],
         on_shutdown=[close_database, mark_process_dead],
         debug=False,
     )
