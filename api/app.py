@@ -13,7 +13,7 @@ from litestar.handlers import BaseRouteHandler, HTTPRouteHandler
 from api.auth import ACCESS_KEY, authorize
 from api.batches.controllers import CONTROLLERS as BATCH_CONTROLLERS
 from api.calibration.controllers import CONTROLLERS as CALIBRATION_CONTROLLERS
-from api.deps import DEPENDENCIES
+from api.deps import DEPENDENCIES, resolve_in_turn
 from api.exceptions import EXCEPTION_HANDLERS
 from api.health import HealthController
 from api.http import complete_allow_headers, declare_query_params, reject_unknown_query
@@ -122,4 +122,5 @@ def create_app(settings: Settings | None = None) -> Litestar:
     finish_openapi(app)
     complete_allow_headers(app)
     declare_query_params(app)
+    resolve_in_turn(app)
     return app

@@ -112,14 +112,14 @@ async def enforce(
     connection.state[_ACCESS_STATE] = access
 
 
-async def provide_principal(request: Request[Any, Any, Any]) -> Principal:
+def provide_principal(request: Request[Any, Any, Any]) -> Principal:
     principal: Principal | None = request.state.get(_PRINCIPAL_STATE)
     if principal is None:
         raise Unauthorized("missing bearer token")
     return principal
 
 
-async def provide_access(request: Request[Any, Any, Any]) -> OrgAccess:
+def provide_access(request: Request[Any, Any, Any]) -> OrgAccess:
     access: OrgAccess | None = request.state.get(_ACCESS_STATE)
     if access is None:
         raise PermissionDenied("this route is not scoped to an organization")
