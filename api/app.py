@@ -13,12 +13,13 @@ from litestar.handlers import BaseRouteHandler, HTTPRouteHandler
 from api.auth import ACCESS_KEY, authorize
 from api.batches.controllers import CONTROLLERS as BATCH_CONTROLLERS
 from api.calibration.controllers import CONTROLLERS as CALIBRATION_CONTROLLERS
-from api.deps import DEPENDENCIES, resolve_in_turn
+from api.deps import DEPENDENCIES, declare_lease_readers, resolve_in_turn
 from api.exceptions import EXCEPTION_HANDLERS
 from api.health import HealthController
 from api.http import complete_allow_headers, declare_query_params, reject_unknown_query
 from api.identity.controllers import CONTROLLERS as IDENTITY_CONTROLLERS
 from api.knowledge.controllers import CONTROLLERS as KNOWLEDGE_CONTROLLERS
+from api.lease import LeaseMiddleware
 from api.metrics import FAMILIES as METRIC_FAMILIES
 from api.metrics import metrics
 from api.notifications.controllers import CONTROLLERS as NOTIFICATION_CONTROLLERS
@@ -109,7 +110,7 @@ def create_app(settings: Settings | None = None) -> Litestar:
         dependencies=DEPENDENCIES,
         exception_handlers=EXCEPTION_HANDLERS,  # type: ignore[arg-type]
         request_class=SparRequest,
-        middleware=[ObservabilityMiddleware],
+        middleware=[ObservabilityMiddleware, LeaseMiddleware],
         logging_config=None,  # shared.logs sets one format for every process
         openapi_config=openapi_config(),
         template_config=TEMPLATES,
@@ -123,4 +124,5 @@ def create_app(settings: Settings | None = None) -> Litestar:
     complete_allow_headers(app)
     declare_query_params(app)
     resolve_in_turn(app)
+    declare_lease_readers(app)
     return app
