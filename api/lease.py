@@ -23,7 +23,8 @@ READS_ON_LEASE = "reads_on_lease"
 
 
 def request_lease(connection: ASGIConnection[Any, Any, Any, Any]) -> Lease:
-    """The request's lease, made at its first use (it takes a connection at its own)."""
+    """The request's lease, made at its first use (it takes a connection only when one is
+    asked of it)."""
     state = connection.scope["state"]
     lease: Lease | None = state.get(_LEASE_STATE)
     if lease is None:
