@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import logging
 from typing import Any
 
@@ -12,12 +13,13 @@ from litestar.handlers import BaseRouteHandler, HTTPRouteHandler
 from api.auth import ACCESS_KEY, authorize
 from api.batches.controllers import CONTROLLERS as BATCH_CONTROLLERS
 from api.calibration.controllers import CONTROLLERS as CALIBRATION_CONTROLLERS
-from api.deps import DEPENDENCIES
+from api.deps import DEPENDENCIES, declare_lease_readers, resolve_in_turn
 from api.exceptions import EXCEPTION_HANDLERS
 from api.health import HealthController
 from api.http import complete_allow_headers, declare_query_params, reject_unknown_query
 from api.identity.controllers import CONTROLLERS as IDENTITY_CONTROLLERS
 from api.knowledge.controllers import CONTROLLERS as KNOWLEDGE_CONTROLLERS
+from api.lease import LeaseMiddleware
 from api.metrics import FAMILIES as METRIC_FAMILIES
 from api.metrics import metrics
 from api.notifications.controllers import CONTROLLERS as NOTIFICATION_CONTROLLERS
@@ -72,6 +74,17 @@ async def _v1_guard(
     await reject_unknown_query(connection, handler)
 
 
+async def freeze_startup_heap(app: Litestar) -> None:
+    """Keep the objects alive after startup (modules, the app, its routes: about 190,000)
+    out of the cyclic garbage collector's reach.  Each full collection walked them all and
+    held the event loop for 50-230 ms on this 2-core VM, every few seconds under load: the
+    API's p99.  Collected first, so no garbage is frozen; the second collection finds the
+    oldest generation empty, so later full collections walk only what outlived startup."""
+    gc.collect()
+    gc.freeze()
+    gc.collect()
+
+
 def create_app(settings: Settings | None = None) -> Litestar:
     settings = settings or get_settings()
     v1 = Router("/v1", route_handlers=V1_CONTROLLERS, guards=[_v1_guard])
@@ -97,11 +110,11 @@ def create_app(settings: Settings | None = None) -> Litestar:
         dependencies=DEPENDENCIES,
         exception_handlers=EXCEPTION_HANDLERS,  # type: ignore[arg-type]
         request_class=SparRequest,
-        middleware=[ObservabilityMiddleware],
+        middleware=[ObservabilityMiddleware, LeaseMiddleware],
         logging_config=None,  # shared.logs sets one format for every process
         openapi_config=openapi_config(),
         template_config=TEMPLATES,
-        on_startup=[open_database],
+        on_startup=[open_database, freeze_startup_heap],
         on_shutdown=[close_database, mark_process_dead],
         debug=False,
     )
@@ -110,4 +123,6 @@ def create_app(settings: Settings | None = None) -> Litestar:
     finish_openapi(app)
     complete_allow_headers(app)
     declare_query_params(app)
+    resolve_in_turn(app)
+    declare_lease_readers(app)
     return app

@@ -18,10 +18,10 @@ from uuid import UUID
 
 from litestar import Request
 from litestar.connection import ASGIConnection
-from litestar.datastructures import State
 from litestar.exceptions import ValidationException
 from litestar.handlers import BaseRouteHandler
 
+from api.lease import READS_ON_LEASE, request_lease
 from shared.errors import PermissionDenied, Unauthorized
 from shared.identity import authentication
 from shared.identity.access import AccessRule, OrgAccess, Principal
@@ -54,16 +54,25 @@ def _org_id(connection: ASGIConnection[Any, Any, Any, Any]) -> UUID | None:
 
 
 async def authenticate(
-    state: State, token: str, org_id: UUID | None = None
+    connection: ASGIConnection[Any, Any, Any, Any],
+    token: str,
+    org_id: UUID | None = None,
+    *,
+    keep: bool = False,
 ) -> tuple[Principal, OrgAccess | None]:
     """The token's principal and, given ``org_id``, its access there (401, then 404).
 
-    One autocommit round trip for token, user and role (no BEGIN, no COMMIT), on a
-    connection of the direct pool (:meth:`Database.connection`): the handler's session may
+    One autocommit round trip for token, user and role (no BEGIN, no COMMIT), on the
+    request's connection of the direct pool (:mod:`api.lease`): the handler's session may
     not be wanted, and a session opened here could not be closed if the request failed
-    before the handler's dependencies."""
-    async with state.database.connection() as db:
-        return await authentication.authenticate(db, token, org_id)
+    before the handler's dependencies.  The connection is given back at once unless
+    ``keep``: the guard keeps it for a handler that reads on it."""
+    lease = request_lease(connection)
+    try:
+        return await authentication.authenticate(await lease.connection(), token, org_id)
+    finally:
+        if not keep:
+            await lease.give_back()
 
 
 async def authorize(
@@ -95,7 +104,10 @@ async def enforce(
         org_id, malformed = None, exc
     # 401 before anything else, then 404 for an organization out of reach.
     principal, access = await authenticate(
-        connection.app.state, token, org_id if malformed is None else None
+        connection,
+        token,
+        org_id if malformed is None else None,
+        keep=handler.opt.get(READS_ON_LEASE, False),
     )
     if malformed is not None:
         raise malformed
@@ -112,14 +124,14 @@ async def enforce(
     connection.state[_ACCESS_STATE] = access
 
 
-async def provide_principal(request: Request[Any, Any, Any]) -> Principal:
+def provide_principal(request: Request[Any, Any, Any]) -> Principal:
     principal: Principal | None = request.state.get(_PRINCIPAL_STATE)
     if principal is None:
         raise Unauthorized("missing bearer token")
     return principal
 
 
-async def provide_access(request: Request[Any, Any, Any]) -> OrgAccess:
+def provide_access(request: Request[Any, Any, Any]) -> OrgAccess:
     access: OrgAccess | None = request.state.get(_ACCESS_STATE)
     if access is None:
         raise PermissionDenied("this route is not scoped to an organization")

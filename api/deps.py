@@ -2,20 +2,25 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from functools import cache
 from typing import Annotated, Any, TypeVar, get_args
 from uuid import UUID
 
 import msgspec
-from litestar import Request
+from litestar import Litestar, Request
+from litestar._kwargs import KwargsModel
+from litestar._kwargs.dependencies import DependencyContainer
 from litestar.datastructures import State
 from litestar.di import NamedDependency, Provide
+from litestar.handlers import HTTPRouteHandler
 from litestar.params import FromPath, QueryParameter
+from litestar.routes import HTTPRoute
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from api.auth import provide_access, provide_principal
-from shared.db.engine import Database
+from api.lease import READS_ON_LEASE, request_lease
+from shared.db.direct import Lease
 from shared.identity.access import OrgAccess, Principal
 from shared.paging import DEFAULT_LIMIT, MAX_LIMIT, MAX_OFFSET, Paging
 from shared.schemas import Output
@@ -27,7 +32,7 @@ T = TypeVar("T")
 # Handler parameter types: dependencies are named explicitly, path ids are UUIDs (a
 # malformed one answers 422 with loc ["path", ...]).
 DbSession = NamedDependency[AsyncSession]
-DbReads = NamedDependency[Database]
+DbReads = NamedDependency[Lease]
 Access = NamedDependency[OrgAccess]
 Caller = NamedDependency[Principal]
 Page = NamedDependency[Paging]
@@ -54,24 +59,24 @@ async def provide_db_session(
         yield session
 
 
-def provide_db_reads(request: Request[Any, Any, Any]) -> Database:
-    """The database whose direct pool (:meth:`Database.connection`, autocommit) serves a
-    handler's reads that are all statements compiled once (:class:`shared.db.direct.Statement`):
-    the frequent reads (listings, ``/auth/me``), where opening, committing and closing an
-    ORM session cost more CPU than the rest of the request.  The handler takes its
-    connection with :func:`reading`, not a dependency: Litestar resolves a handler's
-    dependencies concurrently, and when one fails (a query parameter out of range) it never
-    closes the generators of the others, so a connection taken there would never be given
-    back.  The app's state is read from the request: a ``state`` parameter is a copy of it
-    made for each request."""
-    return request.app.state.database
+def provide_db_reads(request: Request[Any, Any, Any]) -> Lease:
+    """The request's connection of the direct pool (:mod:`api.lease`, autocommit), the one
+    its guard looked the token up on, for a handler's reads that are all statements
+    compiled once (:class:`shared.db.direct.Statement`): the frequent reads (listings,
+    ``/auth/me``), where opening, committing and closing an ORM session cost more CPU than
+    the rest of the request.  The handler reads with :func:`reading`, which gives the
+    connection back as soon as the read answers; :class:`api.lease.LeaseMiddleware` gives
+    it back if the request ends before (a query parameter out of range)."""
+    return request_lease(request)
 
 
-async def reading(database: Database, read: Callable[..., Awaitable[T]], **arguments: Any) -> T:
-    """``read(connection, **arguments)`` on a connection of ``database``'s direct pool,
-    given back as soon as it answers."""
-    async with database.connection() as connection:
-        return await read(connection, **arguments)
+async def reading(lease: Lease, read: Callable[..., Awaitable[T]], **arguments: Any) -> T:
+    """``read(connection, **arguments)`` on the connection of ``lease``, given back as soon
+    as it answers."""
+    try:
+        return await read(await lease.connection(), **arguments)
+    finally:
+        await lease.give_back()
 
 
 def provide_settings(state: State) -> Settings:
@@ -104,11 +109,53 @@ def _items_of(body: type[Output]) -> tuple[str, type[Output]]:
     return items.name, read
 
 
+def declare_lease_readers(app: Litestar) -> None:
+    """Record on each handler whether it reads on the request's lease (``db_reads``): the
+    guard keeps the connection it looked the token up on for such a handler only."""
+    for handler, kwargs_model in _handlers(app):
+        handler.opt[READS_ON_LEASE] = any(
+            dependency.key == "db_reads"
+            for batch in kwargs_model.dependency_batches
+            for dependency in batch
+        )
+
+
+def resolve_in_turn(app: Litestar) -> None:
+    """Have every handler of ``app`` resolve its dependencies one after another.
+
+    Litestar resolves a request's independent dependencies concurrently, each in a task of
+    an anyio task group.  Spar's providers that can run together await no I/O (they read
+    the request, its state or the guard's outcome; ``db_session``'s session connects at
+    its first statement; ``org_name``, which reads, needs the session), so the
+    concurrency bought nothing, and the group's tasks and cancel scopes were the
+    largest single cost of a listing: 17 % of its CPU, by py-spy under bench/api.py.  In
+    each of Litestar's batches, the providers without a generator come first, so a query
+    parameter out of range (``paging``) is refused before any generator is entered."""
+    for _, kwargs_model in _handlers(app):
+        kwargs_model.dependency_batches = [
+            {dependency}
+            for batch in kwargs_model.dependency_batches
+            for dependency in sorted(batch, key=_generators_last)
+        ]
+
+
+def _handlers(app: Litestar) -> Iterator[tuple[HTTPRouteHandler, KwargsModel]]:
+    for route in app.routes:
+        if isinstance(route, HTTPRoute):
+            yield from route.route_handler_map.values()
+
+
+def _generators_last(dependency: DependencyContainer) -> tuple[bool, str]:
+    provide = dependency.provide
+    generator = provide.has_sync_generator_dependency or provide.has_async_generator_dependency
+    return generator, dependency.key
+
+
 DEPENDENCIES = {
     "db_session": Provide(provide_db_session),
     "db_reads": Provide(provide_db_reads, sync_to_thread=False),
     "settings": Provide(provide_settings, sync_to_thread=False),
     "paging": Provide(provide_paging, sync_to_thread=False),
-    "principal": Provide(provide_principal),
-    "access": Provide(provide_access),
+    "principal": Provide(provide_principal, sync_to_thread=False),
+    "access": Provide(provide_access, sync_to_thread=False),
 }

@@ -15,6 +15,7 @@ import hmac
 import logging
 import time
 from collections.abc import Iterable, Iterator
+from functools import cache
 from typing import Any
 
 import dramatiq
@@ -56,8 +57,17 @@ FAMILIES = (HTTP_REQUESTS, HTTP_DURATION)
 
 def observe_request(method: str, route: str, status: int, seconds: float) -> None:
     method = method if method in HTTP_METHODS else "OTHER"
-    HTTP_REQUESTS.labels(method, route, str(status)).inc()
-    HTTP_DURATION.labels(method, route).observe(seconds)
+    requests, duration = _request_series(method, route, status)
+    requests.inc()
+    duration.observe(seconds)
+
+
+@cache
+def _request_series(method: str, route: str, status: int) -> tuple[Counter, Histogram]:
+    """The series a request counts in, looked up once per method, route template and
+    status (a few hundred at most): ``labels`` checks its arguments and takes a lock at
+    every call, on every request."""
+    return HTTP_REQUESTS.labels(method, route, str(status)), HTTP_DURATION.labels(method, route)
 
 
 # --- queues, read from the broker at scrape time ---------------------------------------------

@@ -154,7 +154,6 @@ class SessionController(Controller):
     async def sign_in(
         self,
         request: Request[Any, Any, Any],
-        state: State,
         db_session: DbSession,
         settings: Config,
     ) -> Response[Any]:
@@ -173,7 +172,7 @@ class SessionController(Controller):
         try:
             if not token or len(token) > MAX_TOKEN_LENGTH:
                 raise Unauthorized("invalid token")
-            principal, _ = await authenticate(state, token)
+            principal, _ = await authenticate(request, token)
         except Unauthorized as exc:
             # The token is never echoed: the form comes back empty.
             return page(
@@ -192,7 +191,7 @@ class SessionController(Controller):
 
     @post("/logout", access=PUBLIC, status_code=HTTP_303_SEE_OTHER)
     async def sign_out(
-        self, request: Request[Any, Any, Any], state: State, db_session: DbSession
+        self, request: Request[Any, Any, Any], db_session: DbSession
     ) -> Response[Any]:
         """Revoke this browser's session (never a token kept as it was pasted: a platform
         token, which others may use) and forget the cookie."""
@@ -206,7 +205,7 @@ class SessionController(Controller):
         token = request.cookies.get(COOKIE, "").strip()
         if token and len(token) <= MAX_TOKEN_LENGTH:
             try:
-                principal, _ = await authenticate(state, token)
+                principal, _ = await authenticate(request, token)
             except Unauthorized:
                 pass  # already over: nothing to revoke
             else:

@@ -199,6 +199,34 @@ async def direct_pool(engine: AsyncEngine) -> AsyncConnectionPool:
     return pool
 
 
+class Lease:
+    """A connection of ``engine``'s direct pool taken at its first use and held until given
+    back, for uses that are not one block of code: the API's guard looks the token up on
+    it and the handler reads on it after (one check-out per request where there were
+    two).  Whoever makes a lease makes sure it is given back (:meth:`give_back`, which
+    does nothing when nothing is held); a connection given back in a transaction, or in
+    the middle of a statement, is rolled back or replaced by its pool."""
+
+    __slots__ = ("_connection", "_engine", "_pool")
+
+    def __init__(self, engine: AsyncEngine) -> None:
+        self._engine = engine
+        self._pool: AsyncConnectionPool | None = None
+        self._connection: AsyncConnection[Any] | None = None
+
+    async def connection(self) -> AsyncConnection[Any]:
+        """The connection held, taken from the pool if none is."""
+        if self._connection is None:
+            self._pool = await direct_pool(self._engine)
+            self._connection = await self._pool.getconn()
+        return self._connection
+
+    async def give_back(self) -> None:
+        connection, self._connection = self._connection, None
+        if connection is not None and self._pool is not None:
+            await self._pool.putconn(connection)
+
+
 async def close_direct_pool(engine: AsyncEngine) -> None:
     """Close the pool :func:`direct_pool` made for ``engine`` in the running event loop."""
     pool = _pools.pop((engine, asyncio.get_running_loop()), None)

@@ -23,7 +23,13 @@ from sqlalchemy.ext.asyncio import (
     create_async_engine,
 )
 
-from shared.db.direct import POSTGRES_OPTIONS, close_direct_pool, direct_pool, json_text
+from shared.db.direct import (
+    POSTGRES_OPTIONS,
+    Lease,
+    close_direct_pool,
+    direct_pool,
+    json_text,
+)
 from shared.settings import Settings
 
 # JSON columns (snapshots, cost summaries, results) are written on every turn: msgspec is
@@ -95,8 +101,10 @@ class Database:
       from here; the services they call take that session and never commit.
     * :meth:`connection`: a connection of the run engine's direct pool
       (:mod:`shared.db.direct`), in autocommit: each statement is its own transaction.
-      The run engine's, and the API's on every request: the authorization guard's lookup
-      and the frequent reads (``db_reads``: listings, ``/auth/me``).
+      The run engine's.
+    * :meth:`lease`: the same, held across blocks: the API's on every request, for the
+      authorization guard's lookup and then the frequent reads (``db_reads``: listings,
+      ``/auth/me``) on the same connection.
     * :attr:`autocommit`: the engine in autocommit (same pool), under the read-only
       sessions.
     """
@@ -121,6 +129,10 @@ class Database:
     async def connection(self) -> AsyncIterator[AsyncConnection[Any]]:
         async with (await direct_pool(self.engine)).connection() as connection:
             yield connection
+
+    def lease(self) -> Lease:
+        """A connection of the direct pool held across several blocks (:class:`Lease`)."""
+        return Lease(self.engine)
 
     async def dispose(self) -> None:
         """Close the engine's pool and the direct pool beside it."""

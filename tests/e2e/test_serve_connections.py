@@ -17,11 +17,13 @@ pytestmark = pytest.mark.slow
 async def test_listings_refused_for_their_paging_leave_no_connection_behind(
     database_url: str, tmp_path: Path
 ) -> None:
-    """Litestar resolves a listing's dependencies together and, when one is refused
-    (``offset=AAA``), does not close the others: a connection one of them had taken would
-    never go back to the pool (its generator closed by the garbage collector while still
-    waiting, "asynchronous generator is already running").  Listings take theirs in the
-    handler.  A hundred and eighty refused at sixty at once, then twenty listings answer."""
+    """A listing's guard keeps the connection it looked the token up on for the listing's
+    read; when a dependency is refused after it (``offset=AAA``) the handler never runs,
+    and the request gives the connection back as it ends.  (Litestar does not close a
+    dependency's generator when another is refused: one that had taken a connection
+    never gave it back, closed by the garbage collector while still waiting, "asynchronous
+    generator is already running".)  A hundred and eighty refused at sixty at once, then
+    twenty listings answer."""
     port = free_port()
     base = f"http://127.0.0.1:{port}"
     env = {"SPAR_DATABASE_URL": database_url, "SPAR_SECRET_KEY": "connections-secret-key"}
