@@ -43,9 +43,8 @@ WAKE_PREFIX = "spar:wake:"
 FULL_POLL_S = 0.05  # a consumer holding all it may prefetch looks again this often
 # The runs a process fetches at once.  A run holds no thread (workers.conversations), so a
 # process takes them a few at a time whatever its threads: a batch's first window, sent at
-# once, is shared between the workers as they fetch, and each run's successor then plays
-# where it did (a prefetch of 32 had one of two processes take 32 of 50 runs, and twice the
-# other's CPU for the whole batch).
+# once, is shared among the workers as they fetch (with a prefetch of 32, the threads, one
+# of two processes could take 32 runs of a window of 50).
 RUNS_PREFETCH = 4
 QUEUES = ("runs", "batches", "documents", "calibration", "triggers", "notifications")
 RUN_SCENARIO = ("runs", "run_scenario")
