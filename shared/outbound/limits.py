@@ -253,11 +253,12 @@ class _Wire:
     """One connection to Redis for the limiter's scripts: commands written as RESP, replies
     read by hiredis, a round trip at a time (:class:`_Scripts` sends one batch at once).
 
-    redis-py's own pipeline costs the worker about 640 µs of CPU per outbound call's two
-    scripts sent alone and 155 µs at 30 calls at once (its pipeline object, retry wrapper,
-    connection pool, per-read timeout and health check, each time); this, 116 and 21 µs
-    (measured on this 2-core VM, the same scripts).  The limiter runs for every outbound
-    call, so the worker's limiter took a fifth of its CPU in ``bench/batch.py`` before.
+    Through redis-py's pipeline (its pipeline object, retry wrapper, connection pool, a
+    timeout per read and a health check, each time) a call's acquire and release cost the
+    worker 640 µs of CPU alone and 155 µs each at 30 calls at once; on this connection,
+    324 and 49 µs (measured on this 2-core VM on 2026-11-28, uuids and metrics included).
+    The limiter runs for every outbound call: it took a fifth of a worker's CPU in
+    ``bench/batch.py`` before.
     The URL is read as redis-py reads it (``redis://``, ``rediss://``, ``unix://``,
     user, password, database); any failure closes the connection, the next round trip
     opens another."""
