@@ -36,7 +36,7 @@ from sqlalchemy.orm import Session
 from shared.logs import MESSAGE_OPTION, current_request_id, new_request_id
 from shared.settings import Settings
 
-MAINTENANCE_CHANCE = 10_000  # per million broker commands
+MAINTENANCE_CHANCE = 250_000  # per million broker commands
 # A message enqueued on a work queue is announced on ``spar:wake:<db>:<queue>``: channels
 # are the Redis server's, not a database's.
 WAKE_PREFIX = "spar:wake:"
@@ -93,8 +93,9 @@ class PollingRedisBroker(RedisBroker):
     A worker killed with messages fetched but not yet started strands them in its ack set
     until another worker's maintenance finds it dead: after Dramatiq's heartbeat timeout
     (60 s by default), at a maintenance that 0.1 % of commands run.  Here the timeout is
-    the run heartbeat's, and maintenance runs with 1 % of commands (about once a second on
-    an idle worker), so those runs come back as fast as the runs the dead worker was
+    the run heartbeat's, and maintenance runs with a quarter of commands (about once a
+    second on an idle worker, whose consumers look at Redis about four times a second), so
+    those runs come back as fast as the runs the dead worker was
     playing (:mod:`shared.work`).  A live worker taken for dead has its messages delivered
     twice, which the claims in SQL make harmless.
 

@@ -8,7 +8,9 @@ process's event loop and returns: conversations in flight are bounded by
 CPU, and a worker thread waits only while the process is full.
 
 At-least-once is the run's own, not the message's (:mod:`shared.work`): the message is
-acknowledged once the run is on the loop, and the run is claimed in SQL with a heartbeat.
+acknowledged once the run is claimed in SQL, with a heartbeat (the actor's thread waits
+for the claim, a database round trip: acknowledged before it, a run whose worker was
+killed in between would be left to the stall period's sweep).
 Its process killed, the heartbeat stops and the scheduler's sweeper sends it again; a
 delivery that raises is sent again here after a backoff, as Dramatiq's retries would,
 while its deliveries counted in SQL bound it; one over its time limit is cancelled
@@ -35,19 +37,21 @@ log = logging.getLogger("spar.worker.conversations")
 
 SLOT_WAIT_S = 0.5  # a thread waiting for room looks this often whether the worker stops
 CANCEL_WAIT_S = 5.0  # cancelled at a stop: the time their claims have to be released
+CLAIM_WAIT_S = 30.0  # the longest a thread waits for its run's claim before acknowledging
 
 
 class Conversations(dramatiq.Middleware):
     """The runs a worker process plays on its event loop: at most ``limit`` at once.
 
-    ``play(run_id)`` plays one delivery of a run (to its end, or to where another
-    delivery took it); ``send(run_id, delay_ms, retries)`` sends the run's message again.
+    ``play(run_id, claimed)`` plays one delivery of a run (to its end, or to where another
+    delivery took it), calling ``claimed()`` once the run's claim is committed (or found
+    not to be its); ``send(run_id, delay_ms, retries)`` sends the run's message again.
     """
 
     def __init__(
         self,
         *,
-        play: Callable[[str], Awaitable[None]],
+        play: Callable[[str, Callable[[], None]], Awaitable[None]],
         send: Callable[[str, int | None, int], None],
         limit: int,
         time_limit_s: float,
@@ -70,22 +74,26 @@ class Conversations(dramatiq.Middleware):
     # --- on a worker thread --------------------------------------------------------------
 
     def start(self, run_id: str, retries: int) -> None:
-        """Put the run on the event loop, waiting for room while the process is full.  A
-        worker stopping meanwhile sends it back to the queue instead."""
+        """Put the run on the event loop, waiting for room while the process is full, and
+        return once its claim is committed.  A worker stopping meanwhile sends it back to
+        the queue instead."""
         while not self._room.acquire(timeout=SLOT_WAIT_S):
             if self._stopping.is_set():
                 self._send(run_id, None, retries)
                 return
-        self._loop().call_soon_threadsafe(self._launch, run_id, retries)
+        claimed = threading.Event()
+        self._loop().call_soon_threadsafe(self._launch, run_id, retries, claimed)
+        claimed.wait(CLAIM_WAIT_S)
 
     # --- on the event loop ---------------------------------------------------------------
 
-    def _launch(self, run_id: str, retries: int) -> None:
+    def _launch(self, run_id: str, retries: int, claimed: threading.Event) -> None:
         if run_id in self._flying:  # a duplicate of a run this process plays (re-sent)
             self._room.release()
+            claimed.set()
             return
         RUNS_IN_FLIGHT.inc()
-        task = asyncio.get_running_loop().create_task(self._fly(run_id, retries))
+        task = asyncio.get_running_loop().create_task(self._fly(run_id, retries, claimed))
         self._flying[run_id] = task
         task.add_done_callback(lambda _: self._landed(run_id))
 
@@ -94,16 +102,18 @@ class Conversations(dramatiq.Middleware):
         RUNS_IN_FLIGHT.dec()
         self._room.release()
 
-    async def _fly(self, run_id: str, retries: int) -> None:
+    async def _fly(self, run_id: str, retries: int, claimed: threading.Event) -> None:
         try:
             async with asyncio.timeout(self.time_limit_s):
-                await self._play(run_id)
+                await self._play(run_id, claimed.set)
         except asyncio.CancelledError:
             if self._stopping.is_set():  # released by the run: another worker resumes it
                 self._send(run_id, None, retries)
             raise
         except Exception as exc:  # the delivery failed (its unit released), or timed out
             self._again(run_id, retries, exc)
+        finally:
+            claimed.set()
 
     def _again(self, run_id: str, retries: int, exc: Exception) -> None:
         if retries >= self.max_retries:

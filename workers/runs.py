@@ -8,6 +8,7 @@ played on the actor's thread: the actor hands it to the process's event loop
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from uuid import UUID
 
 import dramatiq
@@ -28,12 +29,17 @@ RUN_TIME_LIMIT_S = 30 * 60
 RUN_BACKOFF_MS = (1_000, 30_000)
 
 
-async def play_run(run_id: str) -> None:
-    """One delivery of the run; the runs that took its place in its batch's window are
-    committed: send them."""
+async def play_run(run_id: str, claimed: Callable[[], None]) -> None:
+    """One delivery of the run (``claimed()`` once its claim is committed); the runs that
+    took its place in its batch's window are committed: send them."""
     runtime = get_runtime()
     successors = await execute_run(
-        runtime.database, runtime.settings, UUID(run_id), http=runtime.http, limiter=runtime.limiter
+        runtime.database,
+        runtime.settings,
+        UUID(run_id),
+        http=runtime.http,
+        limiter=runtime.limiter,
+        claimed=claimed,
     )
     for successor in successors or ():
         send(broker, RUN_SCENARIO, str(successor))

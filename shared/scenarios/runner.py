@@ -46,7 +46,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 from uuid import UUID
@@ -398,14 +398,18 @@ async def execute_run(
     *,
     http: aiohttp.ClientSession | None = None,
     limiter: DestinationLimiter | None = None,
+    claimed: Callable[[], None] | None = None,
 ) -> list[UUID] | None:
     """Play the run to a terminal state (or leave it to the delivery that owns it).
 
     ``None`` when this delivery did not end the run; otherwise the batch runs handed out in
     its place, for the caller to send (see :func:`finish`).  Claimed, kept alive and given
-    up on as every unit of work is (:mod:`shared.work`).
+    up on as every unit of work is (:mod:`shared.work`); ``claimed()`` is called once the
+    claim is committed, or found not to be this delivery's.
     """
     run = await store.claim(database, settings, run_id)
+    if claimed is not None:
+        claimed()
     if run is None:
         return None
 

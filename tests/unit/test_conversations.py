@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import dramatiq
 import pytest
@@ -28,8 +28,11 @@ class Plays:
         self.cancelled: list[str] = []
         self.played: list[str] = []
 
-    async def play(self, run_id: str) -> None:
+    async def play(self, run_id: str, claimed: Callable[[], None]) -> None:
         self.played.append(run_id)
+        if run_id.startswith("claimed-late"):  # its claim's round trip
+            await asyncio.sleep(0.3)
+        claimed()
         self.now += 1
         self.most = max(self.most, self.now)
         try:
@@ -161,3 +164,17 @@ def test_a_duplicate_of_a_run_in_flight_here_is_dropped_at_once(
     conversations.start("other:0", 0)
     _until(lambda: plays.now == 0 and "other:0" in plays.played)
     assert plays.played == ["same:0.3", "other:0"] and plays.most == 2
+
+
+def test_a_runs_message_is_acknowledged_only_once_the_run_is_claimed(
+    plays: Plays, stopped: list[dramatiq.Worker]
+) -> None:
+    """The actor returns (and Dramatiq acknowledges the message) after the claim: a worker
+    killed before it must leave the message to be delivered again."""
+    conversations, worker = _started(plays, limit=2)
+    stopped.append(worker)
+    started = time.monotonic()
+    conversations.start("claimed-late:1", 0)
+    returned = time.monotonic() - started
+    assert 0.25 <= returned < 1.0, returned  # after the claim, not after the whole run
+    assert plays.now == 1  # still playing
