@@ -114,6 +114,10 @@ class Work:
     waiting_stall: timedelta | None = None
     # Which waiting units are the sweeper's to send (all when ``None``).
     sweepable: Any = None
+    # Waiting units expected to start at once (a batch run handed out: its message is sent
+    # the moment its predecessor's end commits, and a worker killed in between loses it):
+    # with no progress for ``SPAR_RUN_HEARTBEAT_TIMEOUT_S``, their message was lost.
+    prompt: Any = None
     _beat: Statement = field(init=False, repr=False)
     _release: Statement = field(init=False, repr=False)
 
@@ -211,6 +215,7 @@ RUNS = Work(
     message=RUN_SCENARIO,
     # A batch's runs never handed out are its window's to hand out, not the sweeper's.
     sweepable=or_(ScenarioRun.batch_run_id.is_(None), ScenarioRun.dispatched_at.is_not(None)),
+    prompt=ScenarioRun.dispatched_at.is_not(None),
 )
 TRIGGER_EXECUTIONS = Work(
     "trigger_execution",
@@ -477,7 +482,10 @@ async def take(
         waiting = and_(waiting, work.sweepable)
     if not broker_lost:
         stall = work.waiting_stall or timedelta(seconds=settings.run_stall_s)
-        waiting = and_(waiting, updated_at < now - stall)
+        late = updated_at < now - stall
+        if work.prompt is not None:
+            late = or_(late, and_(work.prompt, updated_at < stale_before))
+        waiting = and_(waiting, late)
     # Oldest first, skipping units another transaction holds; touched, so that the next
     # pass leaves them for as long again.
     taken = (

@@ -38,8 +38,9 @@ WINDOW = 20
 AGENT_DELAY_S = 0.25
 # Every run terminal within this long of the fault: before the stall path
 # (SPAR_RUN_STALL_S, 300 s, left at its default) could send anything again, so only the
-# heartbeat path (SPAR_RUN_HEARTBEAT_TIMEOUT_S, 30 s) and the broker's give-back can have
-# ended them.
+# heartbeat path (SPAR_RUN_HEARTBEAT_TIMEOUT_S, 30 s: a dead worker's runs, and a batch run
+# it handed out whose message it was killed before sending) and the broker's give-back can
+# have ended them.
 BEFORE_THE_STALL_PATH_S = 240.0
 WORKER = ["worker", "--processes", "1", "--threads", "16", "--queues", "runs,batches"]
 

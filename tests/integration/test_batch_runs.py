@@ -1029,6 +1029,32 @@ async def test_the_sweeper_resends_stalled_runs_and_refills_active_batches(
     assert run.json()["status"] == "passed", run.text
 
 
+async def test_a_handed_out_batch_run_whose_message_was_lost_is_resent_after_the_heartbeat_timeout(
+    client: AsyncTestClient, app: Litestar, settings: Settings, db: AsyncSession, agent: FakeAgent
+) -> None:
+    """A batch run is handed out by its predecessor's end and its message sent right after
+    the commit: a worker killed in between loses the message.  It is expected to start at
+    once, so the sweeper sends it again once it made no progress for the heartbeat timeout,
+    not the stall period; a run outside a batch waits the stall period as before."""
+    w = await make_world(client, agent)
+    scenario = await make_scenario(client, w, tags=["handed"])
+    await make_scenario(client, w, "second", tags=["handed"])
+    database = app.state.database
+    broker = stub_broker()
+    timing = msgspec.structs.replace(settings, run_stall_s=300.0, run_heartbeat_timeout_s=30.0)
+    single = await start_single_run(client, w, scenario["id"])
+    batch = await create_batch(client, w, tags=["handed"], max_concurrency=1)
+    first, second = [r["id"] for r in (await get_batch(client, w, batch["id"]))["runs"]]
+    assert await runner.finish(database, UUID(first), "passed") == [UUID(second)]
+    sent_runs(broker)  # what creating them sent
+    await push_back(db, [second, single], seconds=40)  # past the heartbeat timeout only
+    assert await sweep(database, broker, timing) == (1, 0)
+    assert sent_runs(broker) == [second]
+    await push_back(db, [single], seconds=400)  # past the stall period
+    assert await sweep(database, broker, timing) == (1, 0)
+    assert sent_runs(broker) == [single]
+
+
 async def test_the_sweeper_ignores_finished_and_cancelled_batches(
     client: AsyncTestClient, app: Litestar, settings: Settings, db: AsyncSession, agent: FakeAgent
 ) -> None:
