@@ -40,12 +40,16 @@ MAINTENANCE_CHANCE = 250_000  # per million broker commands
 # A message enqueued on a work queue is announced on ``spar:wake:<db>:<queue>``: channels
 # are the Redis server's, not a database's.
 WAKE_PREFIX = "spar:wake:"
-FULL_POLL_S = 0.05  # a consumer holding all it may prefetch looks again this often
-# The runs a process fetches at once.  A run holds no thread (workers.conversations), so a
-# process takes them a few at a time whatever its threads: a batch's first window, sent at
+# A consumer holding all it may prefetch looks again this often: its worker threads hand it
+# their acknowledgements, which it sends only between two looks (a look while full sends
+# no Redis command).
+FULL_POLL_S = 0.01
+# The runs a process fetches at once, whatever its threads: a batch's first window, sent at
 # once, is shared among the workers as they fetch (with a prefetch of 32, the threads, one
-# of two processes could take 32 runs of a window of 50).
-RUNS_PREFETCH = 4
+# of two processes could take 32 runs of a window of 50).  Not fewer: a run's message is
+# held until its claim commits (workers.conversations), and at 4 a batch's runs waited
+# 100-250 ms for one another's claims to be fetched.
+RUNS_PREFETCH = 16
 QUEUES = ("runs", "batches", "documents", "calibration", "triggers", "notifications")
 RUN_SCENARIO = ("runs", "run_scenario")
 DISPATCH_BATCH = ("batches", "dispatch_batch")
@@ -161,10 +165,12 @@ class _WakingConsumer(_RedisConsumer):  # Dramatiq's own, its broker's ``consume
     def __next__(self) -> Any:
         message = super().__next__()
         if message is None:
-            # Holding all it may prefetch, it waits for its messages' acks, not for news.
-            full = self.outstanding_message_count >= self.prefetch
-            # Cleared before the next fetch: an announcement after it wakes the next wait.
-            if self._wake.wait(FULL_POLL_S if full else self.idle_s):
+            if self.outstanding_message_count >= self.prefetch:
+                # Full: it waits for its messages' acknowledgements, and leaves any
+                # announcement for when it has room (taken now, it would be lost).
+                time.sleep(FULL_POLL_S)
+            elif self._wake.wait(self.idle_s):
+                # Cleared before the next fetch: an announcement after it wakes the next wait.
                 self._wake.clear()
         return message
 
