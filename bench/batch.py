@@ -29,10 +29,12 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import math
 import os
 import re
 import statistics
+import subprocess
 import sys
 import threading
 import time
@@ -46,6 +48,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import httpx
 import psutil
+from msgspec.structs import fields
 from sqlalchemy import create_engine, insert
 
 from bench.stack import (
@@ -62,6 +65,7 @@ from bench.stack import (
     wait_for_workers,
 )
 from shared.db.models import Criterion, Scenario, ScenarioTurn
+from shared.settings import Settings
 
 POLL_S = 0.2  # the client's poll; the wall time itself is read off the batch (completed_at)
 
@@ -448,6 +452,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--no-zero-pass", action="store_true", help="skip the zero-latency pass")
     parser.add_argument(
+        "--no-floor",
+        action="store_true",
+        help="skip the floor pass (bench/floor.py: the same conversations on bare asyncio, "
+        "aiohttp and psycopg, whose CPU per turn Spar's is divided by)",
+    )
+    parser.add_argument(
         "--first-batch",
         action="store_true",
         help="measure only the first batch after the workers start: no warm-up, one latency "
@@ -509,16 +519,20 @@ def bench(args: argparse.Namespace, url: str) -> None:
         insert_scenarios(url, org, n, t, c)
 
         fake.set_latency(args.agent_ms / 1000, args.judge_ms / 1000)
-        efficiencies = []
+        efficiencies, per_turn = [], []
         for attempt in range(1, args.repeat + 1):
-            batches, _ = latency_pass(spar, fake, agent_id, args, attempt)
+            batches, spent = latency_pass(spar, fake, agent_id, args, attempt)
             efficiencies += [batch["efficiency"] for batch in batches]
+            per_turn.append(spent.stack / (args.batches * n * t))
         if args.repeat > 1 and args.batches == 1:
             print(
                 f"efficiency over {args.repeat} latency passes: median "
                 f"{statistics.median(efficiencies):.3f} (min {min(efficiencies):.3f}, "
                 f"max {max(efficiencies):.3f}; target 0.9)"
             )
+
+        if not args.no_floor:
+            report_floor(floor_pass(args, url, fake), args, statistics.median(per_turn))
 
         if not args.no_zero_pass:
             fake.set_latency(0.0, 0.0)
@@ -657,6 +671,50 @@ def report_cpu(spent: CpuSpent, turns: int, calls: int) -> None:
         f"{spent.redis / turns * 1000:.2f}; per outbound call {spent.stack / calls * 1000:.2f} "
         f"ms; {spent.stack:.2f} s of CPU in {spent.wall_s:.2f} s; the fakes' process "
         f"{spent.fakes:.2f} s apart)"
+    )
+
+
+def floor_pass(args: argparse.Namespace, url: str, fake: Fakes) -> dict[str, float]:
+    """``bench/floor.py`` on the workload of a latency pass (all B x N conversations, B x K
+    at a time), against the same fakes at the same latency, in a process of its own while
+    Spar idles: its wall time and CPU."""
+    default_pool = next(f.default for f in fields(Settings) if f.name == "db_pool_size")
+    workers_pool = (args.db_pool or default_pool) * args.workers
+    answer = subprocess.run(
+        [
+            sys.executable,
+            str(Path(__file__).with_name("floor.py")),
+            *("--agent-url", fake.agent_url, "--judge-url", fake.judge_url),
+            *("--database-url", url, "--db-pool", str(workers_pool)),
+            *("-n", str(args.batches * args.scenarios), "-t", str(args.turns)),
+            *("-c", str(args.criteria), "-k", str(args.batches * args.concurrency)),
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    return json.loads(answer.stdout.strip().splitlines()[-1])
+
+
+def report_floor(floor: dict[str, float], args: argparse.Namespace, spar_per_turn: float) -> None:
+    turns = args.batches * args.scenarios * args.turns
+    per_turn = (floor["cpu_s"] + floor["database_cpu_s"]) / turns
+    print(
+        "floor pass (bench/floor.py: the same conversations on one asyncio loop with aiohttp "
+        "and psycopg, a write per turn; no queue, claims, limits or metrics):"
+    )
+    print(
+        f"  efficiency          {ideal_s(args) / floor['wall_s']:8.3f}     (ideal / measured; "
+        f"{floor['wall_s']:.2f} s)"
+    )
+    print(
+        f"  CPU per turn        {per_turn * 1000:8.2f} ms  (its process "
+        f"{floor['cpu_s'] / turns * 1000:.2f} + PostgreSQL "
+        f"{floor['database_cpu_s'] / turns * 1000:.2f})"
+    )
+    print(
+        f"  Spar / floor        {spar_per_turn / per_turn:8.2f} x   (Spar's CPU per turn, "
+        f"{spar_per_turn * 1000:.2f} ms{' median' if args.repeat > 1 else ''}, over the floor's)"
     )
 
 
