@@ -38,7 +38,7 @@ import psycopg
 import redis
 from sqlalchemy import make_url
 
-from tests.support.processes import free_port, private_redis, spar_process, throwaway_database
+from tests.support.processes import private_redis, spar_process, spar_serve, throwaway_database
 
 ROOT = Path(__file__).resolve().parent.parent
 FALLBACK_REDIS_URL = "redis://127.0.0.1:6379/13"
@@ -142,8 +142,6 @@ def spar_stack(
     """Spar on a throwaway database: ``spar serve`` and ``workers`` ``spar worker
     <worker_args>`` processes (``worker_env`` added to theirs), on Redis unless
     ``with_redis`` is false (the API alone, on its in-memory broker)."""
-    port = free_port()
-    base = f"http://127.0.0.1:{port}"
     with contextlib.ExitStack() as stack:
         logs = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="spar-bench-")))
         redis_url = stack.enter_context(_redis()) if with_redis else None
@@ -151,26 +149,18 @@ def spar_stack(
         process_env = {
             "SPAR_DATABASE_URL": database_url,
             "SPAR_SECRET_KEY": SECRET_KEY,
-            "SPAR_PUBLIC_BASE_URL": base,
             "SPAR_LOG_LEVEL": log_level,
             **({"SPAR_REDIS_URL": redis_url} if redis_url else {}),
             **(env or {}),
         }
         with _logs_on_failure(logs):
-            serve = stack.enter_context(
-                spar_process(
-                    ["serve", "--host", "127.0.0.1", "--port", str(port)],
-                    process_env,
-                    cwd=logs,
-                    health_url=f"{base}/health/live",
-                )
-            )
+            base, serve = stack.enter_context(spar_serve(process_env, cwd=logs, public_url=True))
             workers_started = time.perf_counter()
             worker_pids = [
                 stack.enter_context(
                     spar_process(
                         ["worker", *(worker_args or [])],
-                        {**process_env, **(worker_env or {})},
+                        {"SPAR_PUBLIC_BASE_URL": base, **process_env, **(worker_env or {})},
                         cwd=logs,
                     )
                 ).pid

@@ -36,7 +36,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from shared.db.models import CriterionResult, ScenarioRun, TurnResult
 from tests.support.factories import tenant
 from tests.support.fakes import FakeAgent, FakeOpenAI
-from tests.support.processes import free_port, spar_process, suite_env
+from tests.support.processes import spar_process, spar_serve, suite_env
 from tests.support.sse import parse_sse
 
 pytestmark = pytest.mark.slow
@@ -268,14 +268,8 @@ async def test_a_batch_survives_a_worker_killed_mid_batch(
             samples.append(await in_flight(db, batch_id))
             return response.json()
 
-        port = free_port()
         with (
-            spar_process(
-                ["serve", "--host", "127.0.0.1", "--port", str(port)],
-                chaos_env,
-                cwd=tmp_path,
-                health_url=f"http://127.0.0.1:{port}/health/live",
-            ),
+            spar_serve(chaos_env, cwd=tmp_path) as (base, _),
             spar_process(["scheduler"], {**chaos_env, "SPAR_LOG_LEVEL": "INFO"}, cwd=tmp_path),
             spar_process(WORKER_ARGS, chaos_env, cwd=tmp_path) as worker_a,
         ):
@@ -288,7 +282,7 @@ async def test_a_batch_survives_a_worker_killed_mid_batch(
             assert response.json()["status"] == "queued"
             assert response.json()["total_scenarios"] == SCENARIOS
             batch_id = response.json()["id"]
-            progress = ProgressReader(f"http://127.0.0.1:{port}{path}/{batch_id}/events", h)
+            progress = ProgressReader(f"{base}{path}/{batch_id}/events", h)
             progress.start()
 
             with spar_process(WORKER_ARGS, chaos_env, cwd=tmp_path):

@@ -28,7 +28,7 @@ from litestar.testing import AsyncTestClient
 
 from tests.support.factories import Tenant, tenant
 from tests.support.fakes import FakeAgent
-from tests.support.processes import RestartableRedis, free_port, spar_process
+from tests.support.processes import RestartableRedis, spar_process, spar_serve
 from tests.support.scenario_setup import create_scenario, criterion, outbound_setup, turn
 
 pytestmark = pytest.mark.slow
@@ -148,17 +148,8 @@ def spar(
 ) -> Iterator[tuple[str, list[subprocess.Popen[bytes]]]]:
     """``spar serve``, ``spar scheduler`` and ``workers`` workers: the API's URL and the
     worker processes."""
-    port = free_port()
-    api = f"http://127.0.0.1:{port}"
     with ExitStack() as stack:
-        stack.enter_context(
-            spar_process(
-                ["serve", "--host", "127.0.0.1", "--port", str(port)],
-                variables,
-                cwd=directory,
-                health_url=f"{api}/health/live",
-            )
-        )
+        api, _ = stack.enter_context(spar_serve(variables, cwd=directory))
         stack.enter_context(spar_process(["scheduler"], variables, cwd=directory))
         started = [
             stack.enter_context(spar_process(WORKER, variables, cwd=directory))

@@ -25,7 +25,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.support.processes import free_port, owner_over_http, spar_process
+from tests.support.processes import owner_over_http, spar_serve
 
 pytestmark = pytest.mark.slow
 
@@ -82,19 +82,12 @@ def schema_for_schemathesis(document: Any) -> tuple[Any, int]:
 
 
 def test_no_operation_answers_a_server_error(database_url, db, tmp_path: Path):
-    port = free_port()
-    base = f"http://127.0.0.1:{port}"
     env = {
         "SPAR_DATABASE_URL": database_url,
         "SPAR_SECRET_KEY": "fuzz-secret-key",
         "SPAR_LOG_LEVEL": "WARNING",
     }
-    with spar_process(
-        ["serve", "--host", "127.0.0.1", "--port", str(port)],
-        env,
-        cwd=tmp_path,
-        health_url=f"{base}/health/ready",
-    ):
+    with spar_serve(env, cwd=tmp_path, health="/health/ready") as (base, _):
         with httpx.Client(base_url=base, timeout=10) as http:
             headers, org = owner_over_http(
                 http, "fuzz-owner@example.com", "fuzzing-password", "Fuzz"

@@ -9,7 +9,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.support.processes import free_port, owner_over_http, spar_process
+from tests.support.processes import owner_over_http, spar_serve
 
 pytestmark = pytest.mark.slow
 
@@ -24,15 +24,8 @@ async def test_listings_refused_for_their_paging_leave_no_connection_behind(
     never gave it back, closed by the garbage collector while still waiting, "asynchronous
     generator is already running".)  A hundred and eighty refused at sixty at once, then
     twenty listings answer."""
-    port = free_port()
-    base = f"http://127.0.0.1:{port}"
     env = {"SPAR_DATABASE_URL": database_url, "SPAR_SECRET_KEY": "connections-secret-key"}
-    with spar_process(
-        ["serve", "--host", "127.0.0.1", "--port", str(port)],
-        env,
-        cwd=tmp_path,
-        health_url=f"{base}/health/ready",
-    ):
+    with spar_serve(env, cwd=tmp_path, health="/health/ready") as (base, _):
         with httpx.Client(base_url=base, timeout=10) as http:
             headers, org = owner_over_http(http, "pool@example.com", "pool-password-1", "Pool")
         path = f"/v1/orgs/{org['id']}/allowed-domains/"

@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.support.processes import free_port, owner_over_http, spar_process
+from tests.support.processes import owner_over_http, spar_serve
 
 pytestmark = pytest.mark.slow
 
@@ -26,21 +26,13 @@ def code_block(language: str) -> str:
 def test_the_documented_python_and_curl_senders_start_executions(
     client, database_url, settings, tmp_path: Path
 ) -> None:
-    port = free_port()
-    base = f"http://127.0.0.1:{port}"
     env = {
         "SPAR_DATABASE_URL": database_url,
         "SPAR_REDIS_URL": settings.redis_url,
         "SPAR_SECRET_KEY": settings.secret_key or "",
-        "SPAR_PUBLIC_BASE_URL": base,
     }
     with (
-        spar_process(
-            ["serve", "--host", "127.0.0.1", "--port", str(port)],
-            env,
-            cwd=tmp_path,
-            health_url=f"{base}/health/live",
-        ),
+        spar_serve(env, cwd=tmp_path, public_url=True) as (base, _),
         httpx.Client(base_url=base, timeout=30) as http,
     ):
         h, org = owner_over_http(http, "sender@example.com", "sender-password", "hooks")

@@ -32,11 +32,11 @@ from sqlalchemy import make_url
 from tests.support.fakes import FakeAgent
 from tests.support.processes import (
     admin_sql,
-    free_port,
     owner_over_http,
     private_redis,
     spar_executable,
     spar_process,
+    spar_serve,
 )
 
 SECOND = "*/6"  # SPAR_TRIGGER_SECOND: a slot every six seconds
@@ -112,19 +112,9 @@ class FailoverDrill:
             # PostgreSQL's max_connections (100 by default).
             "SPAR_DB_POOL_SIZE": "2",
         }
-        port = free_port()
-        base = f"http://127.0.0.1:{port}"
         for name in ("serve", "worker", "a", "b"):
             (root / name).mkdir()
-        stack.enter_context(
-            spar_process(
-                ["serve", "--host", "127.0.0.1", "--port", str(port)],
-                env,
-                cwd=root / "serve",
-                health_url=f"{base}/health/live",
-                timeout=60,
-            )
-        )
+        base, _ = stack.enter_context(spar_serve(env, cwd=root / "serve", timeout=60))
         stack.enter_context(
             spar_process(
                 ["worker", "--processes", "1", "--threads", "4", "--queues", "triggers"],

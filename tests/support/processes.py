@@ -9,7 +9,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -96,6 +96,34 @@ def spar_process(
                 except subprocess.TimeoutExpired:
                     os.killpg(process.pid, signal.SIGKILL)
                     process.wait()
+
+
+@contextmanager
+def spar_serve(
+    env: dict[str, str],
+    *,
+    cwd: Path,
+    args: Sequence[str] = (),
+    health: str = "/health/live",
+    public_url: bool = False,
+    timeout: float = 30.0,
+) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    """Run ``spar serve <args>`` on a free loopback port and wait for ``health`` there to
+    answer 200: its base URL and its process; always stop it after.  With ``public_url``
+    its environment names that URL as ``SPAR_PUBLIC_BASE_URL`` unless ``env`` names
+    another."""
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    if public_url:
+        env = {"SPAR_PUBLIC_BASE_URL": base, **env}
+    with spar_process(
+        ["serve", "--host", "127.0.0.1", "--port", str(port), *args],
+        env,
+        cwd=cwd,
+        health_url=f"{base}{health}",
+        timeout=timeout,
+    ) as process:
+        yield base, process
 
 
 def _wait_healthy(
