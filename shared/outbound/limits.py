@@ -45,7 +45,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import hiredis
-import redis.asyncio as aioredis
 from redis.asyncio.connection import SSLConnection, UnixDomainSocketConnection, parse_url
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, RedisError
@@ -243,15 +242,17 @@ return tostring(limit)
 """
 
 
-# A script call waiting to be sent: the script, its keys, its arguments, its answer.
-_Call = tuple[str, list[str], list[object], "asyncio.Future[object]"]
+# A call waiting to be sent: the script (``None`` for a plain command), its keys, its
+# arguments (a plain command's are the command), its answer.
+_Call = tuple[str | None, list[str], list[object], "asyncio.Future[object]"]
 ROUND_TRIP_S = 5.0  # a round trip to Redis longer than this fails (the call goes unlimited)
 WIRE_NAME = "spar-outbound-limits"  # the limiter's connection, in Redis's CLIENT LIST
 
 
 class _Wire:
-    """One connection to Redis for the limiter's scripts: commands written as RESP, replies
-    read by hiredis, a round trip at a time (:class:`_Scripts` sends one batch at once).
+    """The limiter's one connection to Redis (its scripts and its one read): commands
+    written as RESP, replies read by hiredis, a round trip at a time (:class:`_Scripts`
+    sends one batch at once).
 
     Through redis-py's pipeline (its pipeline object, retry wrapper, connection pool, a
     timeout per read and a health check, each time) a call's acquire and release cost the
@@ -363,13 +364,14 @@ def _packed(command: list[object]) -> bytes:
 
 
 class _Scripts:
-    """The limiter's scripts, sent to Redis together: the calls made while one round trip is
-    in flight wait for it and go in the next, one pipeline (``EVALSHA`` each, the scripts
-    loaded once when Redis answers ``NOSCRIPT``) on the limiter's own connection
-    (:class:`_Wire`).  Every outbound call runs two scripts, and a worker's calls come many
-    at a time.  A task sends, not a caller: a caller cancelled mid-send strands no other's
-    answer.  redis-py's own pipelined scripts ask ``SCRIPT EXISTS`` first: one more round
-    trip every time."""
+    """The limiter's scripts (and its one plain read, :meth:`command`), sent to Redis
+    together: the calls made while one round trip is in flight wait for it and go in the
+    next, one pipeline (``EVALSHA`` each, the scripts loaded once when Redis answers
+    ``NOSCRIPT``) on the limiter's own connection (:class:`_Wire`), which never carries
+    two round trips at once.  Every outbound call runs two scripts, and a worker's calls
+    come many at a time.  A task sends, not a caller: a caller cancelled mid-send strands
+    no other's answer.  redis-py's own pipelined scripts ask ``SCRIPT EXISTS`` first: one
+    more round trip every time."""
 
     def __init__(self, wire: _Wire, *scripts: str) -> None:
         self._wire = wire
@@ -379,8 +381,15 @@ class _Scripts:
 
     async def run(self, script: str, keys: list[str], args: list[object]) -> object:
         """The script's answer; raises :class:`RedisError` when Redis did not give one."""
+        return await self._queue((script, keys, args))
+
+    async def command(self, *command: object) -> object:
+        """A plain command's answer, sent with the scripts; raises as :meth:`run` does."""
+        return await self._queue((None, [], list(command)))
+
+    async def _queue(self, call: tuple[str | None, list[str], list[object]]) -> object:
         future: asyncio.Future[object] = asyncio.get_running_loop().create_future()
-        self._queued.append((script, keys, args, future))
+        self._queued.append((*call, future))
         if self._sender is None or self._sender.done():
             self._sender = asyncio.create_task(self._send())
         return await future
@@ -416,7 +425,7 @@ class _Scripts:
 
     def _commands(self, batch: list[_Call]) -> list[list[object]]:
         return [
-            ["EVALSHA", self._shas[script], len(keys), *keys, *args]
+            args if script is None else ["EVALSHA", self._shas[script], len(keys), *keys, *args]
             for script, keys, args, _ in batch
         ]
 
@@ -427,7 +436,6 @@ class RedisLimiter(DestinationLimiter):
 
     def __init__(self, url: str, **kwargs: float) -> None:
         super().__init__(**kwargs)  # type: ignore[arg-type]
-        self._redis = aioredis.Redis.from_url(url, socket_timeout=5, socket_connect_timeout=5)
         self._wire = _Wire(url)
         self._scripts = _Scripts(self._wire, _ACQUIRE, _RELEASE)
 
@@ -475,7 +483,9 @@ class RedisLimiter(DestinationLimiter):
 
     async def _refusals(self, destination: Destination) -> tuple[int, int, int]:
         try:
-            values = await self._redis.hmget(destination.key, ["since", "refused", "hold"])
+            values = await self._scripts.command(
+                "HMGET", destination.key, "since", "refused", "hold"
+            )
         except RedisError:  # a batch's detail still answers, without it
             log.warning("outbound limits unavailable (Redis)", exc_info=True)
             return 0, 0, 0
@@ -484,7 +494,6 @@ class RedisLimiter(DestinationLimiter):
 
     async def close(self) -> None:
         await self._wire.close()
-        await self._redis.aclose()
 
 
 # --- one process -----------------------------------------------------------------------------

@@ -454,7 +454,8 @@ async def test_the_redis_limiters_connection_authenticates_selects_its_database_
 ) -> None:
     """The limiter's own connection (not redis-py's) logs in with the URL's password, uses
     the URL's database, and, killed by Redis between two calls, is opened again: no call
-    fails and the limit's state carries on."""
+    fails and the limit's state carries on.  A batch detail's read of a hold goes on that
+    same connection: the limiter holds one connection to Redis, no more."""
     import redis.asyncio as aioredis
 
     from shared.outbound.limits import WIRE_NAME
@@ -484,8 +485,13 @@ async def test_the_redis_limiters_connection_authenticates_selects_its_database_
             again = await made.acquire(where, refused_since=None)
             assert await admin.zcard(where.key + ":holders") == 1
             await made.release(again, status=200, retry_after_s=None)
-            names = [client["name"] for client in await admin.client_list()]
-            assert names.count(WIRE_NAME) == 1
+            refused = await made.acquire(where, refused_since=None)
+            await made.release(refused, status=429, retry_after_s=30)
+            held = await made.held_back([where])
+            assert held is not None and held[0] == where
+            clients = await admin.client_list()
+            assert [client["name"] for client in clients].count(WIRE_NAME) == 1
+            assert len(clients) == 2  # the limiter's and this test's
         finally:
             await admin.aclose()
             await made.close()
