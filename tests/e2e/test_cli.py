@@ -44,7 +44,13 @@ from tests.support.fakes import (
     VoteQuota,
     verdict_from_marker,
 )
-from tests.support.processes import free_port, spar_executable, spar_process, suite_env
+from tests.support.processes import (
+    free_port,
+    spar_executable,
+    spar_process,
+    spar_serve,
+    suite_env,
+)
 from tests.support.proxy import DroppingProxy
 from tests.support.scenario_setup import (
     create_judge_provider,
@@ -105,16 +111,9 @@ def spar_api(
 ) -> Iterator[str]:
     """``spar serve`` and ``spar worker`` on the suite's database; the API's URL."""
     env = suite_env(database_url, settings, SPAR_LOG_LEVEL="WARNING", SPAR_DB_POOL_SIZE="4")
-    port = free_port()
     cwd = tmp_path_factory.mktemp("spar-cli")
-    url = f"http://127.0.0.1:{port}"
     with (
-        spar_process(
-            ["serve", "--port", str(port), "--host", "127.0.0.1"],
-            env,
-            cwd=cwd,
-            health_url=f"{url}/health/live",
-        ),
+        spar_serve(env, cwd=cwd) as (url, _),
         spar_process(["worker", "--processes", "1", "--threads", "8"], env, cwd=cwd),
     ):
         yield url

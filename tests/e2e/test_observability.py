@@ -24,7 +24,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from tests.support import metrics as families
 from tests.support.factories import tenant
 from tests.support.fakes import FakeAgent, FakeOpenAI
-from tests.support.processes import free_port, spar_process, suite_env
+from tests.support.processes import free_port, spar_process, spar_serve, suite_env
 from tests.support.scenario_setup import criterion, outbound_setup, turn, wait_for_run
 
 pytestmark = pytest.mark.slow
@@ -72,16 +72,14 @@ async def test_a_request_id_follows_a_run_from_the_api_into_the_worker(
     client, database_url, settings, tmp_path: Path
 ) -> None:
     env = suite_env(database_url, settings, SPAR_LOG_LEVEL="INFO", SPAR_LOG_FORMAT="json")
-    api_port, metrics_port, scheduler_port = free_port(), free_port(), free_port()
-    api_url = f"http://127.0.0.1:{api_port}"
+    metrics_port, scheduler_port = free_port(), free_port()
     rid = f"e2e-{uuid.uuid4().hex}"
-    serve = ["serve", "--host", "127.0.0.1", "--port", str(api_port), "--workers", "2"]
     work = ["worker", "--processes", "2", "--threads", "2", "--queues", "runs"]
     work += ["--metrics-port", str(metrics_port)]
     with (
         FakeAgent(reply=lambda body: f"Hello! {body['message']}") as agent,
         FakeOpenAI(reply=VERDICT) as judge,
-        spar_process(serve, env, cwd=tmp_path, health_url=f"{api_url}/health/live"),
+        spar_serve(env, cwd=tmp_path, args=("--workers", "2")) as (api_url, _),
         spar_process(work, env, cwd=tmp_path),
         spar_process(["scheduler", "--metrics-port", str(scheduler_port)], env, cwd=tmp_path),
     ):
