@@ -141,7 +141,7 @@ async def measure(args: argparse.Namespace) -> dict[str, float]:
                     )
                 ).fetchall()
             ]
-        connector = aiohttp.TCPConnector(limit=1000, use_dns_cache=False)
+        connector = aiohttp.TCPConnector(limit=0, use_dns_cache=False)  # no cap on connections
         async with aiohttp.ClientSession(connector=connector) as http:
             floor = Floor(http, pool, args)
             database_before = sum(cpu_seconds(pid) for pid in backends)
