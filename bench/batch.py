@@ -676,39 +676,62 @@ def report_cpu(spent: CpuSpent, turns: int, calls: int) -> None:
 
 def floor_pass(args: argparse.Namespace, url: str, fake: Fakes) -> dict[str, float]:
     """``bench/floor.py`` on the workload of a latency pass (all B x N conversations, B x K
-    at a time), against the same fakes at the same latency, in a process of its own while
-    Spar idles: its wall time and CPU."""
+    at a time), against the same fakes at the same latency, while Spar idles: as many
+    processes as Spar has workers, each with a worker's pool and its share of the
+    conversations, started together.  Their wall time (first start to last end) and CPU."""
     default_pool = next(f.default for f in fields(Settings) if f.name == "db_pool_size")
-    workers_pool = (args.db_pool or default_pool) * args.workers
-    answer = subprocess.run(
-        [
-            sys.executable,
-            str(Path(__file__).with_name("floor.py")),
-            *("--agent-url", fake.agent_url, "--judge-url", fake.judge_url),
-            *("--database-url", url, "--db-pool", str(workers_pool)),
-            *("-n", str(args.batches * args.scenarios), "-t", str(args.turns)),
-            *("-c", str(args.criteria), "-k", str(args.batches * args.concurrency)),
-        ],
-        check=True,
-        capture_output=True,
-        text=True,
-    )
-    return json.loads(answer.stdout.strip().splitlines()[-1])
+    processes = args.workers
+    total, lanes = args.batches * args.scenarios, args.batches * args.concurrency
+    start_at = time.time() + 5.0  # past the processes' imports and pools
+    running = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                str(Path(__file__).with_name("floor.py")),
+                *("--agent-url", fake.agent_url, "--judge-url", fake.judge_url),
+                *("--database-url", url, "--db-pool", str(args.db_pool or default_pool)),
+                *("-n", str(_share(total, processes, i)), "-t", str(args.turns)),
+                *("-c", str(args.criteria), "-k", str(_share(lanes, processes, i))),
+                *("--start-at", str(start_at)),
+            ],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for i in range(processes)
+    ]
+    parts = []
+    for process in running:
+        out, _ = process.communicate()
+        if process.returncode:
+            raise RuntimeError(f"bench/floor.py failed ({process.returncode})")
+        parts.append(json.loads(out.strip().splitlines()[-1]))
+    return {
+        "wall_s": max(p["ended_at"] for p in parts) - min(p["started_at"] for p in parts),
+        "cpu_s": sum(p["cpu_s"] for p in parts),
+        "database_cpu_s": sum(p["database_cpu_s"] for p in parts),
+        "processes": processes,
+    }
+
+
+def _share(count: int, parts: int, index: int) -> int:
+    """Part ``index`` of ``count`` shared out between ``parts``, as evenly as it goes."""
+    return count // parts + (index < count % parts)
 
 
 def report_floor(floor: dict[str, float], args: argparse.Namespace, spar_per_turn: float) -> None:
     turns = args.batches * args.scenarios * args.turns
     per_turn = (floor["cpu_s"] + floor["database_cpu_s"]) / turns
     print(
-        "floor pass (bench/floor.py: the same conversations on one asyncio loop with aiohttp "
-        "and psycopg, a write per turn; no queue, claims, limits or metrics):"
+        f"floor pass (bench/floor.py: the same conversations in {floor['processes']:.0f} "
+        "process(es), one asyncio loop each with aiohttp and psycopg, a write per turn; no "
+        "queue, claims, limits or metrics):"
     )
     print(
         f"  efficiency          {ideal_s(args) / floor['wall_s']:8.3f}     (ideal / measured; "
         f"{floor['wall_s']:.2f} s)"
     )
     print(
-        f"  CPU per turn        {per_turn * 1000:8.2f} ms  (its process "
+        f"  CPU per turn        {per_turn * 1000:8.2f} ms  (its processes "
         f"{floor['cpu_s'] / turns * 1000:.2f} + PostgreSQL "
         f"{floor['database_cpu_s'] / turns * 1000:.2f})"
     )

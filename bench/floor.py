@@ -1,7 +1,8 @@
 """The floor under ``bench/batch.py``'s CPU per turn: the same conversations played with
 the least a Python service can do, measured beside Spar in the same run.
 
-One process, one event loop: aiohttp calls the agent (Spar's agent protocol) and then the
+Each process one event loop (``bench/batch.py`` runs as many as Spar has workers, the
+conversations shared out between them): aiohttp calls the agent (Spar's agent protocol) and then the
 judge once per criterion, concurrently (OpenAI chat completions, Spar's own judge prompt),
 K conversations at a time, and psycopg writes one row per turn (the turn's messages and
 verdicts) on a pool of autocommit connections.  No queue, no claims, no limits, no retries,
@@ -16,13 +17,15 @@ fakes at the same latency); on its own it prints one JSON line::
         -n 200 -t 3 -c 2 -k 50
 
 ``cpu_s`` is the process's user + system CPU over the conversations (start-up and imports
-excluded), ``database_cpu_s`` that of its PostgreSQL backends over the same window.
+excluded), ``database_cpu_s`` that of its PostgreSQL backends over the same window;
+``started_at`` and ``ended_at`` bound that window (epoch seconds).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import resource
 import sys
 import time
@@ -40,7 +43,7 @@ from psycopg_pool import AsyncConnectionPool
 from bench.stack import cpu_seconds, psycopg_dsn
 from shared.llm.judge import SYSTEM_PROMPT, VERDICT_SCHEMA, build_prompt
 
-TABLE = "bench_floor_turns"
+TABLE = f"bench_floor_turns_{os.getpid()}"  # one per process: several run at once
 APPLICATION = "spar-bench-floor"
 JSON = {"Content-Type": "application/json"}
 
@@ -144,17 +147,19 @@ async def measure(args: argparse.Namespace) -> dict[str, float]:
         connector = aiohttp.TCPConnector(limit=0, use_dns_cache=False)  # no cap on connections
         async with aiohttp.ClientSession(connector=connector) as http:
             floor = Floor(http, pool, args)
+            if args.start_at is not None:  # with the other processes of the same floor
+                await asyncio.sleep(max(0.0, args.start_at - time.time()))
             database_before = sum(cpu_seconds(pid) for pid in backends)
-            cpu_before, started = _own_cpu_s(), time.perf_counter()
+            cpu_before, started = _own_cpu_s(), time.time()
             await floor.play()
-            wall = time.perf_counter() - started
+            ended = time.time()
             cpu = _own_cpu_s() - cpu_before
             database = sum(cpu_seconds(pid) for pid in backends) - database_before
         async with pool.connection() as conn:
             await conn.execute(f"DROP TABLE {TABLE}")
     finally:
         await pool.close()
-    return {"wall_s": wall, "cpu_s": cpu, "database_cpu_s": database}
+    return {"started_at": started, "ended_at": ended, "cpu_s": cpu, "database_cpu_s": database}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -166,8 +171,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--turns", "-t", type=int, default=3)
     parser.add_argument("--criteria", "-c", type=int, default=2)
     parser.add_argument("--concurrency", "-k", type=int, default=50)
+    parser.add_argument("--db-pool", type=int, default=10, help="connections (a worker's pool)")
     parser.add_argument(
-        "--db-pool", type=int, default=20, help="connections (default: two workers' pools)"
+        "--start-at",
+        type=float,
+        default=None,
+        help="when to start playing (epoch seconds): the processes of one floor start together",
     )
     args = parser.parse_args(argv)
     print(msgspec.json.encode(asyncio.run(measure(args))).decode(), flush=True)
