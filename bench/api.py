@@ -65,6 +65,7 @@ from bench.stack import (
     spar_stack,
     unwind_on_sigterm,
 )
+from shared.db.direct import Statement
 from tests.support.processes import free_port
 
 # uvicorn's settings of ``spar serve`` (api/cli.py ``_serve``), given to the bare app too.
@@ -231,9 +232,9 @@ def _baseline(
 # --- the bare app on the database ----------------------------------------------------------------
 
 
-def spar_sql() -> dict[str, tuple[str, dict[str, Any]]]:
-    """The SQL Spar runs for the bench's requests, by name: each statement's text and its
-    constants, taken from Spar's own compiled statements so that both run the same SQL."""
+def spar_sql() -> dict[str, Statement]:
+    """The SQL Spar runs for the bench's requests, by name: Spar's own compiled statements
+    (their text, their constants, their order of arguments), so that both run the same SQL."""
     from shared.db.models import AllowedDomain
     from shared.db.queries import _in_org
     from shared.identity import accounts, authentication
@@ -247,10 +248,10 @@ def spar_sql() -> dict[str, tuple[str, dict[str, Any]]]:
         "domains": _in_org(AllowedDomain)._statement,
         "scenarios": _SCENARIOS[False]._statement,
     }
-    return {name: (st.sql, dict(st._constants)) for name, st in statements.items()}
+    return statements
 
 
-def sql_app(dsn: str, pool_size: int, sql: dict[str, tuple[str, dict[str, Any]]]) -> Any:
+def sql_app(dsn: str, pool_size: int, sql: dict[str, Statement]) -> Any:
     """The same routes as Spar's, each running Spar's SQL for it on psycopg: the token
     lookup (401 without a row, 404 without access to the organization), then the
     request's reads, answered as JSON.  No revocation or expiry rules beyond the row's
@@ -261,6 +262,7 @@ def sql_app(dsn: str, pool_size: int, sql: dict[str, tuple[str, dict[str, Any]]]
     import msgspec
     from litestar import Litestar, get
     from litestar.exceptions import NotAuthorizedException, NotFoundException
+    from psycopg import AsyncRawCursor
     from psycopg.rows import dict_row
     from psycopg.types.json import set_json_loads
     from psycopg_pool import AsyncConnectionPool
@@ -278,9 +280,9 @@ def sql_app(dsn: str, pool_size: int, sql: dict[str, tuple[str, dict[str, Any]]]
     )
 
     async def rows(connection: Any, name: str, **given: Any) -> list[dict[str, Any]]:
-        text, constants = sql[name]
-        async with connection.cursor(row_factory=dict_row) as cursor:
-            await cursor.execute(text, {**constants, **given})
+        statement = sql[name]  # its text and its arguments, executed as Spar executes them
+        async with AsyncRawCursor(connection, row_factory=dict_row) as cursor:
+            await cursor.execute(statement.sql, statement.arguments(given))
             return await cursor.fetchall()
 
     async def caller(

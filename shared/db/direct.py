@@ -19,7 +19,7 @@ from types import SimpleNamespace
 from typing import Any, TypeVar
 
 import msgspec
-from psycopg import AsyncConnection
+from psycopg import AsyncConnection, AsyncRawCursor
 from psycopg.rows import dict_row, kwargs_row, namedtuple_row
 from psycopg.types.json import Jsonb, set_json_loads
 from psycopg_pool import AsyncConnectionPool
@@ -30,7 +30,12 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from sqlalchemy.sql import visitors
 from sqlalchemy.sql.expression import Executable
 
-_DIALECT = PGDialect_psycopg()
+# Numbered placeholders ($1, $2: PostgreSQL's own), executed on psycopg's raw cursors: the
+# text goes to the server as it is.  With psycopg's %(name)s placeholders every execution
+# parsed the text for them again, and psycopg caches that parse only for statements of up
+# to 4 KB: a run's last statement is 6.5 KB, and its execution cost the worker 477-516 µs
+# of CPU, 301-309 µs on a raw cursor (measured on this 2-core VM, 2026-11-28).
+_DIALECT = PGDialect_psycopg(paramstyle="numeric_dollar")
 S = TypeVar("S", bound=msgspec.Struct)
 
 # Session settings of every PostgreSQL connection Spar makes (these and the engine's).  No
@@ -81,6 +86,7 @@ class Statement:
         compiled = statement.compile(dialect=_DIALECT)
         _refuse(statement, compiled)
         self.sql = str(compiled)
+        self._order: Sequence[str] = compiled.positiontup or ()  # the name of each $n
         self._constants = {k: v for k, v in compiled.params.items() if v is not None}
         self._required = {k for k, v in compiled.params.items() if v is None}
         self._json = {
@@ -89,7 +95,9 @@ class Statement:
             if isinstance(bind.type.dialect_impl(_DIALECT), JSON)
         }
 
-    def _params(self, given: Mapping[str, Any]) -> dict[str, Any]:
+    def arguments(self, given: Mapping[str, Any]) -> list[Any]:
+        """The values of :attr:`sql`'s ``$1``, ``$2``, ...: ``given`` and the statement's
+        constants, in order (for a raw cursor: ``AsyncRawCursor``)."""
         missing = self._required - given.keys()
         if missing:
             raise TypeError(f"missing statement parameters: {', '.join(sorted(missing))}")
@@ -98,19 +106,19 @@ class Statement:
             # None is SQL NULL, as for any other parameter (not the JSON value null).
             if given[name] is not None:
                 params[name] = Jsonb(given[name], dumps=json_text)
-        return params
+        return [params[name] for name in self._order]
 
     async def rows(self, connection: AsyncConnection[Any], **given: Any) -> Sequence[Any]:
-        async with connection.cursor(row_factory=namedtuple_row) as cursor:
-            await cursor.execute(self.sql, self._params(given))
+        async with AsyncRawCursor(connection, row_factory=namedtuple_row) as cursor:
+            await cursor.execute(self.sql, self.arguments(given))
             return await cursor.fetchall()
 
     async def objects(self, connection: AsyncConnection[Any], **given: Any) -> list[Any]:
         """The rows as objects with an attribute per column: what
         :meth:`shared.schemas.Output.from_row` reads, as it reads an ORM object (a named
         tuple would be read as an array)."""
-        async with connection.cursor(row_factory=kwargs_row(SimpleNamespace)) as cursor:
-            await cursor.execute(self.sql, self._params(given))
+        async with AsyncRawCursor(connection, row_factory=kwargs_row(SimpleNamespace)) as cursor:
+            await cursor.execute(self.sql, self.arguments(given))
             return await cursor.fetchall()
 
     async def structs(
@@ -118,8 +126,8 @@ class Statement:
     ) -> list[S]:
         """The rows as ``shape``, each column given to the field of its name (nested JSON
         decoded into the field's type): a column is found by its name, never its place."""
-        async with connection.cursor(row_factory=dict_row) as cursor:
-            await cursor.execute(self.sql, self._params(given))
+        async with AsyncRawCursor(connection, row_factory=dict_row) as cursor:
+            await cursor.execute(self.sql, self.arguments(given))
             return msgspec.convert(await cursor.fetchall(), list[shape])  # type: ignore[valid-type]
 
 
