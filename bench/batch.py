@@ -680,8 +680,8 @@ def floor_pass(args: argparse.Namespace, url: str, fake: Fakes) -> dict[str, flo
     processes as Spar has workers, each with a worker's pool and its share of the
     conversations, started together.  Their wall time (first start to last end) and CPU."""
     default_pool = next(f.default for f in fields(Settings) if f.name == "db_pool_size")
-    processes = args.workers
     total, lanes = args.batches * args.scenarios, args.batches * args.concurrency
+    processes = min(args.workers, lanes)  # each with a lane at least
     start_at = time.time() + 5.0  # past the processes' imports and pools
     running = [
         subprocess.Popen(

@@ -1,14 +1,15 @@
 """The floor under ``bench/batch.py``'s CPU per turn: the same conversations played with
 the least a Python service can do, measured beside Spar in the same run.
 
-Each process one event loop (``bench/batch.py`` runs as many as Spar has workers, the
-conversations shared out between them): aiohttp calls the agent (Spar's agent protocol) and then the
-judge once per criterion, concurrently (OpenAI chat completions, Spar's own judge prompt),
-K conversations at a time, and psycopg writes one row per turn (the turn's messages and
-verdicts) on a pool of autocommit connections.  No queue, no claims, no limits, no retries,
-no metrics: what is left is the calls' and the write's own cost in the same libraries Spar
-uses.  A machine twice as slow doubles it too, so Spar's CPU per turn divided by the
-floor's is the figure that can be compared from one day (or machine) to another.
+Each process is one event loop (``bench/batch.py`` runs as many as Spar has workers, the
+conversations shared out between them): aiohttp calls the agent (Spar's agent protocol)
+and then the judge once per criterion, concurrently (OpenAI chat completions, Spar's own
+judge prompt), K conversations at a time, and psycopg writes one row per turn (the turn's
+messages and verdicts) on a pool of autocommit connections.  No queue, no claims, no
+limits, no retries, no metrics: what is left is the calls' and the write's own cost in the
+same libraries Spar uses.  A machine twice as slow doubles it too, so Spar's CPU per turn
+divided by the floor's is the figure that can be compared from one day (or machine) to
+another.
 
 Run by ``bench/batch.py`` (the floor pass, after the measured batches, against the same
 fakes at the same latency); on its own it prints one JSON line::
@@ -43,8 +44,9 @@ from psycopg_pool import AsyncConnectionPool
 from bench.stack import cpu_seconds, psycopg_dsn
 from shared.llm.judge import SYSTEM_PROMPT, VERDICT_SCHEMA, build_prompt
 
-TABLE = f"bench_floor_turns_{os.getpid()}"  # one per process: several run at once
-APPLICATION = "spar-bench-floor"
+# One of each per process: several run at once, and each counts its own backends' CPU.
+TABLE = f"bench_floor_turns_{os.getpid()}"
+APPLICATION = f"spar-bench-floor-{os.getpid()}"
 JSON = {"Content-Type": "application/json"}
 
 
