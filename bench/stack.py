@@ -144,7 +144,7 @@ def spar_stack(
     ``with_redis`` is false (the API alone, on its in-memory broker)."""
     with contextlib.ExitStack() as stack:
         logs = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="spar-bench-")))
-        redis_url = stack.enter_context(_redis()) if with_redis else None
+        redis_url = stack.enter_context(bench_redis()) if with_redis else None
         stack.enter_context(throwaway_database(database_url))
         process_env = {
             "SPAR_DATABASE_URL": database_url,
@@ -184,7 +184,9 @@ def spar_stack(
 
 
 @contextlib.contextmanager
-def _redis() -> Iterator[str]:
+def bench_redis() -> Iterator[str]:
+    """``SPAR_BENCH_REDIS_URL`` (flushed before and after), or a private ``redis-server``:
+    its URL."""
     given = os.environ.get("SPAR_BENCH_REDIS_URL")
     if not given:
         with private_redis(FALLBACK_REDIS_URL) as url:
