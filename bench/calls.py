@@ -33,8 +33,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import msgspec
 
+from bench.floor import JSON, judge_request
 from bench.stack import bench_redis, loopback_fakes
-from shared.llm.judge import SYSTEM_PROMPT, VERDICT_SCHEMA, build_prompt, judge
+from shared.llm.judge import judge
 from shared.outbound.egress import (
     DomainRule,
     EgressClient,
@@ -50,22 +51,6 @@ CONVERSATION = [
 ]
 QUESTION = "Does the reply answer question 0? (criterion 0)"
 LIMITS = {"max_concurrency": 100, "wait_s": 60.0, "lease_s": 65.0}
-
-
-def request_body() -> dict[str, object]:
-    """The judge's request as ``shared.llm.clients`` writes it for an OpenAI provider."""
-    return {
-        "model": "judge",
-        "messages": [
-            {"role": "system", "content": SYSTEM_PROMPT},
-            {"role": "user", "content": build_prompt(QUESTION, CONVERSATION)},
-        ],
-        "response_format": {
-            "type": "json_schema",
-            "json_schema": {"name": "verdict", "schema": VERDICT_SCHEMA, "strict": True},
-        },
-        "max_tokens": 512,
-    }
 
 
 async def cpu_per_call(call: Callable[[], Awaitable[object]], calls: int, at_once: int) -> float:
@@ -85,7 +70,7 @@ async def cpu_per_call(call: Callable[[], Awaitable[object]], calls: int, at_onc
 
 async def measure(judge_url: str, redis_url: str, calls: int, concurrency: list[int]) -> None:
     url = f"{judge_url}/v1/chat/completions"
-    body = request_body()
+    body = judge_request(QUESTION, CONVERSATION)
     policy = EgressPolicy(rules=[DomainRule("127.0.0.1")], allow_private=True)
     provider = ProviderConfig(
         id=uuid.uuid4(),
@@ -98,8 +83,7 @@ async def measure(judge_url: str, redis_url: str, calls: int, concurrency: list[
     async with new_http_session() as http:
 
         async def bare() -> object:
-            headers = {"Content-Type": "application/json"}
-            async with http.post(url, data=msgspec.json.encode(body), headers=headers) as response:
+            async with http.post(url, data=msgspec.json.encode(body), headers=JSON) as response:
                 return msgspec.json.decode(await response.read())
 
         plain = EgressClient(policy, http=http)

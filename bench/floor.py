@@ -50,6 +50,23 @@ APPLICATION = f"spar-bench-floor-{os.getpid()}"
 JSON = {"Content-Type": "application/json"}
 
 
+def judge_request(question: str, conversation: list[dict[str, str]]) -> dict[str, Any]:
+    """The judge's request for ``question`` on ``conversation``, as ``shared.llm.clients``
+    writes it for an OpenAI provider (Spar's prompt: the same body size)."""
+    return {
+        "model": "judge",
+        "messages": [
+            {"role": "system", "content": SYSTEM_PROMPT},
+            {"role": "user", "content": build_prompt(question, conversation)},
+        ],
+        "response_format": {
+            "type": "json_schema",
+            "json_schema": {"name": "verdict", "schema": VERDICT_SCHEMA, "strict": True},
+        },
+        "max_tokens": 512,
+    }
+
+
 def _own_cpu_s() -> float:
     usage = resource.getrusage(resource.RUSAGE_SELF)
     return usage.ru_utime + usage.ru_stime
@@ -65,21 +82,8 @@ class Floor:
             return msgspec.json.decode(await response.read())
 
     async def _verdict(self, question: str, messages: list[dict[str, str]]) -> dict[str, Any]:
-        prompt = build_prompt(question, messages)
         completion = await self._post(
-            f"{self.args.judge_url}/v1/chat/completions",
-            {
-                "model": "judge",
-                "messages": [
-                    {"role": "system", "content": SYSTEM_PROMPT},
-                    {"role": "user", "content": prompt},
-                ],
-                "response_format": {
-                    "type": "json_schema",
-                    "json_schema": {"name": "verdict", "schema": VERDICT_SCHEMA, "strict": True},
-                },
-                "max_tokens": 512,
-            },
+            f"{self.args.judge_url}/v1/chat/completions", judge_request(question, messages)
         )
         return msgspec.json.decode(completion["choices"][0]["message"]["content"])
 
