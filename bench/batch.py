@@ -48,7 +48,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import httpx
 import psutil
-from msgspec.structs import fields
 from sqlalchemy import create_engine, insert
 
 from bench.stack import (
@@ -679,9 +678,8 @@ def floor_pass(args: argparse.Namespace, url: str, fake: Fakes) -> dict[str, flo
     at a time), against the same fakes at the same latency, while Spar idles: as many
     processes as Spar has workers, each with a worker's pool and its share of the
     conversations, started together.  Their wall time (first start to last end) and CPU."""
-    default_pool = next(f.default for f in fields(Settings) if f.name == "db_pool_size")
     total, lanes = args.batches * args.scenarios, args.batches * args.concurrency
-    processes = min(args.workers, lanes)  # each with a lane at least
+    shares = _shares(total, lanes, args.workers)
     start_at = time.time() + 5.0  # past the processes' imports and pools
     running = [
         subprocess.Popen(
@@ -689,15 +687,15 @@ def floor_pass(args: argparse.Namespace, url: str, fake: Fakes) -> dict[str, flo
                 sys.executable,
                 str(Path(__file__).with_name("floor.py")),
                 *("--agent-url", fake.agent_url, "--judge-url", fake.judge_url),
-                *("--database-url", url, "--db-pool", str(args.db_pool or default_pool)),
-                *("-n", str(_share(total, processes, i)), "-t", str(args.turns)),
-                *("-c", str(args.criteria), "-k", str(_share(lanes, processes, i))),
+                *("--database-url", url, "--db-pool", str(args.db_pool or Settings().db_pool_size)),
+                *("-n", str(scenarios), "-t", str(args.turns)),
+                *("-c", str(args.criteria), "-k", str(at_once)),
                 *("--start-at", str(start_at)),
             ],
             stdout=subprocess.PIPE,
             text=True,
         )
-        for i in range(processes)
+        for scenarios, at_once in shares
     ]
     parts = []
     for process in running:
@@ -709,13 +707,25 @@ def floor_pass(args: argparse.Namespace, url: str, fake: Fakes) -> dict[str, flo
         "wall_s": max(p["ended_at"] for p in parts) - min(p["started_at"] for p in parts),
         "cpu_s": sum(p["cpu_s"] for p in parts),
         "database_cpu_s": sum(p["database_cpu_s"] for p in parts),
-        "processes": processes,
+        "processes": len(shares),
     }
 
 
-def _share(count: int, parts: int, index: int) -> int:
-    """Part ``index`` of ``count`` shared out between ``parts``, as evenly as it goes."""
-    return count // parts + (index < count % parts)
+def _shares(total: int, lanes: int, processes: int) -> list[tuple[int, int]]:
+    """``total`` conversations ``lanes`` at a time shared out between at most ``processes``:
+    each process's (conversations, lanes at once), the lanes as evenly as they go and the
+    conversations by lanes, so that no process needs more rounds of conversations than
+    the whole (⌈total / lanes⌉: shared evenly instead, 25 conversations at 12 lanes would
+    take three rounds where 50 at 25 take two)."""
+    rounds = math.ceil(total / lanes)
+    shares, left = [], total
+    for i in range(min(processes, lanes)):
+        at_once = lanes // processes + (i < lanes % processes)
+        scenarios = min(at_once * rounds, left)
+        left -= scenarios
+        if scenarios:
+            shares.append((scenarios, at_once))
+    return shares
 
 
 def report_floor(floor: dict[str, float], args: argparse.Namespace, spar_per_turn: float) -> None:
