@@ -67,11 +67,20 @@ class Conversations(dramatiq.Middleware):
         self.max_retries = max_retries
         self.backoff_ms = backoff_ms
         self._room = threading.BoundedSemaphore(limit)
+        self._taken = 0  # places of the room taken (a run starting or in flight)
+        self._taken_lock = threading.Lock()
         # The runs in flight, by id: touched on the event loop only.
         self._flying: dict[str, asyncio.Task[None]] = {}
         self._stopping = threading.Event()
 
     # --- on a worker thread --------------------------------------------------------------
+
+    def room(self) -> int:
+        """The runs this process could start now: its broker's consumer of the ``runs``
+        queue fetches no more (:class:`shared.queue.PollingRedisBroker`), so that a full
+        process leaves the messages it has no room for to the others instead of holding
+        them until a run of its own ends."""
+        return self.limit - self._taken
 
     def start(self, run_id: str, retries: int) -> None:
         """Put the run on the event loop, waiting for room while the process is full, and
@@ -81,6 +90,7 @@ class Conversations(dramatiq.Middleware):
             if self._stopping.is_set():
                 self._send(run_id, None, retries)
                 return
+        self._took(1)
         claimed = threading.Event()
         self._loop().call_soon_threadsafe(self._launch, run_id, retries, claimed)
         claimed.wait(CLAIM_WAIT_S)
@@ -89,6 +99,7 @@ class Conversations(dramatiq.Middleware):
 
     def _launch(self, run_id: str, retries: int, claimed: threading.Event) -> None:
         if run_id in self._flying:  # a duplicate of a run this process plays (re-sent)
+            self._took(-1)
             self._room.release()
             claimed.set()
             return
@@ -100,7 +111,12 @@ class Conversations(dramatiq.Middleware):
     def _landed(self, run_id: str) -> None:
         del self._flying[run_id]
         RUNS_IN_FLIGHT.dec()
+        self._took(-1)
         self._room.release()
+
+    def _took(self, places: int) -> None:
+        with self._taken_lock:
+            self._taken += places
 
     async def _fly(self, run_id: str, retries: int, claimed: threading.Event) -> None:
         try:

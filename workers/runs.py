@@ -15,7 +15,7 @@ import dramatiq
 from dramatiq.middleware import CurrentMessage
 
 from shared.batches.window import dispatch_committed
-from shared.queue import DISPATCH_BATCH, RUN_SCENARIO, send
+from shared.queue import DISPATCH_BATCH, RUN_SCENARIO, PollingRedisBroker, send
 from shared.runtime import get_runtime
 from shared.scenarios.runner import execute_run
 from shared.settings import get_settings
@@ -62,6 +62,8 @@ if conversations is None:
         backoff_ms=RUN_BACKOFF_MS,
     )
     broker.add_middleware(conversations)
+    if isinstance(broker, PollingRedisBroker):
+        broker.runs_room = conversations.room
     broker.add_middleware(CurrentMessage())
 
 

@@ -422,6 +422,36 @@ async def test_a_worker_plays_more_runs_at_once_than_it_has_threads_up_to_its_bo
     assert len(agent.requests) == 12
 
 
+async def test_a_full_worker_leaves_the_runs_it_has_no_room_for_to_another(
+    client, worker_env, tmp_path: Path
+):
+    """A worker playing its ``--runs-in-flight`` takes no more run messages: a third run
+    waits in the queue for a second worker, not in the first one's hands until one of its
+    runs ends (here 20 s: its agent holds every call until three are in progress)."""
+    agent_calls = _Concurrency(together=3, wait_s=20.0)
+    with (
+        FakeAgent(reply=agent_calls.reply) as agent,
+        FakeOpenAI(reply=VERDICT) as judge,
+    ):
+        t, agent_id, scenario_id = await _setup(client, agent.url, judge.url, turns=1)
+        run_ids = [(await start_run(client, t, scenario_id, agent_id))["id"] for _ in range(3)]
+        worker_args = ["worker", "--processes", "1", "--threads", "1", "--queues", "runs"]
+        worker_args += ["--runs-in-flight", "2"]
+        with spar_process(worker_args, worker_env, cwd=tmp_path):
+            deadline = time.monotonic() + 30
+            while agent_calls.now < 2:  # the first worker is full
+                assert time.monotonic() < deadline, "the first worker never played two runs"
+                await asyncio.sleep(0.05)
+            await asyncio.sleep(1.0)  # it looks for messages every 10 ms meanwhile
+            with spar_process(worker_args, worker_env, cwd=tmp_path):
+                runs = [
+                    await _poll(client, t, run_id, until=lambda r: r["status"] == "passed")
+                    for run_id in run_ids
+                ]
+    assert [r["status"] for r in runs] == ["passed"] * 3
+    assert agent_calls.most == 3, agent_calls.most  # the third was played beside the two
+
+
 async def test_a_stopping_worker_hands_its_runs_in_flight_to_the_next_at_once(
     client, db, worker_env, tmp_path: Path
 ):

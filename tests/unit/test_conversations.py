@@ -178,3 +178,19 @@ def test_a_runs_message_is_acknowledged_only_once_the_run_is_claimed(
     returned = time.monotonic() - started
     assert 0.25 <= returned < 1.0, returned  # after the claim, not after the whole run
     assert plays.now == 1  # still playing
+
+
+def test_the_room_left_counts_runs_starting_and_in_flight_and_comes_back_as_they_end(
+    plays: Plays, stopped: list[dramatiq.Worker]
+) -> None:
+    """What the ``runs`` consumer may still fetch (shared.queue): a duplicate dropped at
+    once gives its place back."""
+    conversations, worker = _started(plays, limit=3)
+    stopped.append(worker)
+    assert conversations.room() == 3
+    conversations.start("a:0.3", 0)
+    conversations.start("b:0.3", 0)
+    assert conversations.room() == 1
+    conversations.start("a:0.3", 0)  # a duplicate of a run in flight here
+    assert conversations.room() == 1
+    _until(lambda: plays.now == 0 and conversations.room() == 3)

@@ -103,3 +103,56 @@ def test_announcements_go_to_the_work_queue_not_the_delay_queue(redis_url: str):
         announced.append(message["channel"])
     assert announced == [broker.wake_channel("runs").encode()]
     listener.close()
+
+
+def test_a_full_consumer_acknowledged_while_it_looks_fetches_what_is_queued(redis_url: str):
+    """A consumer holding all it may prefetch looks again every few milliseconds for its
+    acknowledgements; one acknowledgement landing during that look must not send it to wait
+    for an announcement (``work_poll_ms``, 10 s here) while messages sit in the queue.  It
+    did: a batch of 1,000 runs, announced at once and then silent, was started at about 16
+    runs per second per worker, each consumer idling up to ``SPAR_WORK_POLL_MS`` at a time.
+    The worker threads acknowledge while the consumer looks: here a thread, many times."""
+    broker = PollingRedisBroker(url=redis_url, work_poll_ms=10_000, heartbeat_timeout_s=30)
+    broker.declare_queue("runs")
+    consumer = broker.consume("runs", prefetch=1)
+
+    def enqueue_unannounced() -> None:  # as Dramatiq's own broker does: the queue is silent
+        dramatiq.brokers.redis.RedisBroker.enqueue(broker, _message())
+
+    enqueue_unannounced()
+    started = time.monotonic()
+    while (held := next(consumer)) is None:
+        assert time.monotonic() - started < 12
+    for round_ in range(60):
+        enqueue_unannounced()
+        acking = threading.Timer(0.0005 * (round_ % 5), consumer.ack, [held])
+        acking.start()
+        started = time.monotonic()
+        while (message := next(consumer)) is None:
+            waited = time.monotonic() - started
+            assert waited < 2.0, f"round {round_}: idled {waited:.1f} s with a message queued"
+        acking.join()
+        held = message
+    consumer.ack(held)
+
+
+def test_a_runs_consumer_fetches_no_more_than_its_process_has_room_for(redis_url: str):
+    """A full process leaves run messages in the queue for the others (its room is what its
+    conversations say, ``runs_room``); other queues keep the prefetch alone."""
+    broker = PollingRedisBroker(url=redis_url, work_poll_ms=100, heartbeat_timeout_s=30)
+    room = [0]
+    broker.runs_room = lambda: room[0]
+    broker.declare_queue("runs")
+    consumer = broker.consume("runs", prefetch=4)
+    for _ in range(3):
+        broker.enqueue(_message())
+    for _ in range(5):
+        assert next(consumer) is None
+    assert consumer.outstanding_message_count == 0
+    room[0] = 2  # two runs ended
+    got = [m for m in (next(consumer) for _ in range(5)) if m is not None]
+    assert len(got) == 2 and consumer.outstanding_message_count == 2
+    client = redis.Redis.from_url(redis_url)
+    assert client.llen("dramatiq:runs") == 1  # the third is still there for another process
+    for message in got:
+        consumer.ack(message)
