@@ -66,9 +66,9 @@ class Conversations(dramatiq.Middleware):
         self.drain_s = drain_s
         self.max_retries = max_retries
         self.backoff_ms = backoff_ms
-        self._room = threading.BoundedSemaphore(limit)
-        self._taken = 0  # places of the room taken (a run starting or in flight)
-        self._taken_lock = threading.Lock()
+        # The places of ``limit`` taken (a run starting or in flight), and its changes.
+        self._taken = 0
+        self._changed = threading.Condition()
         # The runs in flight, by id: touched on the event loop only.
         self._flying: dict[str, asyncio.Task[None]] = {}
         self._stopping = threading.Event()
@@ -86,11 +86,10 @@ class Conversations(dramatiq.Middleware):
         """Put the run on the event loop, waiting for room while the process is full, and
         return once its claim is committed.  A worker stopping meanwhile sends it back to
         the queue instead."""
-        while not self._room.acquire(timeout=SLOT_WAIT_S):
+        while not self._take(SLOT_WAIT_S):
             if self._stopping.is_set():
                 self._send(run_id, None, retries)
                 return
-        self._took(1)
         claimed = threading.Event()
         self._loop().call_soon_threadsafe(self._launch, run_id, retries, claimed)
         claimed.wait(CLAIM_WAIT_S)
@@ -99,8 +98,7 @@ class Conversations(dramatiq.Middleware):
 
     def _launch(self, run_id: str, retries: int, claimed: threading.Event) -> None:
         if run_id in self._flying:  # a duplicate of a run this process plays (re-sent)
-            self._took(-1)
-            self._room.release()
+            self._give_back()
             claimed.set()
             return
         RUNS_IN_FLIGHT.inc()
@@ -111,12 +109,24 @@ class Conversations(dramatiq.Middleware):
     def _landed(self, run_id: str) -> None:
         del self._flying[run_id]
         RUNS_IN_FLIGHT.dec()
-        self._took(-1)
-        self._room.release()
+        self._give_back()
 
-    def _took(self, places: int) -> None:
-        with self._taken_lock:
-            self._taken += places
+    # --- the room ------------------------------------------------------------------------
+
+    def _take(self, timeout: float) -> bool:
+        """A place for a run, waiting up to ``timeout`` for one; ``False`` if none came."""
+        with self._changed:
+            if not self._changed.wait_for(lambda: self._taken < self.limit, timeout):
+                return False
+            self._taken += 1
+            return True
+
+    def _give_back(self) -> None:
+        with self._changed:
+            if self._taken == 0:  # as a bounded semaphore refuses a release too many
+                raise ValueError("a run's place given back that was not taken")
+            self._taken -= 1
+            self._changed.notify()
 
     async def _fly(self, run_id: str, retries: int, claimed: threading.Event) -> None:
         try:
