@@ -31,7 +31,8 @@ RUN_BACKOFF_MS = (1_000, 30_000)
 
 async def play_run(run_id: str, claimed: Callable[[], None]) -> None:
     """One delivery of the run (``claimed()`` once its claim is committed); the runs that
-    took its place in its batch's window are committed: send them."""
+    took its place in its batch's window are committed: every other one starts here if
+    the process has room (:meth:`Conversations.keep`), the others are sent."""
     runtime = get_runtime()
     successors = await execute_run(
         runtime.database,
@@ -42,7 +43,8 @@ async def play_run(run_id: str, claimed: Callable[[], None]) -> None:
         claimed=claimed,
     )
     for successor in successors or ():
-        send(broker, RUN_SCENARIO, str(successor))
+        if not conversations.keep(str(successor), after=run_id):
+            send(broker, RUN_SCENARIO, str(successor))
 
 
 def send_run(run_id: str, delay_ms: int | None, retries: int) -> None:

@@ -12,17 +12,21 @@ import time
 from collections import Counter
 from pathlib import Path
 
+import httpx
 import pytest
 from sqlalchemy import func, select
 
 from shared.db.models import CriterionResult, ScenarioRun, TurnResult
+from shared.metrics import RUN_STATUSES
 from shared.queue import RUN_SCENARIO, get_broker, send
 from shared.settings import Settings
+from tests.support import metrics
+from tests.support.batches import create_batch, get_batch, make_scenario, make_world
 from tests.support.calibration import EXAMPLES
 from tests.support.factories import tenant
 from tests.support.fakes import FakeAgent, FakeOpenAI, FakeSimulator, verdict_from_marker
 from tests.support.otlp import OTLPReceiver
-from tests.support.processes import spar_process, suite_env
+from tests.support.processes import free_port, spar_process, suite_env
 from tests.support.scenario_setup import (
     create_judge_provider,
     create_scenario,
@@ -450,6 +454,97 @@ async def test_a_full_worker_leaves_the_runs_it_has_no_room_for_to_another(
                 ]
     assert [r["status"] for r in runs] == ["passed"] * 3
     assert agent_calls.most == 3, agent_calls.most  # the third was played beside the two
+
+
+async def _spread_batch(client, agent: FakeAgent, scenarios: int, window: int):
+    """A world with ``scenarios`` one-turn scenarios (a deterministic check each) and a
+    batch of them all at ``window`` runs at a time: (world, batch id)."""
+    w = await make_world(client, agent)
+    for n in range(scenarios):
+        await make_scenario(client, w, f"spread {n:02d}", tags=["spread"])
+    batch = await create_batch(client, w, tags=["spread"], max_concurrency=window)
+    assert batch["total_scenarios"] == scenarios
+    return w, batch["id"]
+
+
+async def _batch_done(client, w, batch_id: str, within: float = 60.0, *, at_least: int = 0):
+    """The batch once it has ``at_least`` runs done, or has ended."""
+    deadline = time.monotonic() + within
+    while True:
+        batch = await get_batch(client, w, batch_id)
+        done = batch["completed_scenarios"]
+        if (done >= at_least > 0) or batch["status"] in {"completed", "error", "cancelled"}:
+            return batch
+        assert time.monotonic() < deadline, {k: v for k, v in batch.items() if k != "runs"}
+        await asyncio.sleep(0.05)
+
+
+async def test_a_worker_starts_every_other_successor_of_a_batch_itself_without_a_message(
+    client, settings: Settings, worker_env, tmp_path: Path
+):
+    """Six runs one at a time on one worker: the first is sent by the batch's dispatch,
+    and of the five that each took its predecessor's place, the second, fourth and sixth
+    run start where their predecessor ended, with no message on the ``runs`` queue."""
+    broker = get_broker(settings)
+    announced = broker.client.pubsub()
+    announced.subscribe(broker.wake_channel(RUN_SCENARIO[0]))
+    try:
+        with FakeAgent(reply=lambda body: f"hello {body['message']}") as agent:
+            w, batch_id = await _spread_batch(client, agent, scenarios=6, window=1)
+            worker_args = ["worker", "--processes", "1", "--threads", "2"]
+            with spar_process([*worker_args, "--queues", "runs,batches"], worker_env, cwd=tmp_path):
+                batch = await _batch_done(client, w, batch_id)
+        assert batch["status"] == "completed" and batch["passed_scenarios"] == 6, batch
+        assert len(agent.requests) == 6
+        messages = 0
+        while (message := announced.get_message(timeout=0.5)) is not None:
+            messages += message["type"] == "message"
+    finally:
+        announced.close()
+    assert messages == 3, messages  # six before: one per run
+
+
+async def test_a_worker_that_joins_mid_batch_plays_a_share_of_it(
+    client, worker_env, tmp_path: Path
+):
+    """A second worker started once the first has played a batch's first window gets part
+    of the rest: a process keeps only half of the successors its runs make, and the other
+    half go to whichever process fetches them.  Here 96 runs, 6 at a time, each about
+    0.4 s at its agent; the runs each worker finished, as its metrics count them."""
+    worker_args = ["worker", "--processes", "1", "--threads", "2", "--queues", "runs,batches"]
+    first_port, second_port = free_port(), free_port()
+    with FakeAgent(reply=lambda body: (time.sleep(0.4), f"hello {body['message']}")[1]) as agent:
+        w, batch_id = await _spread_batch(client, agent, scenarios=96, window=6)
+        with spar_process(
+            [*worker_args, "--metrics-port", str(first_port)], worker_env, cwd=tmp_path
+        ):
+            await _batch_done(client, w, batch_id, at_least=6)
+            with spar_process(
+                [*worker_args, "--metrics-port", str(second_port)], worker_env, cwd=tmp_path
+            ):
+                joined = (await _runs_finished(second_port), await get_batch(client, w, batch_id))
+                batch = await _batch_done(client, w, batch_id)
+                played = [await _runs_finished(port) for port in (first_port, second_port)]
+    assert batch["status"] == "completed" and batch["passed_scenarios"] == 96, batch
+    left = 96 - joined[1]["completed_scenarios"]
+    print(f"\nruns finished by the first worker, the second: {played}; {left} left as it joined")
+    assert sum(played) == 96, played
+    # With every successor kept where it was made, the second would play none of them.
+    assert left >= 30 and played[1] >= 8, (played, left)
+
+
+async def _runs_finished(port: int, within: float = 30.0) -> float:
+    """The runs a worker finished, from its metrics port (waiting for it to answer)."""
+    url = f"http://127.0.0.1:{port}/metrics"
+    deadline = time.monotonic() + within
+    while True:
+        try:
+            found = await asyncio.to_thread(metrics.scrape, url)
+        except httpx.ConnectError:
+            assert time.monotonic() < deadline, f"nothing answers on {url}"
+            await asyncio.sleep(0.1)
+            continue
+        return sum(found.value("spar_runs_finished_total", status=s) or 0 for s in RUN_STATUSES)
 
 
 async def test_a_stopping_worker_hands_its_runs_in_flight_to_the_next_at_once(

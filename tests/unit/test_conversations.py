@@ -27,6 +27,10 @@ class Plays:
         self.most = 0
         self.cancelled: list[str] = []
         self.played: list[str] = []
+        # The successors each run offers as it ends, and whether each was kept here.
+        self.offers: dict[str, list[str]] = {}
+        self.keep: Callable[..., bool] = lambda run_id, after: False
+        self.kept: dict[str, bool] = {}
 
     async def play(self, run_id: str, claimed: Callable[[], None]) -> None:
         self.played.append(run_id)
@@ -44,6 +48,8 @@ class Plays:
             raise
         finally:
             self.now -= 1
+        for successor in self.offers.get(run_id, ()):  # as workers.runs.play_run does
+            self.kept[successor] = self.keep(successor, after=run_id)
 
     def send(self, run_id: str, delay_ms: int | None, retries: int) -> None:
         self.sent.append((run_id, delay_ms, retries))
@@ -194,3 +200,42 @@ def test_the_room_left_counts_runs_starting_and_in_flight_and_comes_back_as_they
     conversations.start("a:0.3", 0)  # a duplicate of a run in flight here
     assert conversations.room() == 1
     _until(lambda: plays.now == 0 and conversations.room() == 3)
+
+
+def test_every_other_successor_starts_here_while_the_process_has_room(
+    plays: Plays, stopped: list[dramatiq.Worker]
+) -> None:
+    """Half of the successors a run offers as it ends start on its process with no message
+    (the first one kept in the run's own place), the others go to the queue (the caller
+    sends them) so that other processes get a share of the batch; none is kept past the
+    process's bound."""
+    conversations, worker = _started(plays, limit=3)
+    stopped.append(worker)
+    plays.offers = {"a:0.2": ["s1:0.5", "s2:0", "s3:0.5", "s4:0", "s5:0", "s6:0"]}
+    plays.keep = conversations.keep
+    conversations.start("b:1", 0)
+    conversations.start("a:0.2", 0)
+    _until(lambda: "s3:0.5" in plays.played)
+    # s1 took a's place; s3 the last one free; s5's turn found the process full (b, s1, s3).
+    assert plays.kept == {
+        "s1:0.5": True,
+        "s2:0": False,
+        "s3:0.5": True,
+        "s4:0": False,
+        "s5:0": False,
+        "s6:0": False,
+    }
+    assert conversations.room() == 0
+    _until(lambda: plays.now == 0 and conversations.room() == 3)
+    assert sorted(plays.played) == ["a:0.2", "b:1", "s1:0.5", "s3:0.5"] and plays.most == 3
+    assert plays.sent == []
+
+
+def test_a_stopping_process_keeps_no_successor(plays: Plays) -> None:
+    conversations, worker = _started(plays, limit=5, drain_s=2.0)
+    plays.offers = {"a:0.5": ["s1:0", "s2:0"]}
+    plays.keep = conversations.keep
+    conversations.start("a:0.5", 0)
+    worker.stop()  # the stop is marked at once, then drains: a ends within it
+    assert plays.kept == {"s1:0": False, "s2:0": False}
+    assert plays.played == ["a:0.5"] and plays.sent == []
