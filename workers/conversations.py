@@ -5,9 +5,9 @@ inside its actor, it would hold a Dramatiq worker thread for its whole life, and
 would carry at most ``--threads`` conversations.  Instead the actor hands the run to the
 process's event loop and returns: conversations in flight are bounded by
 ``--runs-in-flight`` (``SPAR_RUNS_IN_FLIGHT``), which stands for memory and the loop's
-CPU, and a worker thread waits only while the process is full.  A run that ends starts
-every other run that took its place in its batch's window on the same loop, with no
-message (:meth:`Conversations.keep`); the others are sent.
+CPU, and a worker thread waits only while the process is full.  A run that came by a
+message and ends starts the run that takes its place in its batch's window on the same
+loop, with no message; that one sends its own successor (:meth:`Conversations.keep`).
 
 At-least-once is the run's own, not the message's (:mod:`shared.work`): the message is
 acknowledged once the run is claimed in SQL, with a heartbeat (the actor's thread waits
@@ -71,12 +71,12 @@ class Conversations(dramatiq.Middleware):
         # The places of ``limit`` taken (a run starting or in flight), and its changes.
         self._taken = 0
         self._changed = threading.Condition()
-        # The runs in flight, by id, and those that handed their place on to a successor
-        # as they ended (keep()): touched on the event loop only.
+        # The runs in flight, by id; of those, the ones started by keep() and the ones that
+        # handed their place on to a successor as they ended: on the event loop only.
         self._flying: dict[str, asyncio.Task[None]] = {}
+        self._kept: set[str] = set()
         self._handed_on: set[str] = set()
         self._stopping = threading.Event()
-        self._kept_turn = True  # whether the next successor offered to keep() is kept
 
     # --- on a worker thread --------------------------------------------------------------
 
@@ -102,27 +102,30 @@ class Conversations(dramatiq.Middleware):
     # --- on the event loop ---------------------------------------------------------------
 
     def keep(self, run_id: str, *, after: str) -> bool:
-        """Start here, at once, every other successor that the run ``after`` of this
-        process made as it ended (the runs that took its place in its batch's window), if
-        there is room: the first one kept takes ``after``'s own place.  The other half
-        are sent to the queue, for any process.  ``False``: send it.
+        """Start ``run_id``, a successor that the run ``after`` of this process made as it
+        ended (a run that took its place in its batch's window), here and at once, in
+        ``after``'s own place, if ``after`` came by a message; ``False`` when it was itself
+        started this way (or has handed its place on already, or the worker is stopping):
+        send it.
 
         A successor started here costs no message (an enqueue, a fetch, a worker thread's
         hand-off, an acknowledgement: about 1.7 ms of a worker's CPU, and 40-50 ms before
-        it starts).  Kept whenever there was room, a batch would stay on the processes
-        that took its first window, and one that boots later or joins mid-batch would get
-        none of it; keeping half, the share of a batch that a process plays halves its
-        distance to an even share at each of the batch's generations.  At-least-once is
-        the run's own: it is committed as dispatched, so if this process dies before its
-        claim, the sweeper sends it as it does a lost message."""
-        keep = self._kept_turn and not self._stopping.is_set()
-        self._kept_turn = not self._kept_turn
-        if not keep:
+        it starts).  Kept every time, a batch would stay on the processes that took its
+        first window, and one that boots later or joins mid-batch would get none of it;
+        kept every other time along each chain of a batch's runs, half of them go to the
+        queue, for any process (the share of a batch a process plays halves its distance
+        to an even share at each generation), and no run waits for two messages in a row.
+        At-least-once is the run's own: it is committed as dispatched, so if this process
+        dies before its claim, the sweeper sends it as it does a lost message."""
+        if (
+            self._stopping.is_set()
+            or after not in self._flying
+            or after in self._kept
+            or after in self._handed_on
+        ):
             return False
-        if after in self._flying and after not in self._handed_on:
-            self._handed_on.add(after)  # its place is the successor's: not given back
-        elif not self._take(0):
-            return False
+        self._handed_on.add(after)  # its place is the successor's: not given back
+        self._kept.add(run_id)
         self._launch(run_id, 0, threading.Event())
         return True
 
@@ -138,6 +141,7 @@ class Conversations(dramatiq.Middleware):
 
     def _landed(self, run_id: str) -> None:
         del self._flying[run_id]
+        self._kept.discard(run_id)
         RUNS_IN_FLIGHT.dec()
         if run_id in self._handed_on:
             self._handed_on.discard(run_id)

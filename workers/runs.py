@@ -31,8 +31,8 @@ RUN_BACKOFF_MS = (1_000, 30_000)
 
 async def play_run(run_id: str, claimed: Callable[[], None]) -> None:
     """One delivery of the run (``claimed()`` once its claim is committed); the runs that
-    took its place in its batch's window are committed: every other one starts here if
-    the process has room (:meth:`Conversations.keep`), the others are sent."""
+    took its place in its batch's window are committed: started here if this run came by
+    a message (:meth:`Conversations.keep`), else sent."""
     runtime = get_runtime()
     successors = await execute_run(
         runtime.database,

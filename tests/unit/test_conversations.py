@@ -202,32 +202,23 @@ def test_the_room_left_counts_runs_starting_and_in_flight_and_comes_back_as_they
     _until(lambda: plays.now == 0 and conversations.room() == 3)
 
 
-def test_every_other_successor_starts_here_while_the_process_has_room(
+def test_a_run_that_came_by_message_starts_its_successor_in_its_own_place(
     plays: Plays, stopped: list[dramatiq.Worker]
 ) -> None:
-    """Half of the successors a run offers as it ends start on its process with no message
-    (the first one kept in the run's own place), the others go to the queue (the caller
-    sends them) so that other processes get a share of the batch; none is kept past the
-    process's bound."""
-    conversations, worker = _started(plays, limit=3)
+    """A run delivered by a message starts the first successor it offers as it ends on its
+    process, with no message, in its own place (even with the process full); any other it
+    offers, and any its kept successor offers, go to the queue (the caller sends them), so
+    that other processes get a share of the batch and no run waits for two messages in a
+    row."""
+    conversations, worker = _started(plays, limit=2)
     stopped.append(worker)
-    plays.offers = {"a:0.2": ["s1:0.5", "s2:0", "s3:0.5", "s4:0", "s5:0", "s6:0"]}
+    plays.offers = {"a:0.2": ["s1:0.3", "s2:0"], "s1:0.3": ["t1:0"], "b:0.6": ["u1:0"]}
     plays.keep = conversations.keep
-    conversations.start("b:1", 0)
-    conversations.start("a:0.2", 0)
-    _until(lambda: "s3:0.5" in plays.played)
-    # s1 took a's place; s3 the last one free; s5's turn found the process full (b, s1, s3).
-    assert plays.kept == {
-        "s1:0.5": True,
-        "s2:0": False,
-        "s3:0.5": True,
-        "s4:0": False,
-        "s5:0": False,
-        "s6:0": False,
-    }
-    assert conversations.room() == 0
-    _until(lambda: plays.now == 0 and conversations.room() == 3)
-    assert sorted(plays.played) == ["a:0.2", "b:1", "s1:0.5", "s3:0.5"] and plays.most == 3
+    conversations.start("b:0.6", 0)
+    conversations.start("a:0.2", 0)  # the process is full
+    _until(lambda: "u1:0" in plays.played and plays.now == 0 and conversations.room() == 2)
+    assert plays.kept == {"s1:0.3": True, "s2:0": False, "t1:0": False, "u1:0": True}
+    assert sorted(plays.played) == ["a:0.2", "b:0.6", "s1:0.3", "u1:0"] and plays.most == 2
     assert plays.sent == []
 
 
