@@ -109,12 +109,13 @@ class Conversations(dramatiq.Middleware):
         send it.
 
         A successor started here costs no message (an enqueue, a fetch, a worker thread's
-        hand-off, an acknowledgement: about 1.7 ms of a worker's CPU, and 40-50 ms before
-        it starts).  Kept every time, a batch would stay on the processes that took its
-        first window, and one that boots later or joins mid-batch would get none of it;
-        kept every other time along each chain of a batch's runs, half of them go to the
-        queue, for any process (the share of a batch a process plays halves its distance
-        to an even share at each generation), and no run waits for two messages in a row.
+        hand-off, an acknowledgement: about 1.7 ms of a worker's CPU in ``bench/batch.py``,
+        and the time they take before it starts).  Kept every time, a batch would stay on
+        the processes that took its first window, and one that boots later or joins
+        mid-batch would get none of it; kept every other time along each chain of a
+        batch's runs, half of them go to the queue, for any process (the share of a batch
+        a process plays halves its distance to an even share at each generation), and no
+        run waits for two messages in a row.
         At-least-once is the run's own: it is committed as dispatched, so if this process
         dies before its claim, the sweeper sends it as it does a lost message."""
         if (
