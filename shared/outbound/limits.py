@@ -251,7 +251,7 @@ WIRE_NAME = "spar-outbound-limits"  # the limiter's connection, in Redis's CLIEN
 
 class _Wire:
     """The limiter's one connection to Redis (its scripts and its one read): commands
-    written as RESP, replies read by hiredis, a round trip at a time (:class:`_Scripts`
+    written and replies read by hiredis, a round trip at a time (:class:`_Scripts`
     sends one batch at once).
 
     Through redis-py's pipeline (its pipeline object, retry wrapper, connection pool, a
@@ -297,7 +297,7 @@ class _Wire:
 
     async def _exchange(self, commands: list[list[object]]) -> list[Any]:
         assert self._reader is not None and self._writer is not None
-        self._writer.write(b"".join(_packed(command) for command in commands))
+        self._writer.write(b"".join(hiredis.pack_command(tuple(c)) for c in commands))
         replies: list[Any] = []
         while len(replies) < len(commands):
             reply = self._replies.gets()
@@ -352,15 +352,6 @@ class _Wire:
         if writer is not None:
             with contextlib.suppress(OSError):
                 await writer.wait_closed()
-
-
-def _packed(command: list[object]) -> bytes:
-    """A command as RESP: an array of bulk strings."""
-    parts = [b"*%d\r\n" % len(command)]
-    for arg in command:
-        data = arg if isinstance(arg, bytes) else str(arg).encode()
-        parts.append(b"$%d\r\n%s\r\n" % (len(data), data))
-    return b"".join(parts)
 
 
 class _Scripts:
