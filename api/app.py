@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import gc
 import logging
 from typing import Any
 
@@ -31,6 +30,7 @@ from api.scenarios.controllers import CONTROLLERS as SCENARIO_CONTROLLERS
 from api.triggers.controllers import CONTROLLERS as TRIGGER_CONTROLLERS
 from api.ui.controllers import TEMPLATES, ui_assets, ui_router
 from shared.db.engine import Database, create_engine
+from shared.heap import settle_startup_heap
 from shared.identity.throttle import LoginThrottle
 from shared.metrics import mark_process_dead
 from shared.outbound.limits import limiter_for
@@ -74,15 +74,10 @@ async def _v1_guard(
     await reject_unknown_query(connection, handler)
 
 
-async def freeze_startup_heap(app: Litestar) -> None:
-    """Keep the objects alive after startup (modules, the app, its routes: about 190,000)
-    out of the cyclic garbage collector's reach.  Each full collection walked them all and
-    held the event loop for 50-230 ms on this 2-core VM, every few seconds under load: the
-    API's p99.  Collected first, so no garbage is frozen; the second collection finds the
-    oldest generation empty, so later full collections walk only what outlived startup."""
-    gc.collect()
-    gc.freeze()
-    gc.collect()
+async def settle_heap(app: Litestar) -> None:
+    """The startup heap frozen, the young generation collected less often
+    (:func:`shared.heap.settle_startup_heap`)."""
+    settle_startup_heap()
 
 
 def create_app(settings: Settings | None = None) -> Litestar:
@@ -114,7 +109,7 @@ def create_app(settings: Settings | None = None) -> Litestar:
         logging_config=None,  # shared.logs sets one format for every process
         openapi_config=openapi_config(),
         template_config=TEMPLATES,
-        on_startup=[open_database, freeze_startup_heap],
+        on_startup=[open_database, settle_heap],
         on_shutdown=[close_database, mark_process_dead],
         debug=False,
     )

@@ -15,6 +15,7 @@ from typing import Any
 import dramatiq
 from dramatiq.asyncio import get_event_loop_thread
 
+from shared.heap import settle_startup_heap
 from shared.logs import configure_logging
 from shared.queue import get_broker
 from shared.runtime import get_runtime
@@ -32,16 +33,17 @@ class WarmUp(dramatiq.Middleware):
 
     Before the worker's consumers start (after Dramatiq's event loop thread is made): a
     worker fetches no message, and shows no heartbeat, until it is warm.  A batch sent to
-    a worker still warming up would otherwise have its first window wait on the warm-up."""
+    a worker still warming up would otherwise have its first window wait on the warm-up.
+    Then the heap is settled (:func:`shared.heap.settle_startup_heap`)."""
 
     def before_worker_boot(self, broker: dramatiq.Broker, worker: dramatiq.Worker) -> None:
         loop_thread = get_event_loop_thread()
-        if loop_thread is None:
-            return
-        try:
-            loop_thread.run_coroutine(warm_up(get_runtime()))
-        except Exception:  # the first messages will open them, or fail and be retried
-            log.warning("could not warm up the database connections at boot", exc_info=True)
+        if loop_thread is not None:
+            try:
+                loop_thread.run_coroutine(warm_up(get_runtime()))
+            except Exception:  # the first messages will open them, or fail and be retried
+                log.warning("could not warm up the database connections at boot", exc_info=True)
+        settle_startup_heap()  # what the boot and the warm-up made, frozen
 
 
 class OneStopSignal(dramatiq.Middleware):
