@@ -35,7 +35,7 @@ from scheduler.metrics import DISPATCHED, SWEEPER_RESENT
 from shared import work
 from shared.batches import comparisons, window
 from shared.db.engine import Database
-from shared.queue import RUN_SCENARIO, send
+from shared.queue import RUN_SCENARIO, send_all
 from shared.settings import Settings
 
 log = logging.getLogger("spar.sweeper")
@@ -95,6 +95,5 @@ async def sweep(database: Database, broker: dramatiq.Broker, settings: Settings)
 
 
 def _send(broker: dramatiq.Broker, target: tuple[str, str], ids: list[UUID]) -> list[UUID]:
-    for unit_id in ids:
-        send(broker, target, str(unit_id))
+    send_all(broker, target, [(str(unit_id),) for unit_id in ids])
     return ids

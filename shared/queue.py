@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable
 from functools import lru_cache
 from typing import Any
+from uuid import uuid4
 
 import dramatiq
 import redis
@@ -28,7 +29,7 @@ from dramatiq.asyncio import EventLoopThread, set_event_loop_thread
 from dramatiq.broker import Consumer
 from dramatiq.brokers.redis import RedisBroker, _RedisConsumer
 from dramatiq.brokers.stub import StubBroker
-from dramatiq.common import q_name
+from dramatiq.common import current_millis, q_name
 from dramatiq.errors import ConnectionClosed
 from dramatiq.middleware import AsyncIO
 from sqlalchemy import event
@@ -149,6 +150,46 @@ class PollingRedisBroker(RedisBroker):
         if delay is None:  # on its queue now (a delayed one is announced when it moves there)
             self.client.publish(self.wake_channel(message.queue_name), b"")
         return enqueued
+
+    def enqueue_all(self, messages: list[dramatiq.Message]) -> None:
+        """:meth:`enqueue` each of ``messages`` (no delay), in order, in one pipeline: a
+        round trip for them all (and one to check the script is loaded) instead of two
+        each.  A batch's first window, sent one message at a time, held the sending
+        worker's event loop half a millisecond per run (50 ms for a window of 100) while
+        the messages went out one by one.
+
+        Each message is enqueued as Dramatiq's own :meth:`enqueue` does (a Redis id of
+        its own, the middleware's enqueue hooks, the broker's ``dispatch`` script with the
+        arguments of its ``do_enqueue``, maintenance at the same chance), each queue
+        announced once after."""
+        dispatch = self.scripts["dispatch"]
+        enqueued: list[dramatiq.Message] = []
+        with self.client.pipeline(transaction=False) as pipe:
+            for message in messages:
+                message = message.copy(options={"redis_message_id": str(uuid4())})
+                self.emit_before("enqueue", message, None)
+                dispatch(
+                    keys=[self.namespace],
+                    args=[
+                        "enqueue",
+                        current_millis(),
+                        message.queue_name,
+                        self.broker_id,
+                        self.heartbeat_timeout,
+                        self.dead_message_ttl,
+                        self._should_do_maintenance("enqueue"),
+                        self._max_unpack_size(),
+                        message.options["redis_message_id"],
+                        message.encode(),
+                    ],
+                    client=pipe,
+                )
+                enqueued.append(message)
+            for queue_name in dict.fromkeys(message.queue_name for message in enqueued):
+                pipe.publish(self.wake_channel(queue_name), b"")
+            pipe.execute()
+        for message in enqueued:
+            self.emit_after("enqueue", message, None)
 
     def wake_channel(self, queue_name: str) -> str:
         """Where a message enqueued on the work queue ``queue_name`` is announced."""
@@ -275,15 +316,27 @@ def send(
     ``delay_ms``, to be delivered that much later (Dramatiq's delay queue); ``retries``:
     the deliveries that failed before this one, when the sender retries it itself
     (:mod:`workers.conversations`), in Dramatiq's own option."""
+    broker.enqueue(_message(target, args, retries), delay=delay_ms)
+
+
+def send_all(broker: dramatiq.Broker, target: tuple[str, str], each: list[tuple[Any, ...]]) -> None:
+    """:func:`send` ``target`` each of ``each``'s arguments, in order, at once: one round
+    trip to Redis (:meth:`PollingRedisBroker.enqueue_all`) however many there are."""
+    messages = [_message(target, args, 0) for args in each]
+    if isinstance(broker, PollingRedisBroker):
+        broker.enqueue_all(messages)
+    else:
+        for message in messages:
+            broker.enqueue(message)
+
+
+def _message(target: tuple[str, str], args: tuple[Any, ...], retries: int) -> dramatiq.Message:
     queue_name, actor_name = target
     options: dict[str, Any] = {MESSAGE_OPTION: current_request_id() or new_request_id()}
     if retries:
         options["retries"] = retries
-    broker.enqueue(
-        dramatiq.Message(
-            queue_name=queue_name, actor_name=actor_name, args=args, kwargs={}, options=options
-        ),
-        delay=delay_ms,
+    return dramatiq.Message(
+        queue_name=queue_name, actor_name=actor_name, args=args, kwargs={}, options=options
     )
 
 

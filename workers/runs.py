@@ -15,7 +15,7 @@ import dramatiq
 from dramatiq.middleware import CurrentMessage
 
 from shared.batches.window import dispatch_committed
-from shared.queue import DISPATCH_BATCH, RUN_SCENARIO, PollingRedisBroker, send
+from shared.queue import DISPATCH_BATCH, RUN_SCENARIO, PollingRedisBroker, send, send_all
 from shared.runtime import get_runtime
 from shared.scenarios.runner import execute_run
 from shared.settings import get_settings
@@ -84,5 +84,5 @@ def run_scenario(run_id: str) -> None:
     time_limit=60 * 1000,
 )
 async def dispatch_batch(batch_id: str) -> None:
-    for run_id in await dispatch_committed(get_runtime().database, UUID(batch_id)):
-        send(broker, RUN_SCENARIO, str(run_id))
+    handed = await dispatch_committed(get_runtime().database, UUID(batch_id))
+    send_all(broker, RUN_SCENARIO, [(str(run_id),) for run_id in handed])

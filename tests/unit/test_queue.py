@@ -10,9 +10,11 @@ import time
 import dramatiq
 import pytest
 import redis
+from dramatiq.brokers.stub import StubBroker
 from dramatiq.common import dq_name
 
-from shared.queue import PollingRedisBroker
+from shared.logs import MESSAGE_OPTION
+from shared.queue import RUN_SCENARIO, PollingRedisBroker, send_all
 
 URL = "redis://127.0.0.1:6379/15"  # never connected: building a delay queue's consumer
 
@@ -156,3 +158,70 @@ def test_a_runs_consumer_fetches_no_more_than_its_process_has_room_for(redis_url
     assert client.llen("dramatiq:runs") == 1  # the third is still there for another process
     for message in got:
         consumer.ack(message)
+
+
+class _Hooks(dramatiq.Middleware):
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, str]] = []
+
+    def before_enqueue(self, broker: dramatiq.Broker, message: dramatiq.Message, delay) -> None:
+        self.seen.append(("before", message.options["redis_message_id"]))
+
+    def after_enqueue(self, broker: dramatiq.Broker, message: dramatiq.Message, delay) -> None:
+        self.seen.append(("after", message.options["redis_message_id"]))
+
+
+def test_send_all_enqueues_as_send_does_in_order_and_announced_in_two_round_trips(
+    redis_url: str,
+):
+    """A batch's window sent at once: the messages land in Redis as one ``send`` each would
+    leave them (a consumer gets them all, in order, each under its own Redis id in the
+    queue's hash), the middleware's enqueue hooks run for each, and the queue is announced
+    once; two round trips (the script checked, then all of it), not two per message."""
+    broker = PollingRedisBroker(url=redis_url, work_poll_ms=10_000, heartbeat_timeout_s=30)
+    hooks = _Hooks()
+    broker.add_middleware(hooks)
+    broker.declare_queue("runs")
+    listener = redis.Redis.from_url(redis_url).pubsub(ignore_subscribe_messages=True)
+    listener.psubscribe(broker.wake_channel("*"))
+    listener.get_message(timeout=1)
+    client = redis.Redis.from_url(redis_url)
+    broker._max_unpack_size()  # Dramatiq asks Redis once per process, then remembers
+    client.config_resetstat()
+    send_all(broker, RUN_SCENARIO, [(f"run-{i}",) for i in range(40)])
+    calls = client.info("commandstats")
+    # Two round trips: SCRIPT EXISTS, then the pipeline (40 scripts and one PUBLISH).
+    assert calls["cmdstat_evalsha"]["calls"] == 40
+    assert calls["cmdstat_publish"]["calls"] == 1
+    assert client.llen("dramatiq:runs") == 40
+    assert client.hlen("dramatiq:runs.msgs") == 40
+    ids = [i for when, i in hooks.seen if when == "before"]
+    assert len(set(ids)) == 40
+    assert hooks.seen == [("before", i) for i in ids] + [("after", i) for i in ids]
+
+    announced = []
+    while (message := listener.get_message(timeout=0.5)) is not None:
+        announced.append(message["channel"])
+    assert announced == [broker.wake_channel("runs").encode()]
+    listener.close()
+
+    consumer = broker.consume("runs", prefetch=40)
+    got: list[dramatiq.Message] = []
+    started = time.monotonic()
+    while len(got) < 40:
+        assert time.monotonic() - started < 5
+        if (message := next(consumer)) is not None:
+            got.append(message)
+            consumer.ack(message)
+    assert [m.args for m in got] == [(f"run-{i}",) for i in range(40)]
+    assert {m.options["redis_message_id"] for m in got} == set(ids)
+    assert all(m.actor_name == RUN_SCENARIO[1] and m.options[MESSAGE_OPTION] for m in got)
+    assert client.hlen("dramatiq:runs.msgs") == 0
+
+
+def test_send_all_on_the_in_memory_broker_enqueues_each():
+    broker = StubBroker()
+    broker.declare_queue("runs")
+    send_all(broker, RUN_SCENARIO, [("a",), ("b",)])
+    sent = [dramatiq.Message.decode(m) for m in broker.queues["runs"].queue]
+    assert [m.args for m in sent] == [("a",), ("b",)]
