@@ -74,12 +74,6 @@ async def _v1_guard(
     await reject_unknown_query(connection, handler)
 
 
-async def settle_heap(app: Litestar) -> None:
-    """The startup heap frozen, the young generation collected less often
-    (:func:`shared.heap.settle_startup_heap`)."""
-    settle_startup_heap()
-
-
 def create_app(settings: Settings | None = None) -> Litestar:
     settings = settings or get_settings()
     v1 = Router("/v1", route_handlers=V1_CONTROLLERS, guards=[_v1_guard])
@@ -109,7 +103,7 @@ def create_app(settings: Settings | None = None) -> Litestar:
         logging_config=None,  # shared.logs sets one format for every process
         openapi_config=openapi_config(),
         template_config=TEMPLATES,
-        on_startup=[open_database, settle_heap],
+        on_startup=[open_database, settle_startup_heap],
         on_shutdown=[close_database, mark_process_dead],
         debug=False,
     )
