@@ -26,8 +26,8 @@ from dramatiq.brokers.stub import StubBroker
 from dramatiq.common import iter_queue
 from litestar import Litestar
 from litestar.testing import AsyncTestClient
-from sqlalchemy import func, insert, select, update
-from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy import func, insert, select, text, update
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 
 from scheduler.sweeper import sweep
 from shared.batches import services as batch_services
@@ -36,7 +36,7 @@ from shared.db.base import utcnow
 from shared.db.models import BatchRun, Criterion, Scenario, ScenarioRun, ScenarioTurn
 from shared.identity.access import OrgAccess, Principal
 from shared.queue import RUN_SCENARIO
-from shared.scenarios import runner
+from shared.scenarios import runner, store
 from shared.scenarios.runner import execute_run
 from shared.settings import Settings
 from tests.support.batches import (
@@ -640,6 +640,59 @@ async def test_concurrent_dispatches_never_exceed_the_window(
     assert len(more) == len(set(more)) == 3, handed
     assert not set(more) & set(ids)
     assert await in_flight(db, batch_id) == 5
+
+
+async def waiting_on_locks(watch: AsyncConnection) -> int:
+    """The backends of this database waiting for a lock (a row's) now."""
+    waiting = await watch.scalar(
+        text(
+            "SELECT count(*) FROM pg_stat_activity "
+            "WHERE datname = current_database() AND wait_event_type = 'Lock'"
+        )
+    )
+    await watch.commit()  # the statistics are read again, not the transaction's snapshot
+    return int(waiting or 0)
+
+
+async def test_runs_ending_behind_their_batchs_row_leave_connections_to_the_others(
+    client: AsyncTestClient, app: Litestar, settings: Settings, db: AsyncSession, agent: FakeAgent
+) -> None:
+    """A window's runs end together and queue on their batch's row, each end's statement
+    holding a connection while it waits: they hold at most half of the pool, so a run
+    handed out meanwhile is still claimed, and every end is counted once the row is free."""
+    database = app.state.database
+    size = database.engine.pool.size()
+    w = await make_world(client, agent)
+    for n in range(size + 1):
+        await make_scenario(client, w, f"s{n}", tags=["queue"])
+    batch = await create_batch(client, w, tags=["queue"], max_concurrency=size + 1)
+    batch_id = UUID(batch["id"])
+    *ending, other = await dispatch_committed(database, batch_id)
+    assert len(ending) == size
+
+    # Another transaction holds the batch's row, as a run's end does while it commits.
+    await db.execute(select(BatchRun.id).where(BatchRun.id == batch_id).with_for_update())
+    ends = [asyncio.create_task(runner.finish(database, run_id, "failed")) for run_id in ending]
+    async with database.engine.connect() as watch:
+        for _ in range(100):
+            if await waiting_on_locks(watch) >= size // 2:
+                break
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(0.3)  # every end that can take a connection has taken one
+        assert await waiting_on_locks(watch) == size // 2
+        claimed = await asyncio.wait_for(store.claim(database, settings, other), timeout=5)
+        assert claimed is not None and claimed.attempts == 1
+    assert not any(end.done() for end in ends)
+
+    await db.commit()
+    assert await asyncio.gather(*ends) == [[]] * size  # nothing left to hand out
+    mid = await get_batch(client, w, batch["id"])
+    assert (mid["status"], mid["completed_scenarios"], mid["failed_scenarios"]) == (
+        "running",
+        size,
+        size,
+    )
+    assert_counts_add_up(mid)
 
 
 # --- counters -------------------------------------------------------------------------------------
