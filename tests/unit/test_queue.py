@@ -188,22 +188,29 @@ def test_send_all_enqueues_as_send_does_in_order_and_announced_in_two_round_trip
     listener.get_message(timeout=1)
     client = redis.Redis.from_url(redis_url)
     broker._max_unpack_size()  # Dramatiq asks Redis once per process, then remembers
+    broker.client.ping()  # the broker's connection open, as a worker's is
     # What Redis executed for this database while the window was sent (MONITOR: the server's
     # own command statistics also count the other test processes sharing it).
     db = client.connection_pool.connection_kwargs.get("db", 0)
     sentinel = f"spar-test-{uuid.uuid4().hex}"
-    commands: list[str] = []
+    marker = redis.Redis.from_url(redis_url)
+    marker.ping()  # connected (and its database selected) before the monitor starts
+    commands: list[tuple[str, str]] = []  # (client port, command); the scripts' own: no port
     with client.monitor() as monitor:
         send_all(broker, RUN_SCENARIO, [(f"run-{i}",) for i in range(40)])
-        redis.Redis.from_url(redis_url).echo(sentinel)
+        marker.echo(sentinel)
         for seen in monitor.listen():
             if sentinel in seen["command"]:
                 break
-            if seen["db"] == db:
-                commands.append(seen["command"])
-    # 40 scripts (Dramatiq's dispatch, each an enqueue) and one PUBLISH.
-    assert sum(c.startswith("EVALSHA") and " enqueue " in c for c in commands) == 40, commands
-    assert sum(c.startswith("PUBLISH") for c in commands) == 1, commands
+            if seen["db"] == db and seen.get("client_port"):
+                commands.append((seen["client_port"], seen["command"]))
+    # One connection: the script checked, then 40 scripts (Dramatiq's dispatch, each an
+    # enqueue) and one PUBLISH, nothing else.
+    assert len({port for port, _ in commands}) == 1, commands
+    sent = [command for _, command in commands]
+    assert sent[0].startswith("SCRIPT EXISTS"), sent
+    assert all(c.startswith("EVALSHA") and " enqueue " in c for c in sent[1:41]), sent
+    assert [c.split()[0] for c in sent[41:]] == ["PUBLISH"], sent
     assert client.llen("dramatiq:runs") == 40
     assert client.hlen("dramatiq:runs.msgs") == 40
     ids = [i for when, i in hooks.seen if when == "before"]
