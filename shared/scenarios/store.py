@@ -31,12 +31,14 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+import weakref
 from collections.abc import Sequence
 from typing import Any
 from uuid import UUID
 
 import psycopg
 from psycopg import AsyncConnection
+from psycopg_pool import AsyncConnectionPool
 from sqlalchemy import (
     Insert,
     String,
@@ -56,7 +58,7 @@ from shared import work
 from shared.batches import window
 from shared.db import shapes
 from shared.db.base import NOW, utcnow
-from shared.db.direct import Statement
+from shared.db.direct import Statement, direct_pool
 from shared.db.engine import Database
 from shared.db.models import CriterionResult, Organization, ScenarioRun, TurnResult
 from shared.scenarios.records import (
@@ -92,19 +94,21 @@ async def _write(
             return await statement.rows(conn, **params)
 
     async def once_ending() -> Sequence[Any]:
-        async with _room_to_end(database):
+        async with await _room_to_end(database):
             return await once()
 
     return await work.persist(once_ending if ends else once)
 
 
-# Per engine and event loop, as the direct pool itself (shared.db.direct.direct_pool).
-_ending: dict[tuple[Any, asyncio.AbstractEventLoop], asyncio.Semaphore] = {}
+# Each direct pool's (one per engine and event loop), gone with it.
+_ending: weakref.WeakKeyDictionary[AsyncConnectionPool, asyncio.Semaphore] = (
+    weakref.WeakKeyDictionary()
+)
 
 
-def _room_to_end(database: Database) -> asyncio.Semaphore:
-    """The room of the statements that end a run, in this process: half of the pool's
-    connections (at least one).
+async def _room_to_end(database: Database) -> asyncio.Semaphore:
+    """The room of the statements that end a run, in this process: half of the direct
+    pool's connections (at least one).
 
     Each of those statements writes its batch's row last, and a batch's runs end together
     (a window in lockstep: same latency, same turns): they queue on that row, each holding
@@ -113,11 +117,10 @@ def _room_to_end(database: Database) -> asyncio.Semaphore:
     batch.py --thousand``: 425 ms on average for a connection, 10 ms for the claim itself).
     Bounded to half, they still queue in PostgreSQL, which hands the row from one to the
     next without a round trip to this process."""
-    key = (database.engine, asyncio.get_running_loop())
-    room = _ending.get(key)
+    pool = await direct_pool(database.engine)
+    room = _ending.get(pool)
     if room is None:
-        size = database.engine.pool.size()  # type: ignore[attr-defined]  # SPAR_DB_POOL_SIZE
-        room = _ending[key] = asyncio.Semaphore(max(1, size // 2))
+        room = _ending[pool] = asyncio.Semaphore(max(1, pool.max_size // 2))
     return room
 
 
