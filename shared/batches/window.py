@@ -9,9 +9,10 @@ the runs of a batch lives here.
   It locks the batch row to count the room, then takes runs with ``SKIP LOCKED``, so it
   never waits for a run another transaction holds.
 * **Settling** (:func:`settle`): the batch's side of runs moving to a terminal state, as
-  CTEs the caller composes into the very statement that moves them.  A run's end
-  (:mod:`shared.scenarios.store`) hands its place to the next run and counts itself; a
-  cancel (:func:`cancel`) ends the runs not handed out and closes the batch.  Either way
+  CTEs the caller composes into the very statement that moves them.  A run's end, or a
+  group of a batch's ends written in one transaction (:mod:`shared.scenarios.store`),
+  hands each place to the next run and counts itself; a cancel (:func:`cancel`) ends the
+  runs not handed out and closes the batch.  Either way
   ``completed = passed + failed + error`` holds, nothing is counted twice, and the batch
   completes with its last run.
 
@@ -33,7 +34,7 @@ flight at the cancel still end and are counted, until ``completed = total``
 active.
 
 **The lock order** is written once, in :func:`settle`: the runs first (the caller's UPDATE
-of the runs, which ``settle`` takes as its input, then the successor, ``SKIP LOCKED``),
+of the runs, which ``settle`` takes as its input, then the successors, ``SKIP LOCKED``),
 the batch row last.  A run's end and a cancel both go through it, so they never deadlock,
 and the batch row, which every run of the batch writes, is held for the shortest time.
 
@@ -92,12 +93,12 @@ CANCELLED = "cancelled"
 # --- settling: the one place runs' ends reach their batch -----------------------------------------
 
 
-def _hand_over(batch_id: ColumnElement[Any]) -> CTE:
-    """Give one ended run's place in the window to the batch's next run (``RETURNING`` its
-    id; none when nothing is left or the batch is over).  A run locked by another hand-out
-    is skipped, never waited for.
+def _hand_over(batch_id: ColumnElement[Any], places: ColumnElement[int]) -> CTE:
+    """Give the ``places`` ended runs left in the window to the batch's next runs
+    (``RETURNING`` their ids; fewer when fewer are left, none when the batch is over).  A
+    run locked by another hand-out is skipped, never waited for.
 
-    Its ``updated_at`` is set here, as :func:`settle`'s are: the run engine executes these
+    Their ``updated_at`` is set here, as :func:`settle`'s are: the run engine executes these
     straight on psycopg, where the model's ``onupdate`` does not apply."""
     runs = _runs.alias("next_run")
     following = (
@@ -110,13 +111,12 @@ def _hand_over(batch_id: ColumnElement[Any]) -> CTE:
             select(_batches.c.id).where(_batches.c.id == batch_id, _active).exists(),
         )
         .order_by(runs.c.created_at, runs.c.id)
-        .limit(1)
+        .limit(places)
         .with_for_update(skip_locked=True, of=runs)
-        .scalar_subquery()
     )
     return (
         update(_runs)
-        .where(_runs.c.id == following)
+        .where(_runs.c.id.in_(following))
         .values(dispatched_at=NOW, updated_at=NOW)
         .returning(_runs.c.id)
         .cte("handed")
@@ -133,14 +133,14 @@ def _count(ended: CTE, status: RunStatus | None) -> ColumnElement[int]:
 def settle(
     ended: CTE, *, batch_id: ColumnElement[Any] | None = None, cancel: bool = False
 ) -> list[Label[Any]]:
-    """The batch's side of the runs ``ended`` (a CTE: an UPDATE of runs to a terminal state
-    ``RETURNING batch_run_id, status``), as columns to select in the same statement:
+    """The batch's side of the runs ``ended`` (a CTE: runs moved to a terminal state,
+    ``batch_run_id`` and ``status``), as columns to select in the same statement:
 
-    * a run's end (``cancel`` false; ``ended`` holds one run, its batch read from it):
-      ``successor``, the run handed out in its place (``NULL`` if none), ``events`` (the
-      ``batch.completed`` event recorded when this end completed the batch:
-      :mod:`shared.notifications.outbox`) and ``counted`` (1 when it was counted in a
-      batch);
+    * runs' ends (``cancel`` false; the runs of one batch, read from ``ended`` when it holds
+      one run, else ``batch_id``): ``successors``, the runs handed out in their places (an
+      array, ``NULL`` if none), ``events`` (the ``batch.completed`` event recorded when
+      these ends completed the batch: :mod:`shared.notifications.outbox`) and ``counted``
+      (1 when they were counted in a batch);
     * a cancel (``batch_id`` given): ``counted`` is 1 when the batch was still active and
       is now ``error`` with the ended runs counted, 0 when it had already ended.
 
@@ -168,8 +168,8 @@ def settle(
             .cte("counted")
         )
     else:
-        handed = _hand_over(batch)
-        columns.append(select(handed.c.id).scalar_subquery().label("successor"))
+        handed = _hand_over(batch, _count(ended, None))
+        columns.append(select(func.array_agg(handed.c.id)).scalar_subquery().label("successors"))
         ends = and_(_active, add["completed_scenarios"] >= _batches.c.total_scenarios)
         counted = (
             update(_batches)

@@ -113,6 +113,13 @@ class Statement:
             await cursor.execute(self.sql, self.arguments(given))
             return await cursor.fetchall()
 
+    async def sent(self, connection: AsyncConnection[Any], **given: Any) -> AsyncRawCursor[Any]:
+        """The statement sent on ``connection`` in pipeline mode (``connection.pipeline()``),
+        not waited for: its cursor's ``fetchall`` reads its rows once the pipeline is synced."""
+        cursor = AsyncRawCursor(connection, row_factory=namedtuple_row)
+        await cursor.execute(self.sql, self.arguments(given))
+        return cursor
+
     async def objects(self, connection: AsyncConnection[Any], **given: Any) -> list[Any]:
         """The rows as objects with an attribute per column: what
         :meth:`shared.schemas.Output.from_row` reads, as it reads an ORM object (a named

@@ -190,3 +190,4 @@ class Claimed(msgspec.Struct, frozen=True):
     judge_repetitions: int = 1  # each llm_evaluated criterion judged this many times
     # A replay's run: the run whose stored transcript it re-judges, calling no one.
     replay_of_run_id: UUID | None = None
+    batch_run_id: UUID | None = None  # its batch's, when it is one's

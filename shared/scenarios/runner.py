@@ -124,6 +124,7 @@ async def render_message(template: str, customer_context: dict[str, Any], turn: 
 @dataclass(slots=True)
 class _Context:
     run_id: UUID
+    batch_id: UUID | None  # its batch's, when it is one's
     session_id: str
     snapshot: Snapshot
     agent: AgentConfig
@@ -184,6 +185,7 @@ async def _load(
             raise RunAborted(f"cannot start: {exc}") from None
     return _Context(
         run_id=run_id,
+        batch_id=run.batch_run_id,
         session_id=run.session_id or f"spar-{run_id}",
         snapshot=run.snapshot,
         agent=outbound.agent,
@@ -380,11 +382,14 @@ async def finish(
     status: RunStatus,
     error: str | None = None,
     error_turn: ErrorTurn | None = None,
+    *,
+    batch_id: UUID | None = None,
 ) -> list[UUID] | None:
-    """Move a non-terminal run to ``status``, counted in its batch with the run that takes
-    its place handed out (:func:`shared.scenarios.store.end`): ``None`` when the run was
-    already terminal, else the successors to send."""
-    successors = await store.end(database, run_id, status, error, error_turn)
+    """Move a non-terminal run (of the batch ``batch_id``, if any) to ``status``, counted in
+    its batch with the run that takes its place handed out
+    (:func:`shared.scenarios.store.end`): ``None`` when the run was already terminal, else
+    the successors to send."""
+    successors = await store.end(database, run_id, status, error, error_turn, batch_id=batch_id)
     if successors is not None:
         run_finished(status, error)
     return successors
@@ -419,10 +424,12 @@ async def execute_run(
             return await _run_turns(database, context, run.done)
         except RunAborted as exc:
             log.info("run %s ends in error: %s", run_id, exc)
-            return await finish(database, run_id, RunStatus.ERROR, str(exc), exc.turn)
+            return await finish(
+                database, run_id, RunStatus.ERROR, str(exc), exc.turn, batch_id=run.batch_run_id
+            )
 
     async def give_up(reason: str) -> list[UUID] | None:
-        return await finish(database, run_id, RunStatus.ERROR, reason)
+        return await finish(database, run_id, RunStatus.ERROR, reason, batch_id=run.batch_run_id)
 
     traced = tracing.traced(database, run_id, run, play)  # the delivery's trace, when on
     return await work.perform(
@@ -490,7 +497,9 @@ async def _run_turns(
     snapshot = context.snapshot
     progress = _Progress.of(snapshot, done)
     if any(t.stopped_early for t in done):  # a failed required turn ended the conversation
-        return await finish(database, context.run_id, _outcome(progress.all_passed))
+        return await finish(
+            database, context.run_id, _outcome(progress.all_passed), batch_id=context.batch_id
+        )
     # Whether the conversation goes on after its scripted turns (a replay's: as it did).
     simulated = snapshot.simulation is not None
     if context.replay is not None:
@@ -498,7 +507,9 @@ async def _run_turns(
     goes_on = simulated or bool(snapshot.conversation_criteria)
     remaining = _remaining(snapshot, done)
     if not remaining and not goes_on:  # nothing left to play
-        return await finish(database, context.run_id, _outcome(progress.all_passed))
+        return await finish(
+            database, context.run_id, _outcome(progress.all_passed), batch_id=context.batch_id
+        )
     try:
         for position, turn in enumerate(remaining):
             with tracing.turn(turn.order_index, "scripted"):
@@ -538,6 +549,7 @@ async def _commit(
         played.record,
         played.results,
         cost,
+        batch_id=context.batch_id,
         end=end,
         skipped=skipped or [],
     )
@@ -666,6 +678,7 @@ async def _conclude(
         context.run_id,
         status,
         context.cost + judged,
+        batch_id=context.batch_id,
         outcome=outcome,
         results=results,
     )

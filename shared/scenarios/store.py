@@ -14,10 +14,14 @@ conversation criteria.  Atomic by itself, with no BEGIN or COMMIT round trip, an
 released the moment it ends — the batch row, which every run of a batch writes, is never
 held across a round trip to a busy worker.
 
-A run's end waits for its batch's row, and a window of runs ending together queues on it,
-each waiting run's statement holding a connection of the pool: those statements may hold at
-most half of the pool's connections at once (:func:`_room_to_end`), so that the claims and
-turns of the process's other runs never wait for one behind them.
+A run's end writes its batch's row last, and a batch's runs end together (a window in
+lockstep), so its ends would queue on that row one after the other.  A process writes its
+ends of one batch one group at a time (:func:`_end`): the first alone, in one statement;
+those that arrive while it is written wait in the process, and are then written together
+in one transaction sent at once — each run's statement, the batch's side of them all in
+one statement, the commit — so the batch row is taken once per group, not once per run.
+Groups of different batches hold at most half of the pool's connections at once, so that
+the claims and turns of the process's other runs never wait for one behind them.
 
 Every change is guarded in SQL, so a redelivered message changes nothing twice: a claim
 only takes a run that is pending, or running with a dead heartbeat (:mod:`shared.work`),
@@ -30,9 +34,12 @@ named after a column: Core would add it to an UPDATE's SET clause.
 from __future__ import annotations
 
 import asyncio
+import logging
 import uuid
 import weakref
 from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import partial
 from typing import Any
 from uuid import UUID
 
@@ -40,10 +47,12 @@ import psycopg
 from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
 from sqlalchemy import (
+    ARRAY,
     Insert,
     String,
     Update,
     Uuid,
+    any_,
     bindparam,
     func,
     literal_column,
@@ -73,6 +82,7 @@ from shared.scenarios.schemas import OPEN_STATUSES, RunStatus
 from shared.settings import Settings
 from shared.work import RUNS, claim_params
 
+log = logging.getLogger(__name__)
 _runs = ScenarioRun.__table__
 _turns = TurnResult.__table__
 _results = CriterionResult.__table__
@@ -82,46 +92,15 @@ _run = bindparam("p_run", type_=Uuid())
 _open = or_(_runs.c.status == OPEN_STATUSES[0], _runs.c.status == OPEN_STATUSES[1])
 
 
-async def _write(
-    database: Database, statement: Statement, params: dict[str, Any], *, ends: bool = False
-) -> Sequence[Any]:
+async def _write(database: Database, statement: Statement, params: dict[str, Any]) -> Sequence[Any]:
     """A write recording what the agent and the judge said: it waits out a database that is
-    away (:func:`shared.work.persist`) rather than have a redelivery call them again.
-    ``ends``: the statement ends the run, and writes its batch's row (:func:`_room_to_end`)."""
+    away (:func:`shared.work.persist`) rather than have a redelivery call them again."""
 
     async def once() -> Sequence[Any]:
         async with database.connection() as conn:
             return await statement.rows(conn, **params)
 
-    async def once_ending() -> Sequence[Any]:
-        async with await _room_to_end(database):
-            return await once()
-
-    return await work.persist(once_ending if ends else once)
-
-
-# Each direct pool's (one per engine and event loop), gone with it.
-_ending: weakref.WeakKeyDictionary[AsyncConnectionPool, asyncio.Semaphore] = (
-    weakref.WeakKeyDictionary()
-)
-
-
-async def _room_to_end(database: Database) -> asyncio.Semaphore:
-    """The room of the statements that end a run, in this process: half of the direct
-    pool's connections (at least one).
-
-    Each of those statements writes its batch's row last, and a batch's runs end together
-    (a window in lockstep: same latency, same turns): they queue on that row, each holding
-    its connection while it waits.  With nothing to bound them, a window's ends took every
-    connection, and the runs handed out in their place waited for one to claim (``bench/
-    batch.py --thousand``: 425 ms on average for a connection, 10 ms for the claim itself).
-    Bounded to half, they still queue in PostgreSQL, which hands the row from one to the
-    next without a round trip to this process."""
-    pool = await direct_pool(database.engine)
-    room = _ending.get(pool)
-    if room is None:
-        room = _ending[pool] = asyncio.Semaphore(max(1, pool.max_size // 2))
-    return room
+    return await work.persist(once)
 
 
 # --- the claim -----------------------------------------------------------------------------------
@@ -185,7 +164,7 @@ _TOUCH = (
     .values(cost_summary=bindparam("p_cost"), updated_at=NOW)
     .returning(_runs.c.id, _runs.c.batch_run_id)
 )
-_END = (
+_END_RUN = (
     update(_runs)
     .where(_runs.c.id == _run, _open)
     .values(
@@ -218,7 +197,7 @@ _SETTLE_OUTCOME = Statement(
 )
 # The end of a conversation that went on past its scripted turns, or has conversation
 # criteria: its cost, its outcome (if not settled already) and its status.
-_CONCLUDE = (
+_CONCLUDE_RUN = (
     update(_runs)
     .where(_runs.c.id == _run, _runs.c.status == "running")
     .values(
@@ -250,13 +229,15 @@ def _write_turns(given: Any, run_id: Any, *, after: Any) -> Insert:
     return shapes.insert_from(_turns, row, after.join(given, true()))
 
 
-def _in_one(run_change: Update, *, turn: bool, end: bool, conversation: bool = False) -> Statement:
+def _in_one(
+    run_change: Update, *, turn: bool, end: bool, conversation: bool = False, batch: bool = True
+) -> Statement:
     """``run_change`` (an UPDATE of the run ``RETURNING id, batch_run_id`` and, to end it,
     ``status``) with, in the same statement, the turn and its criterion results written
-    after it (``turn``), the conversation criteria's results (``conversation``) and its
-    batch's side of the end (``end``: :func:`shared.batches.window.settle`, which locks the
-    batch row last); with a turn and the end, the turns left unplayed (``:p_skipped``) are
-    written too."""
+    after it (``turn``), the conversation criteria's results (``conversation``) and, to end
+    it (``end``), its batch's side (``batch``: :func:`shared.batches.window.settle`, which
+    locks the batch row last); with a turn and the end, the turns left unplayed
+    (``:p_skipped``) are written too."""
     run = run_change.cte("run")
     counts = [_count(run, "changed")]
     if conversation:
@@ -293,15 +274,48 @@ def _in_one(run_change: Update, *, turn: bool, end: bool, conversation: bool = F
             .cte("skipped")
         )
         counts.append(_count(skipped, "skipped"))
-    if end:
+    if end and batch:
         counts += window.settle(run)
     return Statement(select(*counts))
 
 
+@dataclass(frozen=True, slots=True)
+class _Ending:
+    """A run's end in its two forms: ``alone``, with its batch's side, committing on its
+    own; ``together``, the run's side only, for a transaction that ends several runs of a
+    batch and then settles them all (:data:`_SETTLE_TOGETHER`)."""
+
+    alone: Statement
+    together: Statement
+
+    @classmethod
+    def of(cls, run_change: Update, *, turn: bool, conversation: bool = False) -> _Ending:
+        def form(batch: bool) -> Statement:
+            return _in_one(run_change, turn=turn, end=True, conversation=conversation, batch=batch)
+
+        return cls(alone=form(True), together=form(False))
+
+
 _RECORD_IN_ONE = _in_one(_TOUCH, turn=True, end=False)
-_RECORD_AND_END_IN_ONE = _in_one(_TOUCH_AND_END, turn=True, end=True)
-_END_IN_ONE = _in_one(_END, turn=False, end=True)
-_CONCLUDE_IN_ONE = _in_one(_CONCLUDE, turn=False, end=True, conversation=True)
+_RECORD_AND_END = _Ending.of(_TOUCH_AND_END, turn=True)
+_END = _Ending.of(_END_RUN, turn=False)
+_CONCLUDE = _Ending.of(_CONCLUDE_RUN, turn=False, conversation=True)
+
+# The batch's side of the runs a group's transaction ended (:func:`_together`): those of
+# ``:p_runs`` this very transaction moved — their row version is its own (``xmin``) — and
+# not those another delivery had ended before it (their statements changed nothing).
+_ended_together = (
+    select(_runs.c.batch_run_id, _runs.c.status)
+    .where(
+        _runs.c.id == any_(bindparam("p_runs", type_=ARRAY(Uuid()))),
+        _runs.c.batch_run_id == bindparam("p_batch", type_=Uuid()),
+        literal_column(f"{_runs.name}.xmin") == literal_column("pg_current_xact_id()::xid"),
+    )
+    .cte("ended")
+)
+_SETTLE_TOGETHER = Statement(
+    select(*window.settle(_ended_together, batch_id=bindparam("p_batch", type_=Uuid())))
+)
 
 
 async def record_turn(
@@ -311,6 +325,7 @@ async def record_turn(
     results: list[CriterionRecord],
     cost: CostSummary,
     *,
+    batch_id: UUID | None = None,
     end: RunStatus | None = None,
     skipped: Sequence[int] = (),
 ) -> list[UUID] | None:
@@ -328,21 +343,17 @@ async def record_turn(
         "p_turn": turn,
         "p_results": results,
     }
-    if end is None:
-        if skipped:
-            raise ValueError("turns are skipped only by the run's end")
-        statement = _RECORD_IN_ONE
-    else:
-        statement = _RECORD_AND_END_IN_ONE
+    try:
+        if end is None:
+            if skipped:
+                raise ValueError("turns are skipped only by the run's end")
+            (written,) = await _write(database, _RECORD_IN_ONE, params)
+            return [] if written.changed else None
         params["p_status"] = end
         params["p_skipped"] = [TurnRecord.unplayed(index) for index in skipped]
-    try:
-        (written,) = await _write(database, statement, params, ends=end is not None)
+        return await _end(database, batch_id, _RECORD_AND_END, params)
     except psycopg.IntegrityError:
         return None
-    if not written.changed:
-        return None
-    return [written.successor] if end is not None and written.successor else []
 
 
 async def end(
@@ -351,10 +362,12 @@ async def end(
     status: RunStatus,
     error: str | None,
     error_turn: ErrorTurn | None = None,
+    *,
+    batch_id: UUID | None = None,
 ) -> list[UUID] | None:
-    """Move a ``pending`` or ``running`` run to ``status`` (with the ``error`` and the
-    ``error_turn`` it ended on, for ``error``) and, atomically with it, count it in its
-    batch and hand out the run that takes its place.
+    """Move a ``pending`` or ``running`` run of the batch ``batch_id`` (``None``: of none) to
+    ``status`` (with the ``error`` and the ``error_turn`` it ended on, for ``error``) and,
+    atomically with it, count it in its batch and hand out the run that takes its place.
 
     ``None`` when this changed nothing (the run was already terminal); otherwise the
     successors to send (none outside a batch, or when nothing is left to hand out)."""
@@ -365,10 +378,7 @@ async def end(
         "p_error_turn": error_turn,
         "now": utcnow(),
     }
-    (ended,) = await _write(database, _END_IN_ONE, params, ends=True)
-    if not ended.changed:
-        return None
-    return [ended.successor] if ended.successor is not None else []
+    return await _end(database, batch_id, _END, params)
 
 
 async def settle_outcome(database: Database, run_id: UUID, outcome: str, cost: CostSummary) -> bool:
@@ -385,6 +395,7 @@ async def conclude(
     status: RunStatus,
     cost: CostSummary,
     *,
+    batch_id: UUID | None = None,
     outcome: str | None,
     results: list[CriterionRecord],
 ) -> list[UUID] | None:
@@ -401,12 +412,159 @@ async def conclude(
         "now": utcnow(),
     }
     try:
-        (ended,) = await _write(database, _CONCLUDE_IN_ONE, params, ends=True)
+        return await _end(database, batch_id, _CONCLUDE, params)
     except psycopg.IntegrityError:
         return None
-    if not ended.changed:
-        return None
-    return [ended.successor] if ended.successor is not None else []
+
+
+# --- a batch's ends, written together -------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class _End:
+    """A run's end waiting to be written: the statement, its parameters, its outcome (what
+    :func:`_end` returns)."""
+
+    ending: _Ending
+    params: dict[str, Any]
+    done: asyncio.Future[list[UUID] | None]
+
+
+class _Ends:
+    """The run ends of a process's direct pool: the room they have (half of its
+    connections, at least one), and, for each batch one of whose groups is being written,
+    the ends waiting for the next."""
+
+    def __init__(self, pool: AsyncConnectionPool) -> None:
+        self.room = asyncio.Semaphore(max(1, pool.max_size // 2))
+        self.waiting: dict[UUID, list[_End]] = {}
+        self.writers: set[asyncio.Task[None]] = set()
+
+
+# Each direct pool's (one per engine and event loop), gone with it.
+_ends: weakref.WeakKeyDictionary[AsyncConnectionPool, _Ends] = weakref.WeakKeyDictionary()
+
+
+async def _end(
+    database: Database, batch_id: UUID | None, ending: _Ending, params: dict[str, Any]
+) -> list[UUID] | None:
+    """End a run (``params["p_run"]``) of the batch ``batch_id``: ``None`` when its
+    statement changed nothing, else the successors its end handed out.
+
+    A batch's runs end together, and each end writes the batch row last: one after the
+    other, they queued on it (``bench/batch.py --thousand``, 2026-11-28: a window's last
+    commit came 230-340 ms after its runs' last answers on average, a turn's 3-13 ms).
+    So the process writes a batch's ends one group at a time: an end that finds none of the
+    batch's being written goes alone at once; those that arrive meanwhile are written
+    together next (:func:`_write_ends`).  A run outside a batch has no batch row to queue on."""
+    if batch_id is None:
+        return await work.persist(partial(_alone, database, ending, params))
+    pool = await direct_pool(database.engine)
+    ends = _ends.get(pool)
+    if ends is None:
+        ends = _ends[pool] = _Ends(pool)
+    end = _End(ending, params, asyncio.get_running_loop().create_future())
+    waiting = ends.waiting.get(batch_id)
+    if waiting is not None:
+        waiting.append(end)
+    else:
+        ends.waiting[batch_id] = [end]
+        writer = asyncio.create_task(_write_ends(database, ends, batch_id))
+        ends.writers.add(writer)
+        writer.add_done_callback(ends.writers.discard)
+    return await end.done
+
+
+async def _write_ends(database: Database, ends: _Ends, batch_id: UUID) -> None:
+    """Write the batch's waiting ends, all those waiting at each pass together, until none
+    is left; each end's caller gets its outcome, or the error that stopped its write."""
+    group: list[_End] = []
+    try:
+        while ends.waiting[batch_id]:
+            async with ends.room:
+                group, ends.waiting[batch_id] = ends.waiting[batch_id], []
+                outcomes = await _outcomes(database, batch_id, group)
+            for end, outcome in zip(group, outcomes, strict=True):
+                if end.done.done():  # its caller was cancelled
+                    continue
+                if isinstance(outcome, BaseException):
+                    end.done.set_exception(outcome)
+                else:
+                    end.done.set_result(outcome)
+            group = []
+    finally:
+        for end in [*group, *ends.waiting.pop(batch_id, [])]:
+            end.done.cancel()
+
+
+async def _outcomes(
+    database: Database, batch_id: UUID, group: list[_End]
+) -> list[list[UUID] | None | BaseException]:
+    """What writing each end of ``group`` came to: together when there are several, alone
+    otherwise, or when one of them cannot be written (a turn another delivery wrote first):
+    then each on its own, as it would have been."""
+    if len(group) > 1:
+        try:
+            return await work.persist(partial(_together, database, batch_id, group))
+        except psycopg.IntegrityError as exc:
+            log.info(
+                "a group of %d ends written one by one: %s (%s)",
+                len(group),
+                type(exc).__name__,
+                exc.diag.constraint_name,
+            )
+        except Exception as exc:
+            return [exc] * len(group)
+    outcomes: list[list[UUID] | None | BaseException] = []
+    for end in group:
+        try:
+            outcomes.append(await work.persist(partial(_alone, database, end.ending, end.params)))
+        except Exception as exc:
+            outcomes.append(exc)
+    return outcomes
+
+
+async def _alone(database: Database, ending: _Ending, params: dict[str, Any]) -> list[UUID] | None:
+    """One run's end with its batch's side, in one statement that commits on its own."""
+    async with database.connection() as conn:
+        (ended,) = await ending.alone.rows(conn, **params)
+    return list(ended.successors or ()) if ended.changed else None
+
+
+async def _together(
+    database: Database, batch_id: UUID, group: list[_End]
+) -> list[list[UUID] | None]:
+    """End the runs of ``group`` (of the batch ``batch_id``) in one transaction sent at once:
+    each run's statement, the batch's side of those they moved (:data:`_SETTLE_TOGETHER`:
+    one count, as many successors handed out), the commit.  One round trip, and the batch
+    row is held from the settle to the commit only, never across a round trip.  The runs
+    are locked in one order (by id), so two groups never wait for each other in a cycle."""
+    in_order = sorted(group, key=lambda end: end.params["p_run"])
+    async with database.connection() as conn:
+        try:
+            async with conn.pipeline():
+                await conn.execute(b"BEGIN")
+                sent = [await end.ending.together.sent(conn, **end.params) for end in in_order]
+                settled = await _SETTLE_TOGETHER.sent(
+                    conn,
+                    p_batch=batch_id,
+                    p_runs=[end.params["p_run"] for end in in_order],
+                    now=utcnow(),
+                )
+                await conn.execute(b"COMMIT")
+        except psycopg.Error:
+            if not conn.broken:
+                await conn.rollback()  # a statement failed: the pipeline skipped the commit
+            raise
+        changed = {
+            id(end): bool((await cursor.fetchone()).changed)  # type: ignore[union-attr]
+            for end, cursor in zip(in_order, sent, strict=True)
+        }
+        successors = list((await settled.fetchone()).successors or ())  # type: ignore[union-attr]
+    # Every run moved was counted, and handed out at most one successor each.
+    return [
+        ([successors.pop()] if successors else []) if changed[id(end)] else None for end in group
+    ]
 
 
 # --- the trace ---------------------------------------------------------------------------------
@@ -450,16 +608,19 @@ async def rehearse(connection: AsyncConnection[Any]) -> None:
     turn = {**nobody, "p_cost": CostSummary(), "p_turn": TurnRecord.unplayed(0), "p_results": []}
     await _CLAIM.structs(connection, Claimed, **nobody, p_stale=now)
     await _RECORD_IN_ONE.rows(connection, **turn)
-    await _RECORD_AND_END_IN_ONE.rows(connection, **turn, p_status=RunStatus.PASSED, p_skipped=[])
-    await _END_IN_ONE.rows(
-        connection, **nobody, p_status=RunStatus.ERROR, p_error=None, p_error_turn=None
-    )
+    endings = {
+        _RECORD_AND_END: {**turn, "p_status": RunStatus.PASSED, "p_skipped": []},
+        _END: {**nobody, "p_status": RunStatus.ERROR, "p_error": None, "p_error_turn": None},
+        _CONCLUDE: {
+            **nobody,
+            "p_cost": CostSummary(),
+            "p_status": RunStatus.PASSED,
+            "p_outcome": None,
+            "p_conversation": [],
+        },
+    }
+    for ending, params in endings.items():
+        await ending.alone.rows(connection, **params)
+        await ending.together.rows(connection, **params)
+    await _SETTLE_TOGETHER.rows(connection, p_batch=uuid.uuid4(), p_runs=[nobody["p_run"]], now=now)
     await _SETTLE_OUTCOME.rows(connection, **nobody, p_cost=CostSummary(), p_outcome="gave_up")
-    await _CONCLUDE_IN_ONE.rows(
-        connection,
-        **nobody,
-        p_cost=CostSummary(),
-        p_status=RunStatus.PASSED,
-        p_outcome=None,
-        p_conversation=[],
-    )

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 import uuid
 from collections import deque
 from collections.abc import Iterator
@@ -37,6 +38,7 @@ from shared.db.models import BatchRun, Criterion, Scenario, ScenarioRun, Scenari
 from shared.identity.access import OrgAccess, Principal
 from shared.queue import RUN_SCENARIO
 from shared.scenarios import runner, store
+from shared.scenarios.records import CostSummary, TurnRecord
 from shared.scenarios.runner import execute_run
 from shared.settings import Settings
 from tests.support.batches import (
@@ -654,16 +656,27 @@ async def waiting_on_locks(watch: AsyncConnection) -> int:
     return int(waiting or 0)
 
 
-async def test_runs_ending_behind_their_batchs_row_leave_connections_to_the_others(
+async def settle_waiting(watch: AsyncConnection, at_least: int) -> int:
+    """The backends waiting for a lock once at least ``at_least`` do and every statement
+    that could take a connection has had the time to take one."""
+    for _ in range(100):
+        if await waiting_on_locks(watch) >= at_least:
+            break
+        await asyncio.sleep(0.05)
+    await asyncio.sleep(0.3)
+    return await waiting_on_locks(watch)
+
+
+async def test_a_batchs_runs_ending_together_in_a_process_take_its_row_once_per_group(
     client: AsyncTestClient, app: Litestar, settings: Settings, db: AsyncSession, agent: FakeAgent
 ) -> None:
-    """A window's runs end together and queue on their batch's row, each end's statement
-    holding a connection while it waits: they hold at most half of the pool, so a run
-    handed out meanwhile is still claimed, and every end is counted once the row is free."""
+    """A window's runs end together: the first end of a batch is written alone, those that
+    arrive while it waits for the batch's row wait in the process, holding no connection,
+    and are then written together: each counted once, each handed one successor."""
     database = app.state.database
     size = database.engine.pool.size()
     w = await make_world(client, agent)
-    for n in range(size + 1):
+    for n in range(2 * size + 1):
         await make_scenario(client, w, f"s{n}", tags=["queue"])
     batch = await create_batch(client, w, tags=["queue"], max_concurrency=size + 1)
     batch_id = UUID(batch["id"])
@@ -672,27 +685,158 @@ async def test_runs_ending_behind_their_batchs_row_leave_connections_to_the_othe
 
     # Another transaction holds the batch's row, as a run's end does while it commits.
     await db.execute(select(BatchRun.id).where(BatchRun.id == batch_id).with_for_update())
-    ends = [asyncio.create_task(runner.finish(database, run_id, "failed")) for run_id in ending]
+    first = asyncio.create_task(runner.finish(database, ending[0], "failed", batch_id=batch_id))
     async with database.engine.connect() as watch:
-        for _ in range(100):
-            if await waiting_on_locks(watch) >= size // 2:
-                break
-            await asyncio.sleep(0.05)
-        await asyncio.sleep(0.3)  # every end that can take a connection has taken one
-        assert await waiting_on_locks(watch) == size // 2
+        assert await settle_waiting(watch, 1) == 1
+        ends = [
+            asyncio.create_task(runner.finish(database, run_id, "passed", batch_id=batch_id))
+            for run_id in ending[1:]
+        ]
+        assert await settle_waiting(watch, 2) == 1  # the others wait in the process
+        claimed = await asyncio.wait_for(store.claim(database, settings, other), timeout=5)
+        assert claimed is not None and claimed.attempts == 1
+    assert not first.done() and not any(end.done() for end in ends)
+
+    await db.commit()
+    handed = [await first, *await asyncio.gather(*ends)]
+    assert all(len(successors) == 1 for successors in handed), handed
+    successors = {run_id for (run_id,) in handed}
+    assert len(successors) == size and not successors & {*ending, other}
+    assert (
+        await db.scalar(
+            select(func.count())
+            .select_from(ScenarioRun)
+            .where(ScenarioRun.batch_run_id == batch_id, ScenarioRun.dispatched_at.is_not(None))
+        )
+        == 2 * size + 1
+    )
+    mid = await get_batch(client, w, batch["id"])
+    counted = ("completed_scenarios", "failed_scenarios", "passed_scenarios")
+    assert [mid["status"], *(mid[key] for key in counted)] == ["running", size, 1, size - 1]
+    assert_counts_add_up(mid)
+
+
+async def test_ends_waiting_on_their_batches_rows_leave_connections_to_the_others(
+    client: AsyncTestClient, app: Litestar, settings: Settings, db: AsyncSession, agent: FakeAgent
+) -> None:
+    """Ends of many batches each queue on their batch's row, each holding a connection
+    while it waits: they hold at most half of the pool, so a run handed out meanwhile is
+    still claimed, and every end is counted once its row is free."""
+    database = app.state.database
+    size = database.engine.pool.size()
+    w = await make_world(client, agent)
+    batches, ending = [], []
+    for n in range(size + 1):
+        await make_scenario(client, w, f"s{n}", tags=[f"q{n}"])
+        batch = await create_batch(client, w, tags=[f"q{n}"], max_concurrency=1)
+        batches.append(UUID(batch["id"]))
+        ending += await dispatch_committed(database, batches[-1])
+    *ending, other = ending
+    *batches, _ = batches
+
+    await db.execute(select(BatchRun.id).where(BatchRun.id.in_(batches)).with_for_update())
+    ends = [
+        asyncio.create_task(runner.finish(database, run_id, "failed", batch_id=batch_id))
+        for run_id, batch_id in zip(ending, batches, strict=True)
+    ]
+    async with database.engine.connect() as watch:
+        assert await settle_waiting(watch, size // 2) == size // 2
         claimed = await asyncio.wait_for(store.claim(database, settings, other), timeout=5)
         assert claimed is not None and claimed.attempts == 1
     assert not any(end.done() for end in ends)
 
     await db.commit()
     assert await asyncio.gather(*ends) == [[]] * size  # nothing left to hand out
-    mid = await get_batch(client, w, batch["id"])
-    assert (mid["status"], mid["completed_scenarios"], mid["failed_scenarios"]) == (
-        "running",
-        size,
-        size,
+    done = (
+        await db.execute(
+            select(BatchRun.status, BatchRun.completed_scenarios, BatchRun.failed_scenarios).where(
+                BatchRun.id.in_(batches)
+            )
+        )
+    ).all()
+    assert sorted(tuple(row) for row in done) == [("completed", 1, 1)] * size
+
+
+async def test_a_group_of_ends_counts_only_the_runs_it_moved(
+    client: AsyncTestClient,
+    app: Litestar,
+    settings: Settings,
+    db: AsyncSession,
+    agent: FakeAgent,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A group written together may hold an end another delivery made first (it changes
+    nothing and is not counted) or a turn another delivery wrote first (the group cannot
+    commit: its ends are then written one by one, and only that one is refused)."""
+    database = app.state.database
+    w = await make_world(client, agent)
+    for n in range(7):
+        await make_scenario(client, w, f"s{n}", tags=["group"])
+    batch = await create_batch(client, w, tags=["group"], max_concurrency=7)
+    batch_id = UUID(batch["id"])
+    runs = await dispatch_committed(database, batch_id)
+    held, twice, played, held_again, written, last, pending = runs
+    for run_id in (played, written):
+        assert await store.claim(database, settings, run_id) is not None
+    turn = TurnRecord.unplayed  # a turn (a new row each time)
+    assert await store.record_turn(database, written, turn(0), [], CostSummary()) == []
+
+    async def group(first: UUID, *ends: Any) -> list[Any]:
+        """``ends`` written as one group, while the end of ``first`` waits for the batch's row."""
+        await db.execute(select(BatchRun.id).where(BatchRun.id == batch_id).with_for_update())
+        alone = asyncio.create_task(runner.finish(database, first, "passed", batch_id=batch_id))
+        async with database.engine.connect() as watch:
+            assert await settle_waiting(watch, 1) == 1
+        together = [asyncio.create_task(end) for end in ends]
+        await asyncio.sleep(0.1)  # all waiting in the process
+        await db.commit()
+        return [await alone, *await asyncio.gather(*together)]
+
+    caplog.set_level(logging.INFO, logger=store.__name__)
+
+    def one_by_one() -> int:
+        return sum("written one by one" in record.getMessage() for record in caplog.records)
+
+    # Two deliveries of one run in one group: the second finds it ended.
+    outcomes = await group(
+        held,
+        runner.finish(database, twice, "failed", batch_id=batch_id),
+        runner.finish(database, twice, "error", "late", batch_id=batch_id),
+        store.record_turn(
+            database, played, turn(0), [], CostSummary(), batch_id=batch_id, end="passed"
+        ),
     )
-    assert_counts_add_up(mid)
+    assert outcomes == [[], [], None, []]
+    assert one_by_one() == 0
+    mid = await get_batch(client, w, batch["id"])
+    counted = ("completed_scenarios", "passed_scenarios", "failed_scenarios", "error_scenarios")
+    assert [mid[key] for key in counted] == [3, 2, 1, 0]
+
+    # A turn another delivery wrote first: that end is refused, the group's other is counted.
+    outcomes = await group(
+        held_again,
+        store.record_turn(
+            database, written, turn(0), [], CostSummary(), batch_id=batch_id, end="passed"
+        ),
+        runner.finish(database, last, "error", "stopped", batch_id=batch_id),
+    )
+    assert outcomes == [[], None, []]
+    assert one_by_one() == 1
+    done = await get_batch(client, w, batch["id"])
+    assert [done["status"], *(done[key] for key in counted)] == ["running", 5, 3, 1, 1]
+    assert_counts_add_up(done)
+    statuses = await db.execute(
+        select(ScenarioRun.id, ScenarioRun.status).where(ScenarioRun.batch_run_id == batch_id)
+    )
+    assert {run_id: status for run_id, status in statuses} == {
+        held: "passed",
+        twice: "failed",
+        played: "passed",
+        held_again: "passed",
+        written: "running",
+        last: "error",
+        pending: "pending",
+    }
 
 
 # --- counters -------------------------------------------------------------------------------------
