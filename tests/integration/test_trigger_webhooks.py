@@ -336,15 +336,15 @@ def _psycopg_url(url: str) -> str:
 
 
 @pytest.fixture
-def one_connection_role(database_url: str) -> Iterator[str]:
-    """The test database's URL as a role of this run's own that PostgreSQL lets hold a
-    single connection (``CONNECTION LIMIT 1``; a superuser has no limit), with the rights
-    the API needs there."""
-    role = f"spar_one_connection_{os.getpid()}"
+def two_connection_role(database_url: str) -> Iterator[str]:
+    """The test database's URL as a role of this run's own that PostgreSQL lets hold two
+    connections (``CONNECTION LIMIT 2``; a superuser has no limit), with the rights the API
+    needs there."""
+    role = f"spar_two_connections_{os.getpid()}"
     admin_sql(
         database_url,
         f'DROP ROLE IF EXISTS "{role}"',
-        f'CREATE ROLE "{role}" LOGIN CONNECTION LIMIT 1',
+        f'CREATE ROLE "{role}" LOGIN CONNECTION LIMIT 2',
     )
     with psycopg.connect(_psycopg_url(database_url), autocommit=True) as conn:
         conn.execute(f'GRANT USAGE ON SCHEMA public TO "{role}"')
@@ -374,16 +374,25 @@ async def test_a_delivery_while_postgresql_has_no_connection_to_give_answers_503
     settings: Settings,
     agent: FakeAgent,
     db: AsyncSession,
-    one_connection_role: str,
+    two_connection_role: str,
 ) -> None:
     """PostgreSQL refusing a connection (its limit reached) answers 503 with Retry-After, a
-    delivery and an authenticated request alike; once the connection is given back, a
-    delivery goes through."""
+    delivery and an authenticated request alike; once connections are given back, a
+    delivery goes through.
+
+    The API has two pools of one connection each here (``SPAR_DB_POOL_SIZE=1``): the run
+    engine's, which the guard reads on and which keeps trying to open its connection in the
+    background while it is refused, and SQLAlchemy's, which a delivery writes on.  The
+    role may hold two connections: given back, one is left for each, whichever takes its
+    own first."""
     t = await tenant(client)
     trigger = await webhook_trigger(client, t, agent.url)
-    starved = create_app(msgspec.structs.replace(settings, database_url=one_connection_role))
+    starved = create_app(
+        msgspec.structs.replace(settings, database_url=two_connection_role, db_pool_size=1)
+    )
+    role_url = _psycopg_url(two_connection_role)
     async with AsyncTestClient(app=starved, base_url="http://testserver.local") as other:
-        with psycopg.connect(_psycopg_url(one_connection_role)):  # the role's only connection
+        with psycopg.connect(role_url), psycopg.connect(role_url):  # all the role may hold
             response = await other.post(
                 hook(trigger), content=BODY, headers=signed(trigger["webhook_secret"], BODY)
             )
