@@ -126,9 +126,18 @@ class Work:
         units = bindparam("p_units", type_=ARRAY(Uuid()))
         # Never a released unit (heartbeat cleared): a beat that read the unit before its
         # release and stamps after it would have the next delivery find it alive.
-        beat = update(self.table).where(
-            self.id == any_(units), running, self.heartbeat.is_not(None)
+        alive = (running, self.heartbeat.is_not(None))
+        # Never a unit another transaction holds: its delivery is writing it (a turn, its
+        # end), so it is alive, and the next beat stamps it.  A beat locks many units in no
+        # set order: waiting for one, it could hold another that the holder waits for (a
+        # batch's ends written together lock several runs: shared.scenarios.store).
+        free = (
+            select(self.id)
+            .where(self.id == any_(units), *alive)
+            .with_for_update(skip_locked=True)
+            .scalar_subquery()
         )
+        beat = update(self.table).where(self.id.in_(free), *alive)
         released = update(self.table).where(self.id == UNIT, running)
         # Neither is progress: ``updated_at`` stays (an explicit value stops its onupdate).
         unchanged = {"updated_at": self.table.c.updated_at}

@@ -490,6 +490,42 @@ async def test_a_released_unit_is_not_stamped_alive_again_by_a_late_heartbeat(
         assert status in {"passed", "succeeded", "ready", "completed"}, (kind, status)
 
 
+async def test_a_heartbeat_skips_a_unit_another_transaction_holds(
+    client: AsyncTestClient,
+    impatient: AsyncTestClient,
+    app: Litestar,
+    agent: FakeAgent,
+    judge: FakeOpenAI,
+    db: AsyncSession,
+) -> None:
+    """A beat stamps a process's units in one statement, in no set order: it must never
+    wait for one whose row another transaction holds (its delivery writing a turn, or a
+    group of a batch's ends holding several runs), or it could hold a unit that
+    transaction waits for next: a deadlock, found in ``bench/batch.py --thousand`` (a
+    batch 1 s late).  The held unit's delivery is alive; the next beat stamps it."""
+    first, second = [
+        await _waiting_unit_of_each_kind(client, impatient, await tenant(client), agent, judge)
+        for _ in range(2)
+    ]
+    long_ago = utcnow() - timedelta(hours=1)
+    for kind in first:
+        work = KINDS[kind]
+        held, free = UUID(first[kind]), UUID(second[kind])
+        for unit_id in (held, free):
+            await set_running(db, kind, str(unit_id), heartbeat_at=long_ago)
+        await db.execute(select(work.id).where(work.id == held).with_for_update())
+        async with app.state.database.connection() as conn:
+            stamped = await asyncio.wait_for(
+                work._beat.rows(conn, p_units=[held, free], now=utcnow()), timeout=5
+            )
+        await db.commit()
+        assert [row.id for row in stamped] == [free], kind
+        read = await db.execute(select(work.id, work.heartbeat).where(work.id.in_([held, free])))
+        beats = {unit_id: heartbeat for unit_id, heartbeat in read}
+        await db.commit()
+        assert beats[held] == long_ago and beats[free] > long_ago, kind
+
+
 def _drain(broker: Any, queue: str) -> list[str]:
     """The ids sent to ``queue`` of a stub broker."""
     found = []
