@@ -556,11 +556,12 @@ async def _together(
             if not conn.broken:
                 await conn.rollback()  # a statement failed: the pipeline skipped the commit
             raise
-        changed = {
-            id(end): bool((await cursor.fetchone()).changed)  # type: ignore[union-attr]
-            for end, cursor in zip(in_order, sent, strict=True)
-        }
-        successors = list((await settled.fetchone()).successors or ())  # type: ignore[union-attr]
+        changed = {}
+        for end, cursor in zip(in_order, sent, strict=True):
+            (ended,) = await cursor.fetchall()
+            changed[id(end)] = bool(ended.changed)
+        (counted,) = await settled.fetchall()
+    successors = list(counted.successors or ())
     # Every run moved was counted, and handed out at most one successor each.
     return [
         ([successors.pop()] if successors else []) if changed[id(end)] else None for end in group

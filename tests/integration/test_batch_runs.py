@@ -34,11 +34,18 @@ from scheduler.sweeper import sweep
 from shared.batches import services as batch_services
 from shared.batches.window import dispatch_committed
 from shared.db.base import utcnow
-from shared.db.models import BatchRun, Criterion, Scenario, ScenarioRun, ScenarioTurn
+from shared.db.models import (
+    BatchRun,
+    Criterion,
+    CriterionResult,
+    Scenario,
+    ScenarioRun,
+    ScenarioTurn,
+)
 from shared.identity.access import OrgAccess, Principal
 from shared.queue import RUN_SCENARIO
 from shared.scenarios import runner, store
-from shared.scenarios.records import CostSummary, TurnRecord
+from shared.scenarios.records import CostSummary, CriterionRecord, TurnRecord
 from shared.scenarios.runner import execute_run
 from shared.settings import Settings
 from tests.support.batches import (
@@ -767,18 +774,28 @@ async def test_a_group_of_ends_counts_only_the_runs_it_moved(
 ) -> None:
     """A group written together may hold an end another delivery made first (it changes
     nothing and is not counted) or a turn another delivery wrote first (the group cannot
-    commit: its ends are then written one by one, and only that one is refused)."""
+    commit: its ends are then written one by one, and only that one is refused).  Each
+    kind of end goes in a group: a run's last turn, an end, a conversation concluded with
+    its criteria's verdicts."""
     database = app.state.database
     w = await make_world(client, agent)
-    for n in range(7):
+    for n in range(8):
         await make_scenario(client, w, f"s{n}", tags=["group"])
-    batch = await create_batch(client, w, tags=["group"], max_concurrency=7)
+    batch = await create_batch(client, w, tags=["group"], max_concurrency=8)
     batch_id = UUID(batch["id"])
     runs = await dispatch_committed(database, batch_id)
-    held, twice, played, held_again, written, last, pending = runs
-    for run_id in (played, written):
+    held, twice, played, concluded, held_again, written, last, pending = runs
+    for run_id in (played, concluded, written):
         assert await store.claim(database, settings, run_id) is not None
     turn = TurnRecord.unplayed  # a turn (a new row each time)
+    verdict = CriterionRecord(
+        id=uuid.uuid4(),
+        criteria_id=uuid.uuid4(),
+        order_index=0,
+        verdict="PASS",
+        critique="",
+        evidence="",
+    )
     assert await store.record_turn(database, written, turn(0), [], CostSummary()) == []
 
     async def group(first: UUID, *ends: Any) -> list[Any]:
@@ -805,12 +822,23 @@ async def test_a_group_of_ends_counts_only_the_runs_it_moved(
         store.record_turn(
             database, played, turn(0), [], CostSummary(), batch_id=batch_id, end="passed"
         ),
+        store.conclude(
+            database,
+            concluded,
+            "passed",
+            CostSummary(),
+            batch_id=batch_id,
+            outcome=None,
+            results=[verdict],
+        ),
     )
-    assert outcomes == [[], [], None, []]
+    assert outcomes == [[], [], None, [], []]
     assert one_by_one() == 0
     mid = await get_batch(client, w, batch["id"])
     counted = ("completed_scenarios", "passed_scenarios", "failed_scenarios", "error_scenarios")
-    assert [mid[key] for key in counted] == [3, 2, 1, 0]
+    assert [mid[key] for key in counted] == [4, 3, 1, 0]
+    judged = select(CriterionResult.criteria_id).where(CriterionResult.run_id == concluded)
+    assert list(await db.scalars(judged)) == [verdict.criteria_id]
 
     # A turn another delivery wrote first: that end is refused, the group's other is counted.
     outcomes = await group(
@@ -823,7 +851,7 @@ async def test_a_group_of_ends_counts_only_the_runs_it_moved(
     assert outcomes == [[], None, []]
     assert one_by_one() == 1
     done = await get_batch(client, w, batch["id"])
-    assert [done["status"], *(done[key] for key in counted)] == ["running", 5, 3, 1, 1]
+    assert [done["status"], *(done[key] for key in counted)] == ["running", 6, 4, 1, 1]
     assert_counts_add_up(done)
     statuses = await db.execute(
         select(ScenarioRun.id, ScenarioRun.status).where(ScenarioRun.batch_run_id == batch_id)
@@ -832,6 +860,7 @@ async def test_a_group_of_ends_counts_only_the_runs_it_moved(
         held: "passed",
         twice: "failed",
         played: "passed",
+        concluded: "passed",
         held_again: "passed",
         written: "running",
         last: "error",
