@@ -699,7 +699,7 @@ async def test_a_batchs_runs_ending_together_in_a_process_take_its_row_once_per_
             asyncio.create_task(runner.finish(database, run_id, "passed", batch_id=batch_id))
             for run_id in ending[1:]
         ]
-        assert await settle_waiting(watch, 2) == 1  # the others wait in the process
+        assert await settle_waiting(watch, 1) == 1  # the others wait in the process
         claimed = await asyncio.wait_for(store.claim(database, settings, other), timeout=5)
         assert claimed is not None and claimed.attempts == 1
     assert not first.done() and not any(end.done() for end in ends)
