@@ -12,7 +12,8 @@ hand-out) and, when a failed required turn stopped it, the turns left unplayed, 
 as skipped, or, when the conversation went on to its end, the verdicts of its
 conversation criteria.  Atomic by itself, with no BEGIN or COMMIT round trip, and its row locks
 released the moment it ends — the batch row, which every run of a batch writes, is never
-held across a round trip to a busy worker.
+held across a round trip to a busy worker.  The one exception is a group of a batch's ends
+(below): a transaction of several such statements, still sent in one round trip.
 
 A run's end writes its batch's row last, and a batch's runs end together (a window in
 lockstep), so its ends would queue on that row one after the other.  A process writes its
