@@ -514,7 +514,7 @@ class EgressClient:
                 failure = exc
             finally:
                 if lease is not None:
-                    await self._release(lease, answer)
+                    self._release(lease, answer)
             if lease is not None and answer is not None and _throttled(answer):
                 # Not an attempt: the destination is held; the call waits its turn again.
                 refused_since = lease.refused_since or sent_at
@@ -561,11 +561,13 @@ class EgressClient:
         with deadline.paused():
             return await self._limiter.acquire(destination, refused_since=refused_since)
 
-    async def _release(self, lease: Lease, answer: _Received | None) -> None:
+    def _release(self, lease: Lease, answer: _Received | None) -> None:
+        """The slot given back, not waited for (:meth:`DestinationLimiter.release`): a
+        refusal's hold is in place before this call's, or any, next attempt waits."""
         assert self._limiter is not None
         status = answer.status if answer is not None else None
         retry_after = _retry_after_s(answer.headers) if answer is not None else None
-        await self._limiter.release(lease, status=status, retry_after_s=retry_after)
+        self._limiter.release(lease, status=status, retry_after_s=retry_after)
 
     async def _prepare(self, url: str, extra_headers: Mapping[str, str]) -> _Prepared:
         parts = urlsplit(url)

@@ -41,6 +41,7 @@ import ssl
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -147,18 +148,32 @@ class DestinationLimiter:
             if waiting:
                 metrics.OUTBOUND_WAITING.labels(destination.kind).dec()
 
-    async def release(
+    def release(
         self, lease: Lease, *, status: int | None, retry_after_s: float | None
-    ) -> None:
-        """Give the slot back: ``status`` the attempt's answer (``None``: no answer)."""
+    ) -> asyncio.Future[float]:
+        """Give the slot back: ``status`` the attempt's answer (``None``: no answer).
+
+        Given back at once, before any later :meth:`acquire` of this limiter's (it is that
+        one's in-process step, or its script is queued ahead of that one's on the Redis
+        connection); the future is the destination's new limit, for whoever must know it.
+        A call does not wait for it: its answer goes back to its caller while the slot is
+        given back (a round trip to Redis, once per outbound call, off the conversation's
+        path)."""
         if status in THROTTLE_STATUSES:
             outcome = "throttled"
             metrics.OUTBOUND_RATE_LIMITED.labels(lease.destination.kind).inc()
         else:
             outcome = "ok" if status is not None and status < 500 else "other"
         hold_s = retry_after_s if retry_after_s is not None else DEFAULT_HOLD_S
-        limit = await self._settle(lease, outcome, hold_s)
-        metrics.OUTBOUND_LIMIT.labels(lease.destination.kind).set(limit)
+        limit: asyncio.Future[float] = asyncio.get_running_loop().create_future()
+        gauge = metrics.OUTBOUND_LIMIT.labels(lease.destination.kind)
+
+        def settled(value: float) -> None:
+            gauge.set(value)
+            limit.set_result(value)
+
+        self._settle(lease, outcome, hold_s, settled)
+        return limit
 
     async def held_back(self, destinations: list[Destination]) -> tuple[Destination, float] | None:
         """Of ``destinations``, the one refusing for the longest now, and since when
@@ -182,7 +197,11 @@ class DestinationLimiter:
     async def _try(self, destination: Destination, token: str) -> _Tried:
         raise NotImplementedError
 
-    async def _settle(self, lease: Lease, outcome: str, hold_s: float) -> float:
+    def _settle(
+        self, lease: Lease, outcome: str, hold_s: float, settled: Callable[[float], None]
+    ) -> None:
+        """Started before it returns, ``settled(limit)`` once done; never fails (the lease
+        ends a slot not given back)."""
         raise NotImplementedError
 
 
@@ -370,20 +389,22 @@ class _Scripts:
         self._queued: list[_Call] = []
         self._sender: asyncio.Task[None] | None = None
 
-    async def run(self, script: str, keys: list[str], args: list[object]) -> object:
-        """The script's answer; raises :class:`RedisError` when Redis did not give one."""
-        return await self._queue((script, keys, args))
-
     async def command(self, *command: object) -> object:
-        """A plain command's answer, sent with the scripts; raises as :meth:`run` does."""
+        """A plain command's answer, sent with the scripts; raises as :meth:`submit`'s
+        answer does."""
         return await self._queue((None, [], list(command)))
 
-    async def _queue(self, call: tuple[str | None, list[str], list[object]]) -> object:
+    def submit(self, script: str, keys: list[str], args: list[object]) -> asyncio.Future[object]:
+        """The script's answer to come (a :class:`RedisError` when Redis did not give one),
+        queued now: it runs before any script submitted after it."""
+        return self._queue((script, keys, args))
+
+    def _queue(self, call: tuple[str | None, list[str], list[object]]) -> asyncio.Future[object]:
         future: asyncio.Future[object] = asyncio.get_running_loop().create_future()
         self._queued.append((*call, future))
         if self._sender is None or self._sender.done():
             self._sender = asyncio.create_task(self._send())
-        return await future
+        return future
 
     async def _send(self) -> None:
         while self._queued:
@@ -436,7 +457,7 @@ class RedisLimiter(DestinationLimiter):
 
     async def _try(self, destination: Destination, token: str) -> _Tried:
         try:
-            granted, wait_ms, limit, now = await self._scripts.run(  # type: ignore[misc]
+            granted, wait_ms, limit, now = await self._scripts.submit(  # type: ignore[misc]
                 _ACQUIRE,
                 self._keys(destination),
                 [token, _ms(self.lease_s), self.max_concurrency, _ms(IDLE_S)],
@@ -448,15 +469,19 @@ class RedisLimiter(DestinationLimiter):
             return _Tried(True, 0.0, float(self.max_concurrency), _now_ms())
         return _Tried(bool(granted), int(wait_ms) / 1000, float(limit), int(now))
 
-    async def _settle(self, lease: Lease, outcome: str, hold_s: float) -> float:
-        try:
-            return await self._settle_in_redis(lease, outcome, hold_s)
-        except RedisError:  # the slot's lease ends it
-            log.warning("outbound limits unavailable (Redis): slot not released", exc_info=True)
-            return float(self.max_concurrency)
+    def _settle(
+        self, lease: Lease, outcome: str, hold_s: float, settled: Callable[[float], None]
+    ) -> None:
+        def answered(answer: asyncio.Future[object]) -> None:
+            failure = answer.exception()
+            if failure is None:
+                settled(float(answer.result()))  # type: ignore[arg-type]
+                return
+            # Redis away: the slot's lease ends it.
+            log.warning("outbound limits unavailable (Redis): slot not released: %r", failure)
+            settled(float(self.max_concurrency))
 
-    async def _settle_in_redis(self, lease: Lease, outcome: str, hold_s: float) -> float:
-        limit = await self._scripts.run(
+        self._scripts.submit(
             _RELEASE,
             self._keys(lease.destination),
             [
@@ -469,8 +494,7 @@ class RedisLimiter(DestinationLimiter):
                 _ms(RECENT_S),
                 _ms(self.probe_s),
             ],
-        )
-        return float(limit)  # type: ignore[arg-type]
+        ).add_done_callback(answered)
 
     async def _refusals(self, destination: Destination) -> tuple[int, int, int]:
         try:
@@ -544,9 +568,12 @@ class LocalLimiter(DestinationLimiter):
             return _Tried(True, 0.0, state.limit, now)
         return _Tried(False, 0.0, state.limit, now)
 
-    async def _settle(self, lease: Lease, outcome: str, hold_s: float) -> float:
+    def _settle(
+        self, lease: Lease, outcome: str, hold_s: float, settled: Callable[[float], None]
+    ) -> None:
         with _PROCESS_LOCK:
-            return self._settle_now(lease, outcome, hold_s)
+            limit = self._settle_now(lease, outcome, hold_s)
+        settled(limit)
 
     def _settle_now(self, lease: Lease, outcome: str, hold_s: float) -> float:
         now = _now_ms()

@@ -45,7 +45,7 @@ from tests.support.batches import (
     read_events,
 )
 from tests.support.factories import tenant
-from tests.support.fakes import FakeAgent, FakeServer, Reply
+from tests.support.fakes import FakeAgent, FakeServer, RecordedRequest, Reply
 from tests.support.processes import free_port
 from tests.support.ratelimited import FORMS, TokenBucketOpenAI
 from tests.support.scenario_setup import (
@@ -445,6 +445,62 @@ async def test_the_redis_limiters_calls_sent_together_keep_the_limit_and_survive
         assert peak == 5, peak  # the limit, reached and never passed
         assert await admin.zcard(where.key + ":holders") == 0  # every slot given back
     finally:
+        await admin.aclose()
+        await made.close()
+
+
+async def test_a_calls_answer_does_not_wait_for_its_slot_to_be_given_back(
+    settings: Settings,
+) -> None:
+    """The slot is given back off the call's path: Redis pausing writes just as the answer
+    comes (as a busy Redis would be slow) holds up the release, not the answer.  The slot
+    is given back once Redis goes on, and a refusal's hold is in place before the call's
+    next attempt asks for a slot (the release is queued ahead of it)."""
+    import redis
+    import redis.asyncio as aioredis
+
+    assert settings.redis_url
+    pause_ms = 1500
+    pauser = redis.Redis.from_url(settings.redis_url)
+
+    class PausingRedis(FakeServer):
+        def handle(self, request: RecordedRequest) -> Reply:
+            pauser.client_pause(pause_ms, all=False)  # WRITE: every script waits
+            return Reply(json={"ok": True})
+
+    made = make_limiter("redis", settings, max_concurrency=4)
+    admin = aioredis.Redis.from_url(settings.redis_url)
+    organization = uuid4()
+    try:
+        with PausingRedis() as fake:
+            egress = EgressClient(
+                EgressPolicy([DomainRule("127.0.0.1")], allow_private=True),
+                limiter=made,
+                organization_id=organization,
+            )
+            started = asyncio.get_running_loop().time()
+            response = await egress.request("POST", f"{fake.url}/v1/chat", json={})
+            took = asyncio.get_running_loop().time() - started
+            assert response.status_code == 200
+            assert took < pause_ms / 1000 / 2, took
+            holders = Destination(str(organization), "agent", "127.0.0.1").key + ":holders"
+            assert await admin.zcard(holders) == 1  # not given back yet: Redis is paused
+            await asyncio.sleep(pause_ms / 1000 - took + 0.5)  # Redis goes on
+            assert await admin.zcard(holders) == 0
+        with FakeServer(default=Reply(json={"ok": True})) as fake:
+            fake.enqueue(Reply(status=429, headers={"retry-after-ms": "300"}))
+            egress = EgressClient(
+                EgressPolicy([DomainRule("127.0.0.1")], allow_private=True),
+                limiter=made,
+                organization_id=organization,
+            )
+            started = asyncio.get_running_loop().time()
+            response = await egress.request("POST", f"{fake.url}/v1/chat", json={})
+            assert response.status_code == 200
+            assert asyncio.get_running_loop().time() - started >= 0.3
+    finally:
+        pauser.client_unpause()
+        pauser.close()
         await admin.aclose()
         await made.close()
 
