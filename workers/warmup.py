@@ -60,11 +60,9 @@ async def _rehearse_sessions(runtime: Runtime) -> None:
     database, settings = runtime.database, runtime.settings
     await dispatch_committed(database, uuid4())
     org = uuid4()
+    with suppress(NotFound):  # every statement runs: the agent's is the one that finds none
+        await outbound.load_outbound(database, settings, org, uuid4(), 0)
     async with database.transaction() as session:
-        await outbound.load_egress_policy(session, settings=settings, org_id=org)
-        await outbound.default_judge_provider_id(session, org_id=org)
-        with suppress(NotFound):
-            await outbound.load_agent(session, settings=settings, org_id=org, agent_id=uuid4())
         with suppress(NotFound):
             await outbound.load_provider(
                 session, settings=settings, org_id=org, provider_id=uuid4()

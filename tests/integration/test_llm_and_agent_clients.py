@@ -586,12 +586,13 @@ async def test_configuration_from_the_api_reaches_the_fakes_with_decrypted_crede
         provider = await services.load_provider(
             session, settings=settings, org_id=org_id, provider_id=UUID(provider_id)
         )
-        http_agent_config = await services.load_agent(
-            session, settings=settings, org_id=org_id, agent_id=UUID(http_agent_id)
-        )
-        llm_agent_config = await services.load_agent(
-            session, settings=settings, org_id=org_id, agent_id=UUID(llm_agent_id)
-        )
+    database = app.state.database
+    http_agent_config = (
+        await services.load_outbound(database, settings, org_id, UUID(http_agent_id), 0)
+    ).agent
+    llm_agent_config = (
+        await services.load_outbound(database, settings, org_id, UUID(llm_agent_id), 0)
+    ).agent
 
     assert policy.allow_private is True
     assert secret not in repr(provider)  # the key is kept out of reprs

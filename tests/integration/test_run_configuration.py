@@ -345,3 +345,48 @@ async def test_runs_starting_together_load_the_configuration_once(
     assert len(agent_queries) == 1, agent_queries
     for run in runs:
         assert (await get_run(client, t, run["id"]))["status"] == "passed"
+
+
+async def test_runs_starting_together_share_one_failed_load(
+    client: AsyncTestClient,
+    app: Litestar,
+    settings: Settings,
+    agent: FakeAgent,
+    judge: FakeOpenAI,
+    db: AsyncSession,
+) -> None:
+    """A configuration that cannot load (its agent is no longer the organization's) is
+    tried once for all the runs waiting on it: each ends in error naming why, and none of
+    them loads it again on its own."""
+    t = await tenant(client)
+    other = await tenant(client)
+    made = await outbound_setup(client, t, agent.url, judge.url)
+    scenario = await create_scenario(client, t, turns=[turn("Hi", criterion("Is it polite?"))])
+    runs = [await start_run(client, t, scenario["id"], made.agent_id) for _ in range(6)]
+    await db.execute(
+        text("UPDATE agents SET organization_id = :other WHERE id = :agent"),
+        {"other": other.id, "agent": made.agent_id},
+    )
+    await db.commit()
+    agent_queries: list[str] = []
+
+    def count(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        if "FROM agents" in statement:
+            agent_queries.append(statement)
+
+    event.listen(app.state.database.engine.sync_engine, "before_cursor_execute", count)
+    try:
+        await asyncio.gather(
+            *(execute_run(app.state.database, settings, UUID(r["id"])) for r in runs)
+        )
+    finally:
+        event.remove(app.state.database.engine.sync_engine, "before_cursor_execute", count)
+
+    assert len(agent_queries) == 1, agent_queries
+    for run in runs:
+        ended = await get_run(client, t, run["id"])
+        assert (ended["status"], ended["error_message"]) == (
+            "error",
+            "cannot start: agent not found",
+        )
+    assert agent.requests == []
