@@ -15,7 +15,7 @@ import dramatiq
 from dramatiq.middleware import CurrentMessage
 
 from shared.batches.window import dispatch_committed
-from shared.queue import DISPATCH_BATCH, RUN_SCENARIO, PollingRedisBroker, send, send_all
+from shared.queue import DISPATCH_BATCH, RUN_SCENARIO, PollingRedisBroker, asend_all, send
 from shared.runtime import get_runtime
 from shared.scenarios.runner import execute_run
 from shared.settings import get_settings
@@ -42,9 +42,8 @@ async def play_run(run_id: str, claimed: Callable[[], None]) -> None:
         limiter=runtime.limiter,
         claimed=claimed,
     )
-    for successor in successors or ():
-        if not conversations.keep(str(successor), after=run_id):
-            send(broker, RUN_SCENARIO, str(successor))
+    sent = [(str(s),) for s in successors or () if not conversations.keep(str(s), after=run_id)]
+    await asend_all(broker, RUN_SCENARIO, sent)
 
 
 def send_run(run_id: str, delay_ms: int | None, retries: int) -> None:
@@ -85,4 +84,4 @@ def run_scenario(run_id: str) -> None:
 )
 async def dispatch_batch(batch_id: str) -> None:
     handed = await dispatch_committed(get_runtime().database, UUID(batch_id))
-    send_all(broker, RUN_SCENARIO, [(str(run_id),) for run_id in handed])
+    await asend_all(broker, RUN_SCENARIO, [(str(run_id),) for run_id in handed])

@@ -4,6 +4,7 @@ worker's messages come back."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 import uuid
@@ -15,7 +16,7 @@ from dramatiq.brokers.stub import StubBroker
 from dramatiq.common import dq_name
 
 from shared.logs import MESSAGE_OPTION
-from shared.queue import RUN_SCENARIO, PollingRedisBroker, send_all
+from shared.queue import RUN_SCENARIO, PollingRedisBroker, asend_all, send_all
 
 URL = "redis://127.0.0.1:6379/15"  # never connected: building a delay queue's consumer
 
@@ -243,3 +244,40 @@ def test_send_all_on_the_in_memory_broker_enqueues_each():
     send_all(broker, RUN_SCENARIO, [("a",), ("b",)])
     sent = [dramatiq.Message.decode(m) for m in broker.queues["runs"].queue]
     assert [m.args for m in sent] == [("a",), ("b",)]
+
+
+async def test_a_coroutine_sends_its_messages_without_holding_up_the_event_loop(
+    redis_url: str,
+) -> None:
+    """A run's successors (and a batch's first window) are sent from the worker's event loop,
+    where every conversation of the process lives: while Redis is slow to take them (here
+    its writes paused), the loop goes on, and the messages are queued once Redis is back."""
+    broker = PollingRedisBroker(url=redis_url, work_poll_ms=1000, heartbeat_timeout_s=30)
+    broker.declare_queue("runs")
+    pauser = redis.Redis.from_url(redis_url)
+    ticks = 0
+
+    async def tick() -> None:
+        nonlocal ticks
+        while True:
+            await asyncio.sleep(0.01)
+            ticks += 1
+
+    ticking = asyncio.create_task(tick())
+    try:
+        pauser.client_pause(600, all=False)  # WRITE: the enqueue waits
+        started = time.monotonic()
+        await asend_all(broker, RUN_SCENARIO, [("a",), ("b",)])
+        took = time.monotonic() - started
+    finally:
+        ticking.cancel()
+        pauser.client_unpause()
+    assert took >= 0.4, took  # it did wait for Redis
+    assert ticks >= 20, ticks  # and the loop ran meanwhile (about 50 ticks; none if blocked)
+    consumer = broker.consume("runs", prefetch=2)
+    got = []
+    deadline = time.monotonic() + 3
+    while len(got) < 2 and time.monotonic() < deadline:
+        if (message := next(consumer)) is not None:
+            got.append(message.args)
+    assert sorted(got) == [("a",), ("b",)]
