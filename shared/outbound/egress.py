@@ -563,7 +563,8 @@ class EgressClient:
 
     def _release(self, lease: Lease, answer: _Received | None) -> None:
         """The slot given back, not waited for (:meth:`DestinationLimiter.release`): a
-        refusal's hold is in place before this call's, or any, next attempt waits."""
+        refusal's hold is still in place before this process's next attempt at the
+        destination asks for a slot (this call's own included)."""
         assert self._limiter is not None
         status = answer.status if answer is not None else None
         retry_after = _retry_after_s(answer.headers) if answer is not None else None
