@@ -449,6 +449,15 @@ async def test_the_redis_limiters_calls_sent_together_keep_the_limit_and_survive
         await made.close()
 
 
+def loopback_egress(limiter: DestinationLimiter, organization: UUID) -> EgressClient:
+    """Calls to loopback servers, limited by ``limiter``, as ``organization``'s."""
+    return EgressClient(
+        EgressPolicy([DomainRule("127.0.0.1")], allow_private=True),
+        limiter=limiter,
+        organization_id=organization,
+    )
+
+
 async def test_a_calls_answer_does_not_wait_for_its_slot_to_be_given_back(
     settings: Settings,
 ) -> None:
@@ -473,11 +482,7 @@ async def test_a_calls_answer_does_not_wait_for_its_slot_to_be_given_back(
     organization = uuid4()
     try:
         with PausingRedis() as fake:
-            egress = EgressClient(
-                EgressPolicy([DomainRule("127.0.0.1")], allow_private=True),
-                limiter=made,
-                organization_id=organization,
-            )
+            egress = loopback_egress(made, organization)
             started = asyncio.get_running_loop().time()
             response = await egress.request("POST", f"{fake.url}/v1/chat", json={})
             took = asyncio.get_running_loop().time() - started
@@ -489,11 +494,7 @@ async def test_a_calls_answer_does_not_wait_for_its_slot_to_be_given_back(
             assert await admin.zcard(holders) == 0
         with FakeServer(default=Reply(json={"ok": True})) as fake:
             fake.enqueue(Reply(status=429, headers={"retry-after-ms": "300"}))
-            egress = EgressClient(
-                EgressPolicy([DomainRule("127.0.0.1")], allow_private=True),
-                limiter=made,
-                organization_id=organization,
-            )
+            egress = loopback_egress(made, organization)
             started = asyncio.get_running_loop().time()
             response = await egress.request("POST", f"{fake.url}/v1/chat", json={})
             assert response.status_code == 200

@@ -328,20 +328,7 @@ async def test_runs_starting_together_load_the_configuration_once(
     made = await outbound_setup(client, t, agent.url, judge.url)
     scenario = await create_scenario(client, t, turns=[turn("Hi", criterion("Is it polite?"))])
     runs = [await start_run(client, t, scenario["id"], made.agent_id) for _ in range(6)]
-    agent_queries: list[str] = []
-
-    def count(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
-        if "FROM agents" in statement:
-            agent_queries.append(statement)
-
-    event.listen(app.state.database.engine.sync_engine, "before_cursor_execute", count)
-    try:
-        await asyncio.gather(
-            *(execute_run(app.state.database, settings, UUID(r["id"])) for r in runs)
-        )
-    finally:
-        event.remove(app.state.database.engine.sync_engine, "before_cursor_execute", count)
-
+    agent_queries = await _played_together(app, settings, runs)
     assert len(agent_queries) == 1, agent_queries
     for run in runs:
         assert (await get_run(client, t, run["id"]))["status"] == "passed"
@@ -368,6 +355,22 @@ async def test_runs_starting_together_share_one_failed_load(
         {"other": other.id, "agent": made.agent_id},
     )
     await db.commit()
+    agent_queries = await _played_together(app, settings, runs)
+    assert len(agent_queries) == 1, agent_queries
+    for run in runs:
+        ended = await get_run(client, t, run["id"])
+        assert (ended["status"], ended["error_message"]) == (
+            "error",
+            "cannot start: agent not found",
+        )
+    assert agent.requests == []
+
+
+async def _played_together(
+    app: Litestar, settings: Settings, runs: list[dict[str, Any]]
+) -> list[str]:
+    """Plays ``runs`` at once, as a batch's first window starts; the statements that read
+    an agent meanwhile."""
     agent_queries: list[str] = []
 
     def count(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
@@ -381,12 +384,4 @@ async def test_runs_starting_together_share_one_failed_load(
         )
     finally:
         event.remove(app.state.database.engine.sync_engine, "before_cursor_execute", count)
-
-    assert len(agent_queries) == 1, agent_queries
-    for run in runs:
-        ended = await get_run(client, t, run["id"])
-        assert (ended["status"], ended["error_message"]) == (
-            "error",
-            "cannot start: agent not found",
-        )
-    assert agent.requests == []
+    return agent_queries

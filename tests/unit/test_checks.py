@@ -9,6 +9,7 @@ import pytest
 
 from shared.outbound.schemas import ToolCall
 from shared.scenarios import checks
+from tests.support.loop import ticking
 
 REPLY = "Your Order Number is AB-991. No refund possible."
 
@@ -40,24 +41,16 @@ async def test_invalid_patterns_are_refused_with_the_reason():
 
 
 async def test_a_runaway_pattern_is_stopped_and_leaves_the_event_loop_free():
-    ticks = 0
-
-    async def tick() -> None:
-        nonlocal ticks
-        while True:
-            await asyncio.sleep(0.01)
-            ticks += 1
-
-    ticker = asyncio.create_task(tick())
-    # Stopped: undecided for running too long (without the timeout the match would run
-    # for ages and wait_for would raise TimeoutError instead).
-    with pytest.raises(checks.CheckUndecided, match=r"ran longer than 1 s"):
-        await asyncio.wait_for(
-            checks.verdict("regex", r"(x+x+)+y", "x" * 5000), timeout=10 * checks.REGEX_TIMEOUT_S
-        )
-    ticker.cancel()
+    async with ticking() as ticks:
+        # Stopped: undecided for running too long (without the timeout the match would run
+        # for ages and wait_for would raise TimeoutError instead).
+        with pytest.raises(checks.CheckUndecided, match=r"ran longer than 1 s"):
+            await asyncio.wait_for(
+                checks.verdict("regex", r"(x+x+)+y", "x" * 5000),
+                timeout=10 * checks.REGEX_TIMEOUT_S,
+            )
     # Blocked, the loop would have ticked once or twice in that second.
-    assert ticks >= 20, ticks
+    assert ticks.count >= 20, ticks.count
 
 
 # --- tool calls (DESIGN §5.10) -----------------------------------------------------------------

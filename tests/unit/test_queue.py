@@ -4,7 +4,6 @@ worker's messages come back."""
 
 from __future__ import annotations
 
-import asyncio
 import threading
 import time
 import uuid
@@ -17,6 +16,7 @@ from dramatiq.common import dq_name
 
 from shared.logs import MESSAGE_OPTION
 from shared.queue import RUN_SCENARIO, PollingRedisBroker, asend_all, send_all
+from tests.support.loop import ticking
 
 URL = "redis://127.0.0.1:6379/15"  # never connected: building a delay queue's consumer
 
@@ -255,25 +255,16 @@ async def test_a_coroutine_sends_its_messages_without_holding_up_the_event_loop(
     broker = PollingRedisBroker(url=redis_url, work_poll_ms=1000, heartbeat_timeout_s=30)
     broker.declare_queue("runs")
     pauser = redis.Redis.from_url(redis_url)
-    ticks = 0
-
-    async def tick() -> None:
-        nonlocal ticks
-        while True:
-            await asyncio.sleep(0.01)
-            ticks += 1
-
-    ticking = asyncio.create_task(tick())
     try:
-        pauser.client_pause(600, all=False)  # WRITE: the enqueue waits
-        started = time.monotonic()
-        await asend_all(broker, RUN_SCENARIO, [("a",), ("b",)])
-        took = time.monotonic() - started
+        async with ticking() as ticks:
+            pauser.client_pause(600, all=False)  # WRITE: the enqueue waits
+            started = time.monotonic()
+            await asend_all(broker, RUN_SCENARIO, [("a",), ("b",)])
+            took = time.monotonic() - started
     finally:
-        ticking.cancel()
         pauser.client_unpause()
     assert took >= 0.4, took  # it did wait for Redis
-    assert ticks >= 20, ticks  # and the loop ran meanwhile (about 50 ticks; none if blocked)
+    assert ticks.count >= 20, ticks.count  # the loop ran meanwhile (about 50; none if blocked)
     consumer = broker.consume("runs", prefetch=2)
     got = []
     deadline = time.monotonic() + 3
