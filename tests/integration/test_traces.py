@@ -141,7 +141,8 @@ async def play(app: Litestar, settings: Settings, run_id: str) -> None:
 async def test_a_run_exports_its_turns_agent_and_judge_calls_and_verdicts(
     client: AsyncTestClient, app: Litestar, settings: Settings, tracing: OTLPReceiver
 ) -> None:
-    replies = {"Where is order 4411?": "Order 4411 ships tomorrow.", "Refund it": "Refunded."}
+    # The order number is no hex string: an id or a trace id cannot hold it by chance.
+    replies = {"Where is order XK-4411?": "Order XK-4411 ships tomorrow.", "Refund it": "Refunded."}
     with (
         FakeAgent(reply=lambda body: replies[body["message"]]) as agent,
         FakeServer(default=judge_answer) as judge,
@@ -159,7 +160,7 @@ async def test_a_run_exports_its_turns_agent_and_judge_calls_and_verdicts(
                 ),
                 turn("Refund it", criterion("Does it ask for the reason? [judge:FAIL]")),
             ],
-            customer_context={"order": "4411"},
+            customer_context={"order": "XK-4411"},
         )
         run = await start_run(client, t, scenario["id"], made["id"])
         await play(app, settings, run["id"])
@@ -256,7 +257,7 @@ async def test_a_run_exports_its_turns_agent_and_judge_calls_and_verdicts(
     ] == criteria_ids
 
     # Never the conversation, a credential or a header: not even redacted.
-    leaks = ["4411", "tomorrow.", "Refund", "Refunded", "X-Agent-Token", *SECRETS.values()]
+    leaks = ["XK-4411", "tomorrow.", "Refund", "Refunded", "X-Agent-Token", *SECRETS.values()]
     for span in spans:
         for value in span.strings():
             assert not any(leak.lower() in value.lower() for leak in leaks), (span.name, value)
