@@ -459,7 +459,7 @@ async def _end(
     batch's being written goes alone at once; those that arrive meanwhile are written
     together next (:func:`_write_ends`).  A run outside a batch has no batch row to queue on."""
     if batch_id is None:
-        return await work.persist(partial(_alone, database, ending, params))
+        return await _alone(database, ending, params)
     pool = await direct_pool(database.engine)
     ends = _ends.get(pool)
     if ends is None:
@@ -519,7 +519,7 @@ async def _outcomes(
     outcomes: list[list[UUID] | None | BaseException] = []
     for end in group:
         try:
-            outcomes.append(await work.persist(partial(_alone, database, end.ending, end.params)))
+            outcomes.append(await _alone(database, end.ending, end.params))
         except Exception as exc:
             outcomes.append(exc)
     return outcomes
@@ -527,8 +527,7 @@ async def _outcomes(
 
 async def _alone(database: Database, ending: _Ending, params: dict[str, Any]) -> list[UUID] | None:
     """One run's end with its batch's side, in one statement that commits on its own."""
-    async with database.connection() as conn:
-        (ended,) = await ending.alone.rows(conn, **params)
+    (ended,) = await _write(database, ending.alone, params)
     return list(ended.successors or ()) if ended.changed else None
 
 
