@@ -172,14 +172,14 @@ class Conversations(dramatiq.Middleware):
                 await self._play(run_id, claimed.set)
         except asyncio.CancelledError:
             if self._stopping.is_set():  # released by the run: another worker resumes it
-                self._send(run_id, None, retries)
+                await self._sent(run_id, None, retries)
             raise
         except Exception as exc:  # the delivery failed (its unit released), or timed out
-            self._again(run_id, retries, exc)
+            await self._again(run_id, retries, exc)
         finally:
             claimed.set()
 
-    def _again(self, run_id: str, retries: int, exc: Exception) -> None:
+    async def _again(self, run_id: str, retries: int, exc: Exception) -> None:
         if retries >= self.max_retries:
             # As a dead letter: the run's heartbeat is cleared, the sweeper sends it again.
             log.error("run %s failed %d times: left to the sweeper", run_id, retries + 1)
@@ -189,7 +189,19 @@ class Conversations(dramatiq.Middleware):
         delay = int(delay * random.uniform(0.9, 1.1))  # noqa: S311 - jitter, not a secret
         if isinstance(exc, TimeoutError):
             log.warning("run %s over its time limit: sent again in %d ms", run_id, delay)
-        self._send(run_id, delay, retries + 1)
+        await self._sent(run_id, delay, retries + 1)
+
+    async def _sent(self, run_id: str, delay_ms: int | None, retries: int) -> None:
+        """``send`` from a thread: a send is a blocking round trip to the broker, as long as
+        its client waits when Redis is slow or away, and on the event loop every
+        conversation of the process would wait through it.  A send that fails leaves the
+        run to the sweeper (its heartbeat stops with this delivery)."""
+        try:
+            await asyncio.to_thread(self._send, run_id, delay_ms, retries)
+        except Exception:
+            log.warning(
+                "run %s could not be sent again: left to the sweeper", run_id, exc_info=True
+            )
 
     async def _drain(self) -> None:
         """Wait up to the drain for the runs in flight, then cancel the rest: each releases

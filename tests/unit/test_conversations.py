@@ -31,6 +31,11 @@ class Plays:
         self.offers: dict[str, list[str]] = {}
         self.keep: Callable[..., bool] = lambda run_id, after: False
         self.kept: dict[str, bool] = {}
+        # How long a send blocks its caller (a broker's round trip), and the wake-ups of
+        # the runs named "ticking:…" on the event loop, each every 10 ms, as they come.
+        self.send_s = 0.0
+        self.ticks = 0
+        self.ticks_during_sends: list[int] = []
 
     async def play(self, run_id: str, claimed: Callable[[], None]) -> None:
         self.played.append(run_id)
@@ -42,6 +47,11 @@ class Plays:
         try:
             if run_id.startswith("fail"):
                 raise RuntimeError("the delivery failed")
+            if run_id.startswith("ticking"):
+                ends = time.monotonic() + float(run_id.partition(":")[2])
+                while time.monotonic() < ends:
+                    await asyncio.sleep(0.01)
+                    self.ticks += 1
             await asyncio.sleep(float(run_id.partition(":")[2] or 0))
         except asyncio.CancelledError:
             self.cancelled.append(run_id)
@@ -52,6 +62,9 @@ class Plays:
             self.kept[successor] = self.keep(successor, after=run_id)
 
     def send(self, run_id: str, delay_ms: int | None, retries: int) -> None:
+        before = self.ticks
+        time.sleep(self.send_s)
+        self.ticks_during_sends.append(self.ticks - before)
         self.sent.append((run_id, delay_ms, retries))
 
 
@@ -106,6 +119,21 @@ def test_a_failed_delivery_is_sent_again_with_a_growing_backoff_until_its_retrie
     assert [(run, retries) for run, _, retries in sent] == [(f"fail-{n}", n + 1) for n in range(3)]
     delays = [delay for _, delay, _ in sent]
     assert 90 <= delays[0] <= 110 and 180 <= delays[1] <= 220 and 225 <= delays[2] <= 275
+
+
+def test_a_failed_delivery_is_sent_again_without_holding_up_the_other_runs(
+    plays: Plays, stopped: list[dramatiq.Worker]
+) -> None:
+    """A send is a blocking round trip to the broker (here 0.6 s, as with Redis paused):
+    the run beside the failed one goes on meanwhile, and the send still goes."""
+    conversations, worker = _started(plays)
+    stopped.append(worker)
+    plays.send_s = 0.6
+    conversations.start("ticking:1.5", 0)
+    conversations.start("fail-0", 0)
+    _until(lambda: len(plays.sent) == 1)
+    assert plays.sent[0][0] == "fail-0" and plays.sent[0][2] == 1
+    assert plays.ticks_during_sends[0] >= 20, plays.ticks_during_sends  # 0 on the loop
 
 
 def test_a_delivery_over_its_time_limit_is_cancelled_and_sent_again(
