@@ -47,12 +47,14 @@ class Plays:
         try:
             if run_id.startswith("fail"):
                 raise RuntimeError("the delivery failed")
+            seconds = float(run_id.partition(":")[2] or 0)
             if run_id.startswith("ticking"):
-                ends = time.monotonic() + float(run_id.partition(":")[2])
+                ends = time.monotonic() + seconds
                 while time.monotonic() < ends:
                     await asyncio.sleep(0.01)
                     self.ticks += 1
-            await asyncio.sleep(float(run_id.partition(":")[2] or 0))
+            else:
+                await asyncio.sleep(seconds)
         except asyncio.CancelledError:
             self.cancelled.append(run_id)
             raise
