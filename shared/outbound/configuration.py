@@ -244,30 +244,44 @@ def _loaded(loop: asyncio.AbstractEventLoop, key: _Key, done: asyncio.Task[Outbo
 async def _load_outbound(
     database: Database, settings: Settings, org_id: UUID, agent_id: UUID
 ) -> OutboundConfig:
-    """Four reads at once, each on a connection of its own in autocommit: the agent, the
-    organization's providers, allowed domains and credentials.  One transaction would see
-    no steadier a configuration (each statement of a READ COMMITTED transaction takes its
-    own snapshot), and a batch's whole first window waits on this load: on a busy worker,
-    seven statements one after the other (with BEGIN and COMMIT) took 40-55 ms.  The
-    judge and the default simulator are picked from the providers."""
+    """The agent, the organization's providers and its allowed domains read at once, each
+    on a connection of its own in autocommit, then its credentials.  A batch's whole first
+    window waits on this load: on a busy worker, seven statements one after the other
+    (with BEGIN and COMMIT) took 40-55 ms.  One transaction would see no steadier a
+    configuration (each statement of a READ COMMITTED transaction takes its own snapshot),
+    but the order of the snapshots matters, and these reads keep what one after the other
+    kept: what a row names was committed before it, so a read that starts after it sees it.
+
+    * The credentials are read after the providers and the domains, which name them (a
+      provider's key, a domain's header templates).
+    * A provider the agent names was there when the agent was written to name it (and
+      cannot go while it does: a foreign key), but the providers' read may have taken its
+      snapshot before the agent's: the providers are then read again, after it.
+
+    The judge and the default simulator are picked from the providers."""
 
     async def read(load: Callable[[AsyncSession], Awaitable[_Read]]) -> _Read:
         async with database.transaction(read_only=True) as session:
             return await load(session)
 
-    agent, providers, domains, credentials = await _all(
+    agent, providers, domains = await _all(
         read(lambda session: agent_in_org(session, org_id=org_id, agent_id=agent_id)),
         read(lambda session: _providers(session, org_id)),
         read(lambda session: _allowed_domains(session, org_id)),
-        # All of them: egress redacts every value from what it brings back.
-        read(lambda session: _decrypted_credentials(session, settings, org_id, None)),
+    )
+    named = {agent.judge_provider_id, agent.llm_provider_id if agent.kind == "llm" else None}
+    if named - {None} - {provider.id for provider in providers}:  # read before the agent's
+        providers = await read(lambda session: _providers(session, org_id))
+    # All of them: egress redacts every value from what it brings back.
+    credentials = await read(
+        lambda session: _decrypted_credentials(session, settings, org_id, None)
     )
     by_id = {provider.id: provider for provider in providers}
 
     def provider(provider_id: UUID | None) -> ProviderConfig | None:
         if provider_id is None:
             return None
-        if provider_id not in by_id:  # gone since the agent named it
+        if provider_id not in by_id:  # not the organization's
             raise NotFound("llm provider not found")
         return _provider_config(by_id[provider_id], credentials)
 

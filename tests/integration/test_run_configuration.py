@@ -17,6 +17,7 @@ from litestar.testing import AsyncTestClient
 from sqlalchemy import event, text
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from shared.outbound.configuration import load_outbound
 from shared.scenarios.runner import execute_run
 from shared.settings import Settings
 from tests.support.factories import Tenant, tenant
@@ -364,6 +365,68 @@ async def test_runs_starting_together_share_one_failed_load(
             "cannot start: agent not found",
         )
     assert agent.requests == []
+
+
+async def test_a_provider_named_by_the_agent_is_found_whatever_order_the_reads_take(
+    client: AsyncTestClient, app: Litestar, settings: Settings, judge: FakeOpenAI, db: AsyncSession
+) -> None:
+    """The configuration's reads run at once, so the providers' may see the database as it
+    was before the agent's does.  Here the agent's read waits (its table locked) while the
+    others go; meanwhile a credential and a provider using it are created and the agent is
+    pointed at that provider as its judge.  The load still finds the provider, with its key:
+    what a row names was committed before it, and the load reads it after."""
+    t = await tenant(client)
+    made = await outbound_setup(client, t, NOWHERE)  # an agent without a judge
+    loaded_as_of = await version(db, t)
+    await db.execute(text("LOCK TABLE agents IN ACCESS EXCLUSIVE MODE"))
+    load = asyncio.create_task(
+        load_outbound(app.state.database, settings, t.id, UUID(made.agent_id), loaded_as_of)
+    )
+    await asyncio.sleep(0.3)  # every read but the agent's is done
+    assert not load.done()
+    body = {"value": "judge-secret-value"}
+    expect(
+        await client.put(url(t, "credentials/judge_key"), json=body, headers=t.owner.headers), 201
+    )
+    provider = await create_judge_provider(
+        client, t, judge.url, name="new judge", is_default_judge=False, credential_key="judge_key"
+    )
+    await db.execute(
+        text("UPDATE agents SET judge_provider_id = :provider WHERE id = :agent"),
+        {"provider": provider["id"], "agent": made.agent_id},
+    )
+    await db.commit()  # the agent's read goes on, and finds the new judge
+    loaded = await asyncio.wait_for(load, 10)
+    assert loaded.judge is not None
+    assert (str(loaded.judge.id), loaded.judge.api_key) == (provider["id"], "judge-secret-value")
+
+
+async def test_a_providers_key_is_found_when_it_names_a_credential_made_just_before(
+    client: AsyncTestClient, app: Litestar, settings: Settings, judge: FakeOpenAI, db: AsyncSession
+) -> None:
+    """A credential made, then the judge provider set to use it: the providers' read waits
+    (its table locked) while the others go, and the load still finds the key, the
+    credentials being read once the rows that name them are."""
+    t = await tenant(client)
+    made = await outbound_setup(client, t, NOWHERE, judge.url)  # a judge without a key
+    loaded_as_of = await version(db, t)
+    await db.execute(text("LOCK TABLE llm_providers IN ACCESS EXCLUSIVE MODE"))
+    load = asyncio.create_task(
+        load_outbound(app.state.database, settings, t.id, UUID(made.agent_id), loaded_as_of)
+    )
+    await asyncio.sleep(0.3)  # every read but the providers' is done
+    assert not load.done()
+    body = {"value": "judge-secret-value"}
+    expect(
+        await client.put(url(t, "credentials/judge_key"), json=body, headers=t.owner.headers), 201
+    )
+    await db.execute(
+        text("UPDATE llm_providers SET credential_key = 'judge_key' WHERE id = :provider"),
+        {"provider": made.judge_provider_id},
+    )
+    await db.commit()
+    loaded = await asyncio.wait_for(load, 10)
+    assert loaded.judge is not None and loaded.judge.api_key == "judge-secret-value"
 
 
 async def _played_together(
