@@ -47,6 +47,13 @@ class Runtime:
         the process still recovers: the next use opens a new pool."""
         await (await direct_pool(self.database.engine)).wait(timeout=timeout_s)
 
+    async def close_limiter(self) -> None:
+        """The outbound limiter closed, if it was made: the slots queued for release given
+        back first (:meth:`DestinationLimiter.close`).  Made again by its next use."""
+        if self._limiter is not None:
+            limiter, self._limiter = self._limiter, None
+            await limiter.close()
+
     async def close(self) -> None:
         if self._http is not None:
             await self._http.close()

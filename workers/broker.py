@@ -29,7 +29,8 @@ log = logging.getLogger("spar.worker")
 
 class WarmUp(dramatiq.Middleware):
     """Connections opened, and the run engine's cold paths taken, as the worker boots, not
-    by its first messages (:mod:`workers.warmup`).
+    by its first messages (:mod:`workers.warmup`); the outbound limiter's queue given back
+    as it stops.
 
     Before the worker's consumers start (after Dramatiq's event loop thread is made): a
     worker fetches no message, and shows no heartbeat, until it is warm.  A batch sent to
@@ -44,6 +45,20 @@ class WarmUp(dramatiq.Middleware):
             except Exception:  # the first messages will open them, or fail and be retried
                 log.warning("could not warm up the database connections at boot", exc_info=True)
         settle_startup_heap()  # what the boot and the warm-up made, frozen
+
+    def after_worker_shutdown(self, broker: dramatiq.Broker, worker: dramatiq.Worker) -> None:
+        """Once the worker's runs have ended or been handed back (their middleware,
+        :class:`workers.conversations.Conversations`, was added after this one, and Dramatiq
+        runs these hooks in reverse order), and before the event loop stops: the outbound
+        limiter gives back the slots its calls left queued for release (a call does not
+        wait for its slot's release), which would otherwise stay taken for the lease."""
+        loop_thread = get_event_loop_thread()
+        if loop_thread is None:
+            return
+        try:
+            loop_thread.run_coroutine(get_runtime().close_limiter())
+        except Exception:  # their leases run out: the slots come back within a minute
+            log.warning("could not give back the outbound limiter's slots", exc_info=True)
 
 
 class OneStopSignal(dramatiq.Middleware):

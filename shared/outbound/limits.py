@@ -265,6 +265,7 @@ return tostring(limit)
 # arguments (a plain command's are the command), its answer.
 _Call = tuple[str | None, list[str], list[object], "asyncio.Future[object]"]
 ROUND_TRIP_S = 5.0  # a round trip to Redis longer than this fails (the call goes unlimited)
+CLOSE_S = 3.0  # the longest a closing limiter waits to give back the slots queued for release
 WIRE_NAME = "spar-outbound-limits"  # the limiter's connection, in Redis's CLIENT LIST
 
 
@@ -406,11 +407,29 @@ class _Scripts:
             self._sender = asyncio.create_task(self._send())
         return future
 
+    async def flush(self) -> None:
+        """Until every call queued so far has had its round trip (or failed); cancelled, it
+        stops the sending, and the calls not sent fail."""
+        sender = self._sender
+        if sender is None or sender.done():
+            return
+        try:
+            await asyncio.wait({sender})
+        except asyncio.CancelledError:
+            sender.cancel()
+            raise
+
     async def _send(self) -> None:
         while self._queued:
             batch, self._queued = self._queued, []
             try:
                 answers = await self._round_trip(batch)
+            except asyncio.CancelledError:
+                for *_, future in [*batch, *self._queued]:
+                    if not future.done():
+                        future.set_exception(RedisError("outbound limits: the limiter closed"))
+                self._queued = []
+                raise
             except Exception as exc:  # RedisError or worse: every caller of the batch gets it
                 failure = exc if isinstance(exc, RedisError) else RedisError(repr(exc))
                 answers = [failure] * len(batch)
@@ -508,6 +527,12 @@ class RedisLimiter(DestinationLimiter):
         return since, refused, hold
 
     async def close(self) -> None:
+        """Give back the slots queued for release first (a call does not wait for its
+        release, so one still queued would keep its slot taken for the lease, a minute),
+        for at most :data:`CLOSE_S`; then close the connection."""
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(CLOSE_S):
+                await self._scripts.flush()
         await self._wire.close()
 
 
