@@ -17,6 +17,7 @@ from litestar.testing import AsyncTestClient
 from sqlalchemy import event, text
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from shared.errors import NotFound
 from shared.outbound.configuration import load_outbound
 from shared.scenarios.runner import execute_run
 from shared.settings import Settings
@@ -365,6 +366,26 @@ async def test_runs_starting_together_share_one_failed_load(
             "cannot start: agent not found",
         )
     assert agent.requests == []
+
+
+async def test_a_failed_load_is_not_kept_the_next_one_reads_again(
+    client: AsyncTestClient, app: Litestar, settings: Settings, db: AsyncSession
+) -> None:
+    """A load that failed is not cached: once what made it fail is mended, the next load at
+    the same version reads again and succeeds."""
+    t = await tenant(client)
+    other = await tenant(client)
+    made = await outbound_setup(client, t, NOWHERE)
+    as_of = await version(db, t)
+    move = text("UPDATE agents SET organization_id = :org WHERE id = :agent")
+    await db.execute(move, {"org": other.id, "agent": made.agent_id})
+    await db.commit()
+    with pytest.raises(NotFound):
+        await load_outbound(app.state.database, settings, t.id, UUID(made.agent_id), as_of)
+    await db.execute(move, {"org": t.id, "agent": made.agent_id})
+    await db.commit()
+    loaded = await load_outbound(app.state.database, settings, t.id, UUID(made.agent_id), as_of)
+    assert str(loaded.agent.id) == made.agent_id
 
 
 async def test_a_provider_named_by_the_agent_is_found_whatever_order_the_reads_take(

@@ -34,6 +34,7 @@ class Plays:
         # How long a send blocks its caller (a broker's round trip), and the wake-ups of
         # the runs named "ticking:…" on the event loop, each every 10 ms, as they come.
         self.send_s = 0.0
+        self.refusing = False  # the broker refuses every send (Redis away)
         self.ticks = 0
         self.ticks_during_sends: list[int] = []
 
@@ -64,6 +65,8 @@ class Plays:
             self.kept[successor] = self.keep(successor, after=run_id)
 
     def send(self, run_id: str, delay_ms: int | None, retries: int) -> None:
+        if self.refusing:
+            raise ConnectionError("Redis away")
         before = self.ticks
         time.sleep(self.send_s)
         self.ticks_during_sends.append(self.ticks - before)
@@ -136,6 +139,20 @@ def test_a_failed_delivery_is_sent_again_without_holding_up_the_other_runs(
     _until(lambda: len(plays.sent) == 1)
     assert plays.sent[0][0] == "fail-0" and plays.sent[0][2] == 1
     assert plays.ticks_during_sends[0] >= 20, plays.ticks_during_sends  # 0 on the loop
+
+
+def test_a_send_that_fails_leaves_the_run_to_the_sweeper_and_frees_its_place(
+    plays: Plays, stopped: list[dramatiq.Worker], caplog: pytest.LogCaptureFixture
+) -> None:
+    """The broker refusing the send again: logged, and the run's place comes back (its
+    delivery's unit is released, so the sweeper sends it again)."""
+    conversations, worker = _started(plays, limit=2)
+    stopped.append(worker)
+    plays.refusing = True
+    with caplog.at_level("WARNING", logger="spar.worker.conversations"):
+        conversations.start("fail-0", 0)
+        _until(lambda: conversations.room() == 2 and "could not be sent again" in caplog.text)
+    assert "fail-0" in caplog.text
 
 
 def test_a_delivery_over_its_time_limit_is_cancelled_and_sent_again(
