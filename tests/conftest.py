@@ -32,7 +32,7 @@ from shared.db.migrate import upgrade
 from shared.db.models import Base
 from shared.settings import Settings
 from tests.support.live_server import LiveServer
-from tests.support.processes import admin_sql
+from tests.support.processes import admin_sql, private_redis
 
 DEFAULT_TEST_DATABASE_URL = f"postgresql+psycopg://postgres@127.0.0.1:5432/spar_test_{os.getpid()}"
 DEFAULT_TEST_REDIS_URL = "redis://127.0.0.1:6379/15"
@@ -73,6 +73,16 @@ def database_url() -> Iterator[str]:
 @pytest.fixture(scope="session")
 def redis_url() -> str:
     return worker_redis_url(os.environ.get("SPAR_REDIS_URL") or DEFAULT_TEST_REDIS_URL)
+
+
+@pytest.fixture
+def own_redis_url(redis_url: str) -> Iterator[str]:
+    """A ``redis-server`` of the test's own, for a test that pauses it: ``CLIENT PAUSE``
+    holds every database of a server, the other test workers' too."""
+    with private_redis(redis_url) as url:
+        if url == redis_url:
+            pytest.skip("no redis-server to start one of the test's own")
+        yield url
 
 
 @pytest.fixture(scope="session")

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 from collections.abc import AsyncIterator, Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from uuid import UUID, uuid4
 
@@ -458,30 +459,43 @@ def loopback_egress(limiter: DestinationLimiter, organization: UUID) -> EgressCl
     )
 
 
-async def test_a_calls_answer_does_not_wait_for_its_slot_to_be_given_back(
-    settings: Settings,
-) -> None:
-    """The slot is given back off the call's path: Redis pausing writes just as the answer
-    comes (as a busy Redis would be slow) holds up the release, not the answer.  The slot
-    is given back once Redis goes on, and a refusal's hold is in place before the call's
-    next attempt asks for a slot (the release is queued ahead of it)."""
+@contextmanager
+def answering_as_redis_pauses(redis_url: str, pause_ms: int) -> Iterator[FakeServer]:
+    """A loopback server that pauses the writes of the Redis at ``redis_url`` (a test's own:
+    ``own_redis_url``) for ``pause_ms`` as it answers, as a busy Redis would be slow just
+    then: every script sent meanwhile waits.  Redis goes on at the end, whatever happened."""
     import redis
-    import redis.asyncio as aioredis
 
-    assert settings.redis_url
-    pause_ms = 1500
-    pauser = redis.Redis.from_url(settings.redis_url)
+    pauser = redis.Redis.from_url(redis_url)
 
     class PausingRedis(FakeServer):
         def handle(self, request: RecordedRequest) -> Reply:
             pauser.client_pause(pause_ms, all=False)  # WRITE: every script waits
             return Reply(json={"ok": True})
 
-    made = make_limiter("redis", settings, max_concurrency=4)
-    admin = aioredis.Redis.from_url(settings.redis_url)
-    organization = uuid4()
     try:
         with PausingRedis() as fake:
+            yield fake
+    finally:
+        pauser.client_unpause()
+        pauser.close()
+
+
+async def test_a_calls_answer_does_not_wait_for_its_slot_to_be_given_back(
+    own_redis_url: str,
+) -> None:
+    """The slot is given back off the call's path: Redis pausing writes just as the answer
+    comes (as a busy Redis would be slow) holds up the release, not the answer.  The slot
+    is given back once Redis goes on, and a refusal's hold is in place before the call's
+    next attempt asks for a slot (the release is queued ahead of it)."""
+    import redis.asyncio as aioredis
+
+    pause_ms = 1500
+    made = RedisLimiter(own_redis_url, max_concurrency=4, wait_s=30.0, lease_s=30.0)
+    admin = aioredis.Redis.from_url(own_redis_url)
+    organization = uuid4()
+    try:
+        with answering_as_redis_pauses(own_redis_url, pause_ms) as fake:
             egress = loopback_egress(made, organization)
             started = asyncio.get_running_loop().time()
             response = await egress.request("POST", f"{fake.url}/v1/chat", json={})
@@ -500,37 +514,25 @@ async def test_a_calls_answer_does_not_wait_for_its_slot_to_be_given_back(
             assert response.status_code == 200
             assert asyncio.get_running_loop().time() - started >= 0.3
     finally:
-        pauser.client_unpause()
-        pauser.close()
         await admin.aclose()
         await made.close()
 
 
 async def test_a_closing_limiter_gives_back_the_slots_queued_for_release(
-    settings: Settings,
+    own_redis_url: str,
 ) -> None:
     """A call does not wait for its slot's release, so a worker that stops just after a
     call still has the release queued: closing the limiter (as the worker stops) sends it
     before the connection goes, even while Redis is slow, rather than leave the slot taken
     for its lease."""
-    import redis
     import redis.asyncio as aioredis
 
-    assert settings.redis_url
-    pause_ms = 800
-    pauser = redis.Redis.from_url(settings.redis_url)
-
-    class PausingRedis(FakeServer):
-        def handle(self, request: RecordedRequest) -> Reply:
-            pauser.client_pause(pause_ms, all=False)  # WRITE: every script waits
-            return Reply(json={"ok": True})
-
-    made = make_limiter("redis", settings, max_concurrency=4)
-    admin = aioredis.Redis.from_url(settings.redis_url)
+    made = RedisLimiter(own_redis_url, max_concurrency=4, wait_s=30.0, lease_s=30.0)
+    admin = aioredis.Redis.from_url(own_redis_url)
     organization = uuid4()
     holders = Destination(str(organization), "agent", "127.0.0.1").key + ":holders"
     try:
-        with PausingRedis() as fake:
+        with answering_as_redis_pauses(own_redis_url, 800) as fake:
             egress = loopback_egress(made, organization)
             response = await egress.request("POST", f"{fake.url}/v1/chat", json={})
             assert response.status_code == 200
@@ -538,46 +540,39 @@ async def test_a_closing_limiter_gives_back_the_slots_queued_for_release(
             await made.close()
             assert await admin.zcard(holders) == 0  # sent before the limiter closed
     finally:
-        pauser.client_unpause()
-        pauser.close()
         await admin.aclose()
         await made.close()
 
 
 async def test_a_closing_limiter_waits_for_a_stalled_redis_only_so_long(
-    settings: Settings,
+    own_redis_url: str,
 ) -> None:
     """A Redis that does not answer holds a closing limiter up for ``CLOSE_S`` at most, not
     for a round trip's whole timeout: the releases not sent are dropped (their leases run
     out), and the limiter does not open its connection again once closed."""
     import redis.asyncio as aioredis
 
-    from shared.outbound.limits import CLOSE_S, ROUND_TRIP_S, WIRE_NAME, RedisLimiter
-    from tests.support.processes import private_redis
+    from shared.outbound.limits import CLOSE_S, ROUND_TRIP_S, WIRE_NAME
 
-    assert settings.redis_url
-    with private_redis(settings.redis_url) as url:
-        if url == settings.redis_url:
-            pytest.skip("no redis-server to start a private one (it is paused here)")
-        made = RedisLimiter(url, max_concurrency=2, wait_s=30.0, lease_s=30.0)
-        admin = aioredis.Redis.from_url(url)
-        try:
-            lease = await made.acquire(destination(), refused_since=None)
-            await admin.client_pause(int((ROUND_TRIP_S + 1) * 1000), all=False)
-            released = made.release(lease, status=200, retry_after_s=None)
-            started = asyncio.get_running_loop().time()
-            await made.close()
-            took = asyncio.get_running_loop().time() - started
-            assert CLOSE_S - 0.5 <= took < ROUND_TRIP_S, took
-            assert released.done()  # settled as Redis being away settles it, not left hanging
-            await admin.client_unpause()
-            await asyncio.sleep(0.3)
-            clients = await admin.client_list()
-            assert not [c for c in clients if c.get("name") == WIRE_NAME], clients
-        finally:
-            await admin.client_unpause()
-            await admin.aclose()
-            await made.close()
+    made = RedisLimiter(own_redis_url, max_concurrency=2, wait_s=30.0, lease_s=30.0)
+    admin = aioredis.Redis.from_url(own_redis_url)
+    try:
+        lease = await made.acquire(destination(), refused_since=None)
+        await admin.client_pause(int((ROUND_TRIP_S + 1) * 1000), all=False)
+        released = made.release(lease, status=200, retry_after_s=None)
+        started = asyncio.get_running_loop().time()
+        await made.close()
+        took = asyncio.get_running_loop().time() - started
+        assert CLOSE_S - 0.5 <= took < ROUND_TRIP_S, took
+        assert released.done()  # settled as Redis being away settles it, not left hanging
+        await admin.client_unpause()
+        await asyncio.sleep(0.3)
+        clients = await admin.client_list()
+        assert not [c for c in clients if c.get("name") == WIRE_NAME], clients
+    finally:
+        await admin.client_unpause()
+        await admin.aclose()
+        await made.close()
 
 
 async def test_the_redis_limiters_connection_authenticates_selects_its_database_and_reconnects(

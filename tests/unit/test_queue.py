@@ -247,14 +247,14 @@ def test_send_all_on_the_in_memory_broker_enqueues_each():
 
 
 async def test_a_coroutine_sends_its_messages_without_holding_up_the_event_loop(
-    redis_url: str,
+    own_redis_url: str,
 ) -> None:
     """A run's successors (and a batch's first window) are sent from the worker's event loop,
     where every conversation of the process lives: while Redis is slow to take them (here
     its writes paused), the loop goes on, and the messages are queued once Redis is back."""
-    broker = PollingRedisBroker(url=redis_url, work_poll_ms=1000, heartbeat_timeout_s=30)
+    broker = PollingRedisBroker(url=own_redis_url, work_poll_ms=1000, heartbeat_timeout_s=30)
     broker.declare_queue("runs")
-    pauser = redis.Redis.from_url(redis_url)
+    pauser = redis.Redis.from_url(own_redis_url)
     try:
         async with ticking() as ticks:
             pauser.client_pause(600, all=False)  # WRITE: the enqueue waits
