@@ -70,6 +70,7 @@ from shared.db import shapes
 from shared.db.base import NOW, utcnow
 from shared.db.direct import Statement, direct_pool
 from shared.db.engine import Database
+from shared.db.errors import database_unavailable
 from shared.db.models import CriterionResult, Organization, ScenarioRun, TurnResult
 from shared.scenarios.records import (
     Claimed,
@@ -502,20 +503,24 @@ async def _outcomes(
     database: Database, batch_id: UUID, group: list[_End]
 ) -> list[list[UUID] | None | BaseException]:
     """What writing each end of ``group`` came to: together when there are several, alone
-    otherwise, or when one of them cannot be written (a turn another delivery wrote first):
-    then each on its own, as it would have been."""
+    otherwise, or when one of them cannot be written (a turn another delivery wrote first,
+    a value the database refuses): then each on its own, as it would have been, so that
+    what one run's end meets is that run's alone.  The database away (past
+    :func:`shared.work.persist`'s wait) fails them all: each would meet it."""
     if len(group) > 1:
         try:
             return await work.persist(partial(_together, database, batch_id, group))
-        except psycopg.IntegrityError as exc:
+        except Exception as exc:
+            if database_unavailable(exc):
+                return [exc] * len(group)
+            diag = getattr(exc, "diag", None)  # a database error's (no value of the run's)
+            code = (diag.constraint_name or diag.sqlstate) if diag is not None else None
             log.info(
                 "a group of %d ends written one by one: %s (%s)",
                 len(group),
                 type(exc).__name__,
-                exc.diag.constraint_name,
+                code or "-",
             )
-        except Exception as exc:
-            return [exc] * len(group)
     outcomes: list[list[UUID] | None | BaseException] = []
     for end in group:
         try:

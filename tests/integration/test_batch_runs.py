@@ -21,6 +21,7 @@ from typing import Any
 from uuid import UUID
 
 import msgspec
+import psycopg
 import pytest
 from dramatiq import Message
 from dramatiq.brokers.stub import StubBroker
@@ -773,18 +774,18 @@ async def test_a_group_of_ends_counts_only_the_runs_it_moved(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     """A group written together may hold an end another delivery made first (it changes
-    nothing and is not counted) or a turn another delivery wrote first (the group cannot
-    commit: its ends are then written one by one, and only that one is refused).  Each
-    kind of end goes in a group: a run's last turn, an end, a conversation concluded with
-    its criteria's verdicts."""
+    nothing and is not counted), a turn another delivery wrote first or a value the
+    database refuses (the group cannot commit: its ends are then written one by one, and
+    only that one fails).  Each kind of end goes in a group: a run's last turn, an end, a
+    conversation concluded with its criteria's verdicts."""
     database = app.state.database
     w = await make_world(client, agent)
-    for n in range(8):
+    for n in range(10):
         await make_scenario(client, w, f"s{n}", tags=["group"])
-    batch = await create_batch(client, w, tags=["group"], max_concurrency=8)
+    batch = await create_batch(client, w, tags=["group"], max_concurrency=10)
     batch_id = UUID(batch["id"])
     runs = await dispatch_committed(database, batch_id)
-    held, twice, played, concluded, held_again, written, last, pending = runs
+    held, twice, played, concluded, held_again, written, last, held_third, refused, pending = runs
     for run_id in (played, concluded, written):
         assert await store.claim(database, settings, run_id) is not None
     turn = TurnRecord.unplayed  # a turn (a new row each time)
@@ -798,7 +799,7 @@ async def test_a_group_of_ends_counts_only_the_runs_it_moved(
     )
     assert await store.record_turn(database, written, turn(0), [], CostSummary()) == []
 
-    async def group(first: UUID, *ends: Any) -> list[Any]:
+    async def group(first: UUID, *ends: Any, return_exceptions: bool = False) -> list[Any]:
         """``ends`` written as one group, while the end of ``first`` waits for the batch's row."""
         await db.execute(select(BatchRun.id).where(BatchRun.id == batch_id).with_for_update())
         alone = asyncio.create_task(runner.finish(database, first, "passed", batch_id=batch_id))
@@ -807,7 +808,7 @@ async def test_a_group_of_ends_counts_only_the_runs_it_moved(
         together = [asyncio.create_task(end) for end in ends]
         await asyncio.sleep(0.1)  # all waiting in the process
         await db.commit()
-        return [await alone, *await asyncio.gather(*together)]
+        return [await alone, *await asyncio.gather(*together, return_exceptions=return_exceptions)]
 
     caplog.set_level(logging.INFO, logger=store.__name__)
 
@@ -853,6 +854,21 @@ async def test_a_group_of_ends_counts_only_the_runs_it_moved(
     done = await get_batch(client, w, batch["id"])
     assert [done["status"], *(done[key] for key in counted)] == ["running", 6, 4, 1, 1]
     assert_counts_add_up(done)
+
+    # A value the database refuses in one end (PostgreSQL's text holds no NUL): that end
+    # fails, the other end of its group is counted as if it had been written alone.
+    outcomes = await group(
+        held_third,
+        runner.finish(database, refused, "error", "bad\x00value", batch_id=batch_id),
+        runner.finish(database, pending, "failed", batch_id=batch_id),
+        return_exceptions=True,
+    )
+    assert outcomes[0] == [] and outcomes[2] == [], outcomes
+    assert isinstance(outcomes[1], psycopg.DataError), outcomes
+    assert one_by_one() == 2
+    done = await get_batch(client, w, batch["id"])
+    assert [done["status"], *(done[key] for key in counted)] == ["running", 8, 5, 2, 1]
+    assert_counts_add_up(done)
     statuses = await db.execute(
         select(ScenarioRun.id, ScenarioRun.status).where(ScenarioRun.batch_run_id == batch_id)
     )
@@ -864,7 +880,9 @@ async def test_a_group_of_ends_counts_only_the_runs_it_moved(
         held_again: "passed",
         written: "running",
         last: "error",
-        pending: "pending",
+        held_third: "passed",
+        refused: "pending",
+        pending: "failed",
     }
 
 
