@@ -412,7 +412,14 @@ async def execute_run(
     up on as every unit of work is (:mod:`shared.work`); ``claimed()`` is called once the
     claim is committed, or found not to be this delivery's.
     """
-    run = await store.claim(database, settings, run_id)
+    try:
+        run = await store.claim(database, settings, run_id)
+    except store.Unreadable as exc:
+        if claimed is not None:
+            claimed()
+        # Played again, it would fail the same way at every delivery: it ends now.
+        log.error("run %s cannot be read: %s", run_id, exc)
+        return await finish(database, run_id, RunStatus.ERROR, f"cannot start: {exc}")
     if claimed is not None:
         claimed()
     if run is None:

@@ -44,6 +44,7 @@ from functools import partial
 from typing import Any
 from uuid import UUID
 
+import msgspec
 import psycopg
 from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
@@ -140,15 +141,25 @@ _CLAIM = Statement(
 )
 
 
+class Unreadable(Exception):
+    """A claimed run whose stored row cannot be read as :class:`Claimed` (its snapshot
+    written in a shape this code does not read): it can never be played.  The message says
+    where (a path in the row, never a value)."""
+
+
 async def claim(database: Database, settings: Settings, run_id: UUID) -> Claimed | None:
     """Move the run to ``running`` and read what playing it needs, the turns already
     committed included; ``None`` if it is terminal, gone, or being played by a delivery
     whose heartbeat is alive (:mod:`shared.work`).  Should a delivery thought dead still
-    play, the turn writes settle which of the two goes on."""
+    play, the turn writes settle which of the two goes on.  Raises :class:`Unreadable`,
+    the run claimed, when its row cannot be read: the caller ends it."""
     # Before waiting for a connection: the run started when it was claimed.
     params = claim_params(settings)
     async with database.connection() as conn:
-        claimed = await _CLAIM.structs(conn, Claimed, p_run=run_id, **params)
+        try:
+            claimed = await _CLAIM.structs(conn, Claimed, p_run=run_id, **params)
+        except msgspec.ValidationError as exc:
+            raise Unreadable(f"its stored row cannot be read ({exc})") from None
     return claimed[0] if claimed else None
 
 

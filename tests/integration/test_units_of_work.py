@@ -261,6 +261,47 @@ async def test_a_run_that_keeps_failing_ends_in_error_and_its_batch_completes(
     assert await run_once(app, settings, runs["poisoned"]) is None
 
 
+async def test_a_run_whose_stored_row_cannot_be_read_ends_in_error_at_its_first_delivery(
+    client: AsyncTestClient,
+    app: Litestar,
+    settings: Settings,
+    agent: FakeAgent,
+    db: AsyncSession,
+) -> None:
+    """A run whose snapshot is stored in a shape the workers do not read (written by
+    another version, say) would fail every delivery before its play begins, where the
+    deliveries are not counted against it, and be sent again forever: it ends in error at
+    once, naming where its row could not be read, and its batch completes."""
+    t = await tenant(client)
+    setup = await outbound_setup(client, t, agent.url)
+    await create_scenario(client, t, name="unreadable", tags=["suite"])
+    response = await client.post(
+        f"/v1/orgs/{t.id}/scenarios/batch-runs",
+        json={"agent_id": setup.agent_id, "tags": ["suite"], "max_concurrency": 1},
+        headers=t.owner.headers,
+    )
+    assert response.status_code == 201, response.text
+    batch_path = f"/v1/orgs/{t.id}/scenarios/batch-runs/{response.json()['id']}"
+    (run_id,) = await dispatch_committed(app.state.database, UUID(response.json()["id"]))
+    await db.execute(
+        text('UPDATE scenario_runs SET snapshot = \'{"turns": "none"}\' WHERE id = :run'),
+        {"run": run_id},
+    )
+    await db.commit()
+    assert await run_once(app, settings, str(run_id)) == []
+    status, error = (
+        await db.execute(
+            text("SELECT status, error_message FROM scenario_runs WHERE id = :run"),
+            {"run": run_id},
+        )
+    ).one()
+    assert status == "error" and error.startswith("cannot start: "), error
+    assert "snapshot" in error and "none" not in error, error
+    batch = (await client.get(batch_path, headers=t.owner.headers)).json()
+    assert (batch["status"], batch["error_scenarios"]) == ("completed", 1), batch
+    assert agent.requests == []
+
+
 async def fired_trigger(client: AsyncTestClient, t: Tenant, agent_id: str) -> tuple[str, str]:
     """A webhook trigger sending ``ping`` to the agent, fired by hand: the trigger's id and
     its execution's, ``queued``."""
