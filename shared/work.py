@@ -60,7 +60,7 @@ from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.engine import Result
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncSession
-from sqlalchemy.types import Uuid
+from sqlalchemy.types import Integer, Uuid
 
 from shared.db.base import NOW, UTCDateTime, utcnow
 from shared.db.direct import Statement
@@ -90,6 +90,7 @@ T = TypeVar("T")
 
 STALE_BEFORE = bindparam("p_stale", type_=UTCDateTime())
 UNIT = bindparam("p_unit", type_=Uuid())  # the unit a statement is about, unless it names one
+DELIVERY = bindparam("p_delivery", type_=Integer())  # which of its deliveries: its attempts
 BEATS_PER_TIMEOUT = 6
 MIN_BEAT_S = 0.5
 PERSIST_WITHIN_S = 60.0
@@ -138,7 +139,9 @@ class Work:
             .scalar_subquery()
         )
         beat = update(self.table).where(self.id.in_(free), *alive)
-        released = update(self.table).where(self.id == UNIT, running)
+        # Only by the delivery that claimed it last: one taken for dead (its unit claimed
+        # again since) must not clear the heartbeat of the delivery that now plays it.
+        released = update(self.table).where(self.id == UNIT, running, self.attempts == DELIVERY)
         # Neither is progress: ``updated_at`` stays (an explicit value stops its onupdate).
         unchanged = {"updated_at": self.table.c.updated_at}
         beat = beat.values(heartbeat_at=NOW, **unchanged).returning(self.id)
@@ -322,7 +325,7 @@ async def perform(
         return await play()
     except asyncio.CancelledError:
         # Stopped from outside (a time limit, a shutdown): the next delivery may take it.
-        await asyncio.shield(_release(work, database, unit_id))
+        await asyncio.shield(_release(work, database, unit_id, attempts))
         raise
     except Exception as exc:
         why = reason(exc)
@@ -330,7 +333,7 @@ async def perform(
         _log_failure(work, unit_id, attempts, "giving up" if last else "to be retried", exc)
         if last:
             return await _given_up(work, give_up, f"error: {why} (after {attempts} deliveries)")
-        await _release(work, database, unit_id)
+        await _release(work, database, unit_id, attempts)
         raise
     finally:
         beats.discard(work, unit_id)
@@ -352,11 +355,12 @@ async def _given_up(work: Work, give_up: Callable[[str], Awaitable[T]], why: str
     return await give_up(why)
 
 
-async def _release(work: Work, database: Database, unit_id: UUID) -> None:
-    """Clear the unit's heartbeat: a retry claims it at once instead of waiting it out."""
+async def _release(work: Work, database: Database, unit_id: UUID, attempts: int) -> None:
+    """Clear the heartbeat of the unit this delivery (its ``attempts``-th) claimed: a retry
+    claims it at once instead of waiting it out."""
     try:
         async with database.connection() as conn:
-            await work._release.rows(conn, p_unit=unit_id)
+            await work._release.rows(conn, p_unit=unit_id, p_delivery=attempts)
     except Exception:  # the database is away: the heartbeat times out instead
         log.warning("could not release %s %s", work.kind, unit_id, exc_info=True)
 

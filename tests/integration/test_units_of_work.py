@@ -46,7 +46,7 @@ from shared.runtime import Runtime
 from shared.scenarios.runner import execute_run
 from shared.settings import Settings
 from shared.triggers.executions import execute as execute_trigger
-from shared.work import CALIBRATIONS, DOCUMENTS, RUNS, TRIGGER_EXECUTIONS, Work
+from shared.work import CALIBRATIONS, DOCUMENTS, RUNS, TRIGGER_EXECUTIONS, Work, perform
 from tests.support.factories import Tenant, stub_broker, tenant
 from tests.support.fakes import FakeAgent, FakeOpenAI, Reply
 from tests.support.proxy import DatabaseProxy
@@ -520,8 +520,9 @@ async def test_a_released_unit_is_not_stamped_alive_again_by_a_late_heartbeat(
     for kind, unit_id in units.items():
         work = KINDS[kind]
         await set_running(db, kind, unit_id, heartbeat_at=utcnow())
+        _, _, delivery = await unit_state(db, kind, unit_id)
         async with app.state.database.connection() as conn:
-            await work._release.rows(conn, p_unit=UUID(unit_id))
+            await work._release.rows(conn, p_unit=UUID(unit_id), p_delivery=delivery)
             await work._beat.rows(conn, p_units=[UUID(unit_id)], now=utcnow())
         heartbeat = await db.scalar(select(work.heartbeat).where(work.id == UUID(unit_id)))
         await db.commit()
@@ -529,6 +530,42 @@ async def test_a_released_unit_is_not_stamped_alive_again_by_a_late_heartbeat(
         await deliver(app, settings, kind, unit_id)
         status, _, _ = await unit_state(db, kind, unit_id)
         assert status in {"passed", "succeeded", "ready", "completed"}, (kind, status)
+
+
+async def test_a_delivery_taken_for_dead_leaves_the_next_ones_heartbeat_when_it_gives_up(
+    client: AsyncTestClient,
+    impatient: AsyncTestClient,
+    app: Litestar,
+    settings: Settings,
+    agent: FakeAgent,
+    judge: FakeOpenAI,
+    db: AsyncSession,
+) -> None:
+    """A delivery whose heartbeat lapsed (its loop starved, say) is taken for dead and its
+    unit claimed again; when it then fails, its release must not clear the heartbeat of
+    the delivery now playing the unit, or a third would claim it and call out again."""
+    t = await tenant(client)
+    units = await _waiting_unit_of_each_kind(client, impatient, t, agent, judge)
+    for kind, unit_id in units.items():
+        work = KINDS[kind]
+        await set_running(db, kind, unit_id, heartbeat_at=utcnow(), **{work.attempts_column: 2})
+
+        async def fails() -> None:
+            raise RuntimeError("the delivery taken for dead fails late")
+
+        async def give_up(reason: str) -> None:
+            raise AssertionError(f"not its last delivery: {reason}")
+
+        with pytest.raises(RuntimeError, match="fails late"):
+            await perform(
+                work, app.state.database, settings, UUID(unit_id), 1, play=fails, give_up=give_up
+            )
+        heartbeat = await db.scalar(select(work.heartbeat).where(work.id == UUID(unit_id)))
+        await db.commit()
+        assert heartbeat is not None, kind  # still the live delivery's
+        await deliver(app, settings, kind, unit_id)  # a third: it finds the unit in flight
+        status, _, attempts = await unit_state(db, kind, unit_id)
+        assert (status, attempts) == (work.running, 2), kind
 
 
 async def test_a_heartbeat_skips_a_unit_another_transaction_holds(
