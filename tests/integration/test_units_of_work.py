@@ -213,6 +213,21 @@ async def poisoned_turns(db: AsyncSession) -> AsyncIterator[None]:
         await db.commit()
 
 
+async def suite_batch(
+    client: AsyncTestClient, t: Tenant, agent_id: str, *, max_concurrency: int
+) -> tuple[str, str]:
+    """A batch of the tenant's scenarios tagged ``suite``, created over the API: its id
+    and its path."""
+    response = await client.post(
+        f"/v1/orgs/{t.id}/scenarios/batch-runs",
+        json={"agent_id": agent_id, "tags": ["suite"], "max_concurrency": max_concurrency},
+        headers=t.owner.headers,
+    )
+    assert response.status_code == 201, response.text
+    batch_id = response.json()["id"]
+    return batch_id, f"/v1/orgs/{t.id}/scenarios/batch-runs/{batch_id}"
+
+
 async def test_a_run_that_keeps_failing_ends_in_error_and_its_batch_completes(
     client: AsyncTestClient,
     app: Litestar,
@@ -225,14 +240,7 @@ async def test_a_run_that_keeps_failing_ends_in_error_and_its_batch_completes(
     setup = await outbound_setup(client, t, agent.url)
     await create_scenario(client, t, name="fine", tags=["suite"])
     await create_scenario(client, t, name="poisoned", tags=["suite"], turns=[turn("poison")])
-    response = await client.post(
-        f"/v1/orgs/{t.id}/scenarios/batch-runs",
-        json={"agent_id": setup.agent_id, "tags": ["suite"], "max_concurrency": 2},
-        headers=t.owner.headers,
-    )
-    assert response.status_code == 201, response.text
-    batch_id = response.json()["id"]
-    batch_path = f"/v1/orgs/{t.id}/scenarios/batch-runs/{batch_id}"
+    batch_id, batch_path = await suite_batch(client, t, setup.agent_id, max_concurrency=2)
     listed = (await client.get(batch_path, headers=t.owner.headers)).json()["runs"]
     runs = {r["scenario_name"]: r["id"] for r in listed}
     handed = await dispatch_committed(app.state.database, UUID(batch_id))
@@ -275,14 +283,8 @@ async def test_a_run_whose_stored_row_cannot_be_read_ends_in_error_at_its_first_
     t = await tenant(client)
     setup = await outbound_setup(client, t, agent.url)
     await create_scenario(client, t, name="unreadable", tags=["suite"])
-    response = await client.post(
-        f"/v1/orgs/{t.id}/scenarios/batch-runs",
-        json={"agent_id": setup.agent_id, "tags": ["suite"], "max_concurrency": 1},
-        headers=t.owner.headers,
-    )
-    assert response.status_code == 201, response.text
-    batch_path = f"/v1/orgs/{t.id}/scenarios/batch-runs/{response.json()['id']}"
-    (run_id,) = await dispatch_committed(app.state.database, UUID(response.json()["id"]))
+    batch_id, batch_path = await suite_batch(client, t, setup.agent_id, max_concurrency=1)
+    (run_id,) = await dispatch_committed(app.state.database, UUID(batch_id))
     await db.execute(
         text('UPDATE scenario_runs SET snapshot = \'{"turns": "none"}\' WHERE id = :run'),
         {"run": run_id},
