@@ -131,11 +131,13 @@ class Work:
         # Never a unit another transaction holds: its delivery is writing it (a turn, its
         # end), so it is alive, and the next beat stamps it.  A beat locks many units in no
         # set order: waiting for one, it could hold another that the holder waits for (a
-        # batch's ends written together lock several runs: shared.scenarios.store).
+        # batch's ends written together lock several runs: shared.scenarios.store).  The
+        # lock the stamp itself takes (NO KEY UPDATE), no stronger: a row that is only
+        # referenced meanwhile (a turn inserted, its foreign key's KEY SHARE) is stamped.
         free = (
             select(self.id)
             .where(self.id == any_(units), *alive)
-            .with_for_update(skip_locked=True)
+            .with_for_update(skip_locked=True, key_share=True)
             .scalar_subquery()
         )
         beat = update(self.table).where(self.id.in_(free), *alive)

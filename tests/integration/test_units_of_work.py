@@ -606,6 +606,35 @@ async def test_a_heartbeat_skips_a_unit_another_transaction_holds(
         assert beats[held] == long_ago and beats[free] > long_ago, kind
 
 
+async def test_a_heartbeat_stamps_a_unit_whose_row_is_only_referenced_meanwhile(
+    client: AsyncTestClient,
+    impatient: AsyncTestClient,
+    app: Litestar,
+    agent: FakeAgent,
+    judge: FakeOpenAI,
+    db: AsyncSession,
+) -> None:
+    """A transaction that only references a unit's row (inserting a row whose foreign key
+    names it takes KEY SHARE: a run's turn as it is written) does not make a beat skip it:
+    the beat locks no more than its own update does."""
+    units = await _waiting_unit_of_each_kind(client, impatient, await tenant(client), agent, judge)
+    long_ago = utcnow() - timedelta(hours=1)
+    for kind, unit_id in units.items():
+        work = KINDS[kind]
+        await set_running(db, kind, unit_id, heartbeat_at=long_ago)
+        await db.execute(
+            select(work.id)
+            .where(work.id == UUID(unit_id))
+            .with_for_update(key_share=True, read=True)
+        )
+        async with app.state.database.connection() as conn:
+            stamped = await asyncio.wait_for(
+                work._beat.rows(conn, p_units=[UUID(unit_id)], now=utcnow()), timeout=5
+            )
+        await db.commit()
+        assert [row.id for row in stamped] == [UUID(unit_id)], kind
+
+
 def _drain(broker: Any, queue: str) -> list[str]:
     """The ids sent to ``queue`` of a stub broker."""
     found = []
