@@ -60,9 +60,10 @@ async def _rehearse_sessions(runtime: Runtime) -> None:
     database, settings = runtime.database, runtime.settings
     await dispatch_committed(database, uuid4())
     org = uuid4()
-    with suppress(NotFound):  # every statement runs: the agent's is the one that finds none
+    with suppress(NotFound):  # the agent's read finds none: the credentials are not read
         await outbound.load_outbound(database, settings, org, uuid4(), 0)
     async with database.transaction() as session:
+        await outbound.load_egress_policy(session, settings=settings, org_id=org)
         with suppress(NotFound):
             await outbound.load_provider(
                 session, settings=settings, org_id=org, provider_id=uuid4()
