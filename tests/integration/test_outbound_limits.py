@@ -61,6 +61,9 @@ from tests.support.scenario_setup import (
 IMPLEMENTATIONS = ["redis", "local"]
 
 
+LEASE_S = 30.0  # a slot's lease in these tests
+
+
 def make_limiter(
     kind: str,
     settings: Settings,
@@ -69,16 +72,23 @@ def make_limiter(
     wait_s: float = 30.0,
     probe_s: float = PROBE_S,
 ) -> DestinationLimiter:
-    options = {
-        "max_concurrency": max_concurrency,
-        "wait_s": wait_s,
-        "lease_s": 30.0,
-        "probe_s": probe_s,
-    }
     if kind == "redis":
         assert settings.redis_url
-        return RedisLimiter(settings.redis_url, **options)
-    return LocalLimiter(**options)
+        return redis_limiter(
+            settings.redis_url, max_concurrency=max_concurrency, wait_s=wait_s, probe_s=probe_s
+        )
+    return LocalLimiter(
+        max_concurrency=max_concurrency, wait_s=wait_s, lease_s=LEASE_S, probe_s=probe_s
+    )
+
+
+def redis_limiter(
+    url: str, *, max_concurrency: int, wait_s: float = 30.0, probe_s: float = PROBE_S
+) -> RedisLimiter:
+    """The limiter on the Redis at ``url`` (the tests' own, or one of a test's own)."""
+    return RedisLimiter(
+        url, max_concurrency=max_concurrency, wait_s=wait_s, lease_s=LEASE_S, probe_s=probe_s
+    )
 
 
 @pytest.fixture(params=IMPLEMENTATIONS)
@@ -491,7 +501,7 @@ async def test_a_calls_answer_does_not_wait_for_its_slot_to_be_given_back(
     import redis.asyncio as aioredis
 
     pause_ms = 1500
-    made = RedisLimiter(own_redis_url, max_concurrency=4, wait_s=30.0, lease_s=30.0)
+    made = redis_limiter(own_redis_url, max_concurrency=4)
     admin = aioredis.Redis.from_url(own_redis_url)
     organization = uuid4()
     try:
@@ -527,7 +537,7 @@ async def test_a_closing_limiter_gives_back_the_slots_queued_for_release(
     for its lease."""
     import redis.asyncio as aioredis
 
-    made = RedisLimiter(own_redis_url, max_concurrency=4, wait_s=30.0, lease_s=30.0)
+    made = redis_limiter(own_redis_url, max_concurrency=4)
     admin = aioredis.Redis.from_url(own_redis_url)
     organization = uuid4()
     holders = Destination(str(organization), "agent", "127.0.0.1").key + ":holders"
@@ -554,7 +564,7 @@ async def test_a_closing_limiter_waits_for_a_stalled_redis_only_so_long(
 
     from shared.outbound.limits import CLOSE_S, ROUND_TRIP_S, WIRE_NAME
 
-    made = RedisLimiter(own_redis_url, max_concurrency=2, wait_s=30.0, lease_s=30.0)
+    made = redis_limiter(own_redis_url, max_concurrency=2)
     admin = aioredis.Redis.from_url(own_redis_url)
     try:
         lease = await made.acquire(destination(), refused_since=None)
@@ -597,7 +607,7 @@ async def test_the_redis_limiters_connection_authenticates_selects_its_database_
         port = url.rsplit(":", 1)[1].split("/")[0]
         secured = f"redis://:s3cret@127.0.0.1:{port}"
         admin = aioredis.Redis.from_url(f"{secured}/3")
-        made = RedisLimiter(f"{secured}/3", max_concurrency=2, wait_s=30.0, lease_s=30.0)
+        made = redis_limiter(f"{secured}/3", max_concurrency=2)
         where = destination()
         try:
             first = [await made.acquire(where, refused_since=None) for _ in range(2)]
@@ -624,9 +634,7 @@ async def test_the_redis_limiters_connection_authenticates_selects_its_database_
 
 
 async def test_without_redis_calls_go_out_unlimited_rather_than_fail() -> None:
-    unreachable = RedisLimiter(
-        f"redis://127.0.0.1:{free_port()}/0", max_concurrency=1, wait_s=30.0, lease_s=30.0
-    )
+    unreachable = redis_limiter(f"redis://127.0.0.1:{free_port()}/0", max_concurrency=1)
     try:
         where = destination()
         leases = [await unreachable.acquire(where, refused_since=None) for _ in range(3)]
