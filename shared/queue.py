@@ -357,15 +357,41 @@ _AFTER_COMMIT = "spar_send_after_commit"
 def send_after_commit(
     session: AsyncSession, broker: dramatiq.Broker, target: tuple[str, str], *args: Any
 ) -> None:
-    """:func:`send` once ``session``'s transaction has committed; never if it rolls back.
-    A worker told about a row must always find it, and the caller need not own the
-    transaction to say so."""
+    """:func:`send` once ``session``'s transaction has committed (:func:`send_committed`);
+    never if it rolls back.  A worker told about a row must always find it, and the caller
+    need not own the transaction to say so."""
     session.info.setdefault(_AFTER_COMMIT, []).append((broker, target, args))
 
 
-@event.listens_for(Session, "after_commit")
-def _send_pending(session: Session) -> None:
-    for broker, target, args in session.info.pop(_AFTER_COMMIT, ()):
+async def send_committed(session: AsyncSession) -> None:
+    """Send what ``session``'s transaction, now committed, asked to (:func:`send_after_commit`),
+    from a thread, once the session has given back its connection.
+
+    From a thread: Dramatiq's enqueue is a blocking round trip, and sent from the event
+    loop it held up every request of an API process while Redis answered (a health check
+    sent during a 3 s pause of Redis answered after the pause), and for good on a Redis
+    that never answered.
+
+    A message that cannot be sent is logged, not raised.  Its row is committed: the unit
+    waits for its message, and the sweeper sends it again once the unit's stall period is
+    over (``docs/operations.md``, "A lost message").  Raised, it answered the request that
+    made the row 500, and a caller who retried made a second one."""
+    pending = session.info.pop(_AFTER_COMMIT, None)
+    if not pending:
+        return
+    try:
+        await asyncio.to_thread(_send_each, pending)
+    except Exception as exc:
+        log.warning(
+            "could not send %s after its commit (%s: %s); the sweeper sends it again",
+            ", ".join(sorted({actor for _, (_, actor), _ in pending})),
+            type(exc).__name__,
+            exc,
+        )
+
+
+def _send_each(pending: list[tuple[dramatiq.Broker, tuple[str, str], tuple[Any, ...]]]) -> None:
+    for broker, target, args in pending:
         send(broker, target, *args)
 
 

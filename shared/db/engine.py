@@ -30,6 +30,7 @@ from shared.db.direct import (
     direct_pool,
     json_text,
 )
+from shared.queue import send_committed
 from shared.settings import Settings
 
 # JSON columns (snapshots, cost summaries, results) are written on every turn: msgspec is
@@ -95,10 +96,12 @@ class Database:
     """The process's database, and the one way code opens a unit of work on it.
 
     * :meth:`transaction`: one session, committed when the block ends, rolled back if it
-      raises (``read_only``: the same session in autocommit, for work that only reads; inside
-      a READ COMMITTED transaction each statement takes its own snapshot anyway).  The
-      request's session (``api.deps``), the workers', the scheduler's and the CLI's all come
-      from here; the services they call take that session and never commit.
+      raises; once committed, the messages it asked for are sent
+      (:func:`shared.queue.send_committed`).  ``read_only``: the same session in
+      autocommit, for work that only reads (inside a READ COMMITTED transaction each
+      statement takes its own snapshot anyway).  The request's session (``api.deps``), the
+      workers', the scheduler's and the CLI's all come from here; the services they call
+      take that session and never commit.
     * :meth:`connection`: a connection of the run engine's direct pool
       (:mod:`shared.db.direct`), in autocommit: each statement is its own transaction.
       The run engine's.
@@ -124,6 +127,7 @@ class Database:
             except BaseException:
                 await session.rollback()
                 raise
+        await send_committed(session)
 
     @asynccontextmanager
     async def connection(self) -> AsyncIterator[AsyncConnection[Any]]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import threading
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -20,6 +21,7 @@ from datetime import timedelta
 from typing import Any
 from uuid import UUID
 
+import httpx
 import msgspec
 import pytest
 import redis
@@ -30,7 +32,8 @@ from psycopg_pool import PoolTimeout
 from sqlalchemy import select, text, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from scheduler.sweeper import BROKER_MARK, sweep
+from api.app import create_app
+from scheduler.sweeper import BROKER_MARK, mark_broker, sweep
 from shared.batches.window import dispatch_committed
 from shared.calibration.judging import judge_examples
 from shared.crypto import secret_box
@@ -49,6 +52,7 @@ from shared.triggers.executions import execute as execute_trigger
 from shared.work import CALIBRATIONS, DOCUMENTS, RUNS, TRIGGER_EXECUTIONS, Work, perform
 from tests.support.factories import Tenant, stub_broker, tenant
 from tests.support.fakes import FakeAgent, FakeOpenAI, Reply
+from tests.support.live_server import LiveServer
 from tests.support.proxy import DatabaseProxy
 from tests.support.scenario_setup import (
     allow_domain,
@@ -713,6 +717,84 @@ async def test_the_sweeper_resends_every_waiting_unit_when_redis_lost_its_messag
         r.flushdb()  # what a restart without persistence does
         await sweep(app.state.database, broker, settings)
         assert queued() == {"runs": 1, "triggers": 1, "documents": 1, "calibration": 1}
+    finally:
+        r.flushdb()
+
+
+# --- Redis slow or away as a request sends --------------------------------------------------------
+
+
+@pytest.fixture
+async def served_with_own_redis(
+    settings: Settings, own_redis_url: str
+) -> AsyncIterator[tuple[httpx.AsyncClient, Settings]]:
+    """A client of the API served on a loopback port (requests that overlap), whose broker
+    is a ``redis-server`` of the test's own, and those settings."""
+    own = msgspec.structs.replace(settings, redis_url=own_redis_url)
+    with LiveServer(create_app(own)) as server:
+        async with httpx.AsyncClient(base_url=server.url, timeout=30) as http:
+            yield http, own
+
+
+async def test_a_request_that_sends_while_redis_is_slow_holds_up_no_other_request(
+    served_with_own_redis: tuple[httpx.AsyncClient, Settings], client: AsyncTestClient
+) -> None:
+    """A run's message is sent after its commit from a thread: another request of the
+    same API process is answered while Redis makes the send wait (it waited for the whole
+    pause before), and the run's message is queued once Redis goes on."""
+    http, own = served_with_own_redis
+    t = await tenant(http)
+    setup = await outbound_setup(http, t, "http://127.0.0.1:9/agent")
+    scenario = await create_scenario(http, t, turns=[turn("Hi")])
+    r = redis.Redis.from_url(own.redis_url)
+    r.execute_command("CLIENT", "PAUSE", "2000", "ALL")
+    started = time.monotonic()
+    run_started = asyncio.create_task(start_run(http, t, scenario["id"], setup.agent_id))
+    await asyncio.sleep(0.3)
+    asked = time.monotonic()
+    live = await http.get("/health/live")
+    live_s = time.monotonic() - asked
+    run = await run_started
+    run_s = time.monotonic() - started
+    assert live.status_code == 200
+    assert live_s < 1.0, f"a health check took {live_s:.2f} s while a send waited on Redis"
+    assert run_s > 1.5, f"the run's request answered in {run_s:.2f} s, before Redis went on"
+    queued = [Message.decode(m).args[0] for m in r.hvals("dramatiq:runs.msgs")]
+    assert queued == [run["id"]]
+
+
+async def test_a_run_started_while_redis_is_away_is_made_and_the_sweeper_sends_it(
+    served_with_own_redis: tuple[httpx.AsyncClient, Settings],
+    client: AsyncTestClient,
+    app: Litestar,
+    settings: Settings,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Redis away as a run is started: the run is committed, so the request answers 201
+    (it answered 500, and a caller who retried made a second run), the failed send is
+    logged, and once the run's stall period is over the sweeper sends its message."""
+    http, own = served_with_own_redis
+    t = await tenant(http)
+    setup = await outbound_setup(http, t, "http://127.0.0.1:9/agent")
+    scenario = await create_scenario(http, t, turns=[turn("Hi")])
+    redis.Redis.from_url(own.redis_url).shutdown(nosave=True)
+    with caplog.at_level(logging.WARNING, logger="spar.queue"):
+        run = await start_run(http, t, scenario["id"], setup.agent_id)
+    assert run["status"] == "pending"
+    assert "could not send run_scenario after its commit (ConnectionError" in caplog.text
+    listed = await http.get(f"/v1/orgs/{t.id}/scenarios/runs", headers=t.owner.headers)
+    assert [r["id"] for r in listed.json()["runs"]] == [run["id"]]
+
+    broker = get_broker(settings)
+    r = redis.Redis.from_url(settings.redis_url)
+    r.flushdb()
+    mark_broker(broker)  # nothing lost by this broker: only the run's stall sends it
+    try:
+        await asyncio.sleep(0.1)
+        stalled = msgspec.structs.replace(settings, run_stall_s=0.05)
+        assert await sweep(app.state.database, broker, stalled) == (1, 0)
+        queued = [Message.decode(m).args[0] for m in r.hvals("dramatiq:runs.msgs")]
+        assert queued == [run["id"]]
     finally:
         r.flushdb()
 
