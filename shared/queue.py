@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -53,6 +54,21 @@ FULL_POLL_S = 0.01
 # held until its claim commits (workers.conversations), and at 4 a batch's runs waited
 # 100-250 ms for one another's claims to be fetched.
 RUNS_PREFETCH = 16
+# The broker's Redis client waits this long for a connection or an answer, then fails as
+# with Redis away.  Without it a command to a Redis that stopped answering (a failover
+# that left the old address silent, a cut network) waited until TCP gave up, about a
+# quarter of an hour: a send held its thread (an API request, a worker's hand-off) and a
+# consumer stopped fetching.  Dramatiq's commands are scripts that never block.
+BROKER_TIMEOUT_S = 5.0
+# An idle connection's peer is checked after 10 s of silence, then every 5 s: three checks
+# unanswered and the connection is dead (its read fails).  The work queues' subscription
+# waits for announcements without a timeout, so this is how it learns that Redis went away
+# without a word, and subscribes again.
+_KEEPALIVE = (
+    {socket.TCP_KEEPIDLE: 10, socket.TCP_KEEPINTVL: 5, socket.TCP_KEEPCNT: 3}
+    if hasattr(socket, "TCP_KEEPIDLE")  # Linux; elsewhere the system's keepalive timing
+    else {}
+)
 QUEUES = ("runs", "batches", "documents", "calibration", "triggers", "notifications")
 RUN_SCENARIO = ("runs", "run_scenario")
 DISPATCH_BATCH = ("batches", "dispatch_batch")
@@ -117,7 +133,13 @@ class PollingRedisBroker(RedisBroker):
 
     def __init__(self, *, url: str, work_poll_ms: int, heartbeat_timeout_s: float) -> None:
         super().__init__(
-            url=url,
+            client=redis.Redis.from_url(
+                url,
+                socket_timeout=BROKER_TIMEOUT_S,
+                socket_connect_timeout=BROKER_TIMEOUT_S,
+                socket_keepalive=True,
+                socket_keepalive_options=_KEEPALIVE,
+            ),
             heartbeat_timeout=int(heartbeat_timeout_s * 1000),
             maintenance_chance=MAINTENANCE_CHANCE,
         )
@@ -233,7 +255,7 @@ class _WakingConsumer(_RedisConsumer):  # Dramatiq's own, its broker's ``consume
         # consumer idling up to ``work_poll_ms`` at a time.
         try:
             self.message_cache = self.broker.do_fetch(self.queue_name, room)
-        except redis.ConnectionError as exc:
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
             raise ConnectionClosed(exc) from None
         if self.message_cache:
             return super().__next__()
@@ -253,8 +275,9 @@ class _WakingConsumer(_RedisConsumer):  # Dramatiq's own, its broker's ``consume
 
 class _Wakes:
     """The work queues' announcements in one process: a thread subscribed to their channels
-    sets the event of each channel that gets a message.  Redis away, it subscribes again
-    once Redis is back; meanwhile the consumers poll every ``SPAR_WORK_POLL_MS``."""
+    sets the event of each channel that gets a message.  Redis away (or gone silent: TCP
+    keepalive finds the connection dead, :data:`_KEEPALIVE`), it subscribes again once Redis
+    is back; meanwhile the consumers poll every ``SPAR_WORK_POLL_MS``."""
 
     def __init__(self, client: redis.Redis, channels: list[str]) -> None:
         self._client = client
