@@ -375,15 +375,21 @@ def _message(target: tuple[str, str], args: tuple[Any, ...], retries: int) -> dr
 
 
 _AFTER_COMMIT = "spar_send_after_commit"
+# What a transaction asked to send: the broker, the target, the arguments, the delay (ms).
+_Pending = tuple[dramatiq.Broker, tuple[str, str], tuple[Any, ...], int | None]
 
 
 def send_after_commit(
-    session: AsyncSession, broker: dramatiq.Broker, target: tuple[str, str], *args: Any
+    session: AsyncSession,
+    broker: dramatiq.Broker,
+    target: tuple[str, str],
+    *args: Any,
+    delay_ms: int | None = None,
 ) -> None:
     """:func:`send` once ``session``'s transaction has committed (:func:`send_committed`);
     never if it rolls back.  A worker told about a row must always find it, and the caller
     need not own the transaction to say so."""
-    session.info.setdefault(_AFTER_COMMIT, []).append((broker, target, args))
+    session.info.setdefault(_AFTER_COMMIT, []).append((broker, target, args, delay_ms))
 
 
 async def send_committed(session: AsyncSession) -> None:
@@ -407,15 +413,15 @@ async def send_committed(session: AsyncSession) -> None:
     except Exception as exc:
         log.warning(
             "could not send %s after its commit (%s: %s); the sweeper sends it again",
-            ", ".join(sorted({actor for _, (_, actor), _ in pending})),
+            ", ".join(sorted({actor for _, (_, actor), _, _ in pending})),
             type(exc).__name__,
             exc,
         )
 
 
-def _send_each(pending: list[tuple[dramatiq.Broker, tuple[str, str], tuple[Any, ...]]]) -> None:
-    for broker, target, args in pending:
-        send(broker, target, *args)
+def _send_each(pending: list[_Pending]) -> None:
+    for broker, target, args, delay_ms in pending:
+        send(broker, target, *args, delay_ms=delay_ms)
 
 
 @event.listens_for(Session, "after_rollback")

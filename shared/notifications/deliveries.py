@@ -37,7 +37,7 @@ import logging
 import math
 import random
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import timedelta
 from typing import Any
 from urllib.parse import urlsplit
 from uuid import UUID
@@ -57,7 +57,7 @@ from shared.notifications.schemas import DeliveryStatus
 from shared.notifications.services import RETRY_FOR, envelope, fail_pending, webhook_id
 from shared.outbound.configuration import load_egress_policy
 from shared.outbound.egress import EgressClient, EgressError, Resolver, storable, system_resolver
-from shared.queue import DELIVER_WEBHOOK, send
+from shared.queue import DELIVER_WEBHOOK, send_after_commit
 from shared.settings import Settings
 from shared.work import WEBHOOK_DELIVERIES
 
@@ -237,7 +237,7 @@ async def _record(
     the delivery."""
     now = utcnow()
 
-    async def once() -> tuple[str, datetime | None, str] | None:
+    async def once() -> tuple[str, str] | None:
         async with database.transaction() as session:
             endpoint = await session.scalar(
                 select(WebhookEndpoint)
@@ -282,9 +282,17 @@ async def _record(
                 status, outcome = DeliveryStatus.PENDING, f"retried at {retry_at:%H:%M:%S} UTC"
             if status == DeliveryStatus.PENDING:
                 ended.update(status=status, next_attempt_at=retry_at, heartbeat_at=None)
+                assert retry_at is not None
+                wait_s = (retry_at - utcnow()).total_seconds()
+                if wait_s <= SHORT_WAIT_S:
+                    # Never before it is due (a claim would find it early and leave it to
+                    # the sweeper): rounded up, with a margin for the clocks of two workers.
+                    delay_ms = max(math.ceil(wait_s * 1000), 0) + DUE_MARGIN_MS
+                    send_after_commit(
+                        session, broker, DELIVER_WEBHOOK, str(delivery_id), delay_ms=delay_ms
+                    )
             else:
                 ended.update(status=status, next_attempt_at=None, completed_at=now)
-                retry_at = None
             await session.execute(
                 update(WebhookDelivery).where(WebhookDelivery.id == delivery_id).values(ended)
             )
@@ -306,12 +314,12 @@ async def _record(
                 )
                 await fail_pending(session, endpoint_id=endpoint.id, reason=reason)
                 log.warning("webhook endpoint %s %s", endpoint.id, reason)
-            return outcome, retry_at, _where(endpoint.url)
+            return outcome, _where(endpoint.url)
 
     recorded = await work.persist(once)
     if recorded is None:
         return
-    outcome, retry_at, where = recorded
+    outcome, where = recorded
     if answer.succeeded:
         log.info("webhook delivery %s to %s: %s (%s)", delivery_id, where, outcome, answer.code)
         return
@@ -323,10 +331,3 @@ async def _record(
         answer.error,
         outcome,
     )
-    if retry_at is not None:
-        wait_s = (retry_at - utcnow()).total_seconds()
-        if wait_s <= SHORT_WAIT_S:
-            # Never before it is due (a claim would find it early and leave it to the
-            # sweeper): rounded up, with a margin for the clocks of two workers.
-            delay_ms = max(math.ceil(wait_s * 1000), 0) + DUE_MARGIN_MS
-            send(broker, DELIVER_WEBHOOK, str(delivery_id), delay_ms=delay_ms)

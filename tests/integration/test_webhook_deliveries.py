@@ -14,6 +14,8 @@ from uuid import UUID
 
 import msgspec
 import pytest
+import redis
+from dramatiq import Message
 from litestar import Litestar
 from litestar.testing import AsyncTestClient
 from sqlalchemy import func, select, update
@@ -27,6 +29,7 @@ from shared.db.base import utcnow
 from shared.db.models import NotificationEvent, WebhookDelivery, WebhookEndpoint
 from shared.notifications.announce import announce
 from shared.notifications.deliveries import MAX_RETRY_S, deliver, retry_delay
+from shared.queue import PollingRedisBroker
 from shared.settings import Settings
 from shared.triggers.executions import execute
 from shared.work import NOTIFICATION_EVENTS, WEBHOOK_DELIVERIES
@@ -41,6 +44,7 @@ from tests.support.fakes import (
     Reply,
     verdict_from_marker,
 )
+from tests.support.loop import ticking
 from tests.support.notifications import (
     announce_recorded,
     create_endpoint,
@@ -203,6 +207,44 @@ async def test_a_failed_attempt_is_retried_with_the_same_webhook_id_and_both_ver
     assert endpoint["secret"] not in caplog.text
     assert endpoint["secret"][6:] not in caplog.text
     assert f"delivery {row['id']}" in caplog.text and "503" in caplog.text
+
+
+async def test_a_retry_due_soon_is_sent_after_its_commit_without_holding_up_the_event_loop(
+    client: AsyncTestClient,
+    app: Litestar,
+    settings: Settings,
+    agent: FakeAgent,
+    receiver: FakeServer,
+    db: AsyncSession,
+    own_redis_url: str,
+) -> None:
+    """The message of a retry due within a minute is sent once the attempt's outcome has
+    committed, from a thread: while Redis makes the send wait, the worker's event loop
+    (every conversation of the process) goes on; it stood still for the whole wait."""
+    t = await tenant(client)
+    setup = await outbound_setup(client, t, agent.url)
+    await create_endpoint(client, t, f"{receiver.url}/hooks", "trigger.execution.failed")
+    receiver.enqueue(Reply(status=503), Reply(status=503))
+    broker = stub_broker()
+    await failed_execution(client, app, settings, t, setup.agent_id, broker)
+    await play_notifications(app, settings, broker)  # announced, then a first attempt
+    (first_retry,) = sent(broker, "notifications.DQ")
+    await make_due(db)
+
+    queues = PollingRedisBroker(url=own_redis_url, work_poll_ms=1000, heartbeat_timeout_s=30)
+    queues.declare_queue("notifications")
+    pauser = redis.Redis.from_url(own_redis_url)
+    try:
+        async with ticking() as ticks:
+            pauser.client_pause(1000, all=False)  # WRITE: the enqueue waits
+            await deliver(app.state.database, settings, UUID(first_retry.args[0]), broker=queues)
+    finally:
+        pauser.client_unpause()
+    assert len(receiver.requests) == 2
+    assert ticks.count >= 40, ticks.count  # the loop ran meanwhile (about 90; few if blocked)
+    (retry,) = [Message.decode(m) for m in pauser.hvals("dramatiq:notifications.DQ.msgs")]
+    assert retry.args == first_retry.args
+    assert 18_000 <= retry.options["eta"] - retry.message_timestamp <= 22_500  # 20 s ± 10 %
 
 
 async def test_a_redelivery_sends_the_same_webhook_id_and_body_again(
