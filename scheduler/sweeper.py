@@ -24,6 +24,7 @@ never dispatched are the window's to hand out, not the sweeper's.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import uuid
 from uuid import UUID
@@ -35,7 +36,7 @@ from scheduler.metrics import DISPATCHED, SWEEPER_RESENT
 from shared import work
 from shared.batches import comparisons, window
 from shared.db.engine import Database
-from shared.queue import RUN_SCENARIO, send_all
+from shared.queue import RUN_SCENARIO, asend_all
 from shared.settings import Settings
 
 log = logging.getLogger("spar.sweeper")
@@ -62,7 +63,7 @@ def mark_broker(broker: dramatiq.Broker) -> None:
 
 async def sweep(database: Database, broker: dramatiq.Broker, settings: Settings) -> tuple[int, int]:
     """One pass; returns (runs sent again, runs dispatched for batches)."""
-    lost = broker_lost_its_messages(broker)
+    lost = await asyncio.to_thread(broker_lost_its_messages, broker)
     async with database.transaction() as session:
         # Every kind declared (shared.work.KINDS), sent to the actor it names.
         taken = [
@@ -70,13 +71,13 @@ async def sweep(database: Database, broker: dramatiq.Broker, settings: Settings)
             for unit in work.KINDS
         ]
     sent = {
-        unit.label: _send(broker, unit.message, ids)
+        unit.label: await _send(broker, unit.message, ids)
         for unit, ids in zip(work.KINDS, taken, strict=True)
     }
     if lost:
-        mark_broker(broker)
+        await asyncio.to_thread(mark_broker, broker)
     dispatched = await window.reoffer(database)
-    sent[DISPATCHED] = _send(broker, RUN_SCENARIO, dispatched)
+    sent[DISPATCHED] = await _send(broker, RUN_SCENARIO, dispatched)
     compared = await comparisons.store_due(database)
     if compared:
         log.info("sweeper stored %d batch comparisons with their baselines", compared)
@@ -94,6 +95,8 @@ async def sweep(database: Database, broker: dramatiq.Broker, settings: Settings)
     return len(sent["runs"]), len(dispatched)
 
 
-def _send(broker: dramatiq.Broker, target: tuple[str, str], ids: list[UUID]) -> list[UUID]:
-    send_all(broker, target, [(str(unit_id),) for unit_id in ids])
+async def _send(broker: dramatiq.Broker, target: tuple[str, str], ids: list[UUID]) -> list[UUID]:
+    """Send ``ids`` to ``target`` from a thread: the scheduler's event loop, which fires the
+    triggers' cron jobs, goes on while Redis answers."""
+    await asend_all(broker, target, [(str(unit_id),) for unit_id in ids])
     return ids

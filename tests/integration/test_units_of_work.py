@@ -53,6 +53,7 @@ from shared.work import CALIBRATIONS, DOCUMENTS, RUNS, TRIGGER_EXECUTIONS, Work,
 from tests.support.factories import Tenant, stub_broker, tenant
 from tests.support.fakes import FakeAgent, FakeOpenAI, Reply
 from tests.support.live_server import LiveServer
+from tests.support.loop import ticking
 from tests.support.proxy import DatabaseProxy
 from tests.support.scenario_setup import (
     allow_domain,
@@ -721,7 +722,7 @@ async def test_the_sweeper_resends_every_waiting_unit_when_redis_lost_its_messag
         r.flushdb()
 
 
-# --- Redis slow or away as a request sends --------------------------------------------------------
+# --- Redis slow or away as work is sent -----------------------------------------------------------
 
 
 @pytest.fixture
@@ -797,6 +798,32 @@ async def test_a_run_started_while_redis_is_away_is_made_and_the_sweeper_sends_i
         assert queued == [run["id"]]
     finally:
         r.flushdb()
+
+
+async def test_the_sweeper_sends_without_holding_up_the_schedulers_event_loop(
+    client: AsyncTestClient, app: Litestar, settings: Settings, own_redis_url: str
+) -> None:
+    """The sweeper's reads and sends go to Redis from a thread: while Redis makes them wait,
+    the scheduler's event loop (the triggers' cron jobs) goes on; it stood still before."""
+    t = await tenant(client)
+    setup = await outbound_setup(client, t, "http://127.0.0.1:9/agent")
+    scenario = await create_scenario(client, t, turns=[turn("Hi")])
+    run = await start_run(client, t, scenario["id"], setup.agent_id)
+    own = msgspec.structs.replace(settings, redis_url=own_redis_url)
+    broker = get_broker(own)
+    pauser = redis.Redis.from_url(own_redis_url)
+    try:
+        async with ticking() as ticks:
+            pauser.client_pause(800, all=False)  # WRITE: the sends wait
+            # A Redis of its own, never marked: it lost what it held, so the run is sent.
+            swept = await sweep(app.state.database, broker, own)
+    finally:
+        pauser.client_unpause()
+    assert swept == (1, 0)
+    assert ticks.count >= 30, ticks.count  # the loop ran meanwhile (about 70; few if blocked)
+    queued = [Message.decode(m).args[0] for m in pauser.hvals("dramatiq:runs.msgs")]
+    assert queued == [run["id"]]
+    assert pauser.exists(BROKER_MARK)
 
 
 # --- the database away ----------------------------------------------------------------------------
