@@ -53,7 +53,7 @@ from shared.work import CALIBRATIONS, DOCUMENTS, RUNS, TRIGGER_EXECUTIONS, Work,
 from tests.support.factories import Tenant, stub_broker, tenant
 from tests.support.fakes import FakeAgent, FakeOpenAI, Reply
 from tests.support.live_server import LiveServer
-from tests.support.loop import ticking
+from tests.support.loop import ticking_while_redis_holds_writes
 from tests.support.proxy import DatabaseProxy
 from tests.support.scenario_setup import (
     allow_domain,
@@ -811,19 +811,14 @@ async def test_the_sweeper_sends_without_holding_up_the_schedulers_event_loop(
     run = await start_run(client, t, scenario["id"], setup.agent_id)
     own = msgspec.structs.replace(settings, redis_url=own_redis_url)
     broker = get_broker(own)
-    pauser = redis.Redis.from_url(own_redis_url)
-    try:
-        async with ticking() as ticks:
-            pauser.client_pause(800, all=False)  # WRITE: the sends wait
-            # A Redis of its own, never marked: it lost what it held, so the run is sent.
-            swept = await sweep(app.state.database, broker, own)
-    finally:
-        pauser.client_unpause()
+    async with ticking_while_redis_holds_writes(own_redis_url, 800) as ticks:
+        # A Redis of its own, never marked: it lost what it held, so the run is sent.
+        swept = await sweep(app.state.database, broker, own)
     assert swept == (1, 0)
     assert ticks.count >= 30, ticks.count  # the loop ran meanwhile (about 70; few if blocked)
-    queued = [Message.decode(m).args[0] for m in pauser.hvals("dramatiq:runs.msgs")]
-    assert queued == [run["id"]]
-    assert pauser.exists(BROKER_MARK)
+    r = redis.Redis.from_url(own_redis_url)
+    assert [Message.decode(m).args[0] for m in r.hvals("dramatiq:runs.msgs")] == [run["id"]]
+    assert r.exists(BROKER_MARK)
 
 
 # --- the database away ----------------------------------------------------------------------------

@@ -44,7 +44,7 @@ from tests.support.fakes import (
     Reply,
     verdict_from_marker,
 )
-from tests.support.loop import ticking
+from tests.support.loop import ticking_while_redis_holds_writes
 from tests.support.notifications import (
     announce_recorded,
     create_endpoint,
@@ -233,16 +233,12 @@ async def test_a_retry_due_soon_is_sent_after_its_commit_without_holding_up_the_
 
     queues = PollingRedisBroker(url=own_redis_url, work_poll_ms=1000, heartbeat_timeout_s=30)
     queues.declare_queue("notifications")
-    pauser = redis.Redis.from_url(own_redis_url)
-    try:
-        async with ticking() as ticks:
-            pauser.client_pause(1000, all=False)  # WRITE: the enqueue waits
-            await deliver(app.state.database, settings, UUID(first_retry.args[0]), broker=queues)
-    finally:
-        pauser.client_unpause()
+    async with ticking_while_redis_holds_writes(own_redis_url, 1000) as ticks:
+        await deliver(app.state.database, settings, UUID(first_retry.args[0]), broker=queues)
     assert len(receiver.requests) == 2
     assert ticks.count >= 40, ticks.count  # the loop ran meanwhile (about 90; few if blocked)
-    (retry,) = [Message.decode(m) for m in pauser.hvals("dramatiq:notifications.DQ.msgs")]
+    held = redis.Redis.from_url(own_redis_url).hvals("dramatiq:notifications.DQ.msgs")
+    (retry,) = [Message.decode(m) for m in held]
     assert retry.args == first_retry.args
     assert 18_000 <= retry.options["eta"] - retry.message_timestamp <= 22_500  # 20 s ± 10 %
 

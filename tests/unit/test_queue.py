@@ -24,7 +24,7 @@ from shared.queue import (
     send,
     send_all,
 )
-from tests.support.loop import ticking
+from tests.support.loop import ticking_while_redis_holds_writes
 
 URL = "redis://127.0.0.1:6379/15"  # never connected: building a delay queue's consumer
 
@@ -262,15 +262,10 @@ async def test_a_coroutine_sends_its_messages_without_holding_up_the_event_loop(
     its writes paused), the loop goes on, and the messages are queued once Redis is back."""
     broker = PollingRedisBroker(url=own_redis_url, work_poll_ms=1000, heartbeat_timeout_s=30)
     broker.declare_queue("runs")
-    pauser = redis.Redis.from_url(own_redis_url)
-    try:
-        async with ticking() as ticks:
-            pauser.client_pause(600, all=False)  # WRITE: the enqueue waits
-            started = time.monotonic()
-            await asend_all(broker, RUN_SCENARIO, [("a",), ("b",)])
-            took = time.monotonic() - started
-    finally:
-        pauser.client_unpause()
+    async with ticking_while_redis_holds_writes(own_redis_url, 600) as ticks:
+        started = time.monotonic()
+        await asend_all(broker, RUN_SCENARIO, [("a",), ("b",)])
+        took = time.monotonic() - started
     assert took >= 0.4, took  # it did wait for Redis
     assert ticks.count >= 20, ticks.count  # the loop ran meanwhile (about 50; none if blocked)
     consumer = broker.consume("runs", prefetch=2)
