@@ -19,7 +19,8 @@ import logging
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from functools import lru_cache
 from typing import Any
 from uuid import uuid4
@@ -54,11 +55,12 @@ FULL_POLL_S = 0.01
 # held until its claim commits (workers.conversations), and at 4 a batch's runs waited
 # 100-250 ms for one another's claims to be fetched.
 RUNS_PREFETCH = 16
-# The broker's Redis client waits this long for a connection or an answer, then fails as
-# with Redis away.  Without it a command to a Redis that stopped answering (a failover
-# that left the old address silent, a cut network) waited until TCP gave up, about a
-# quarter of an hour: a send held its thread (an API request, a worker's hand-off) and a
-# consumer stopped fetching.  Dramatiq's commands are scripts that never block.
+# The broker's Redis client waits this long for a connection or an answer, then fails
+# (:class:`_Consumer` takes that as a closed connection).  Set here whatever redis-py's
+# defaults: before redis-py 8 a command had no timeout, and one sent to a Redis that
+# stopped answering (a failover that left the old address silent, a cut network) waited
+# until TCP gave up, about a quarter of an hour.  Dramatiq's commands are scripts that
+# never block; the work queues' subscription reads without it (redis-py 8.0.1 and later).
 BROKER_TIMEOUT_S = 5.0
 # An idle connection's peer is checked after 10 s of silence, then every 5 s: three checks
 # unanswered and the connection is dead (its read fails).  The work queues' subscription
@@ -152,6 +154,10 @@ class PollingRedisBroker(RedisBroker):
         # its consumer of the ``runs`` queue fetches no more.
         self.runs_room: Callable[[], int] | None = None
 
+    @property
+    def consumer_class(self) -> type[_Consumer]:
+        return _Consumer  # a delay queue's (a work queue's is made below)
+
     def consume(self, queue_name: str, prefetch: int = 1, timeout: int = 5000) -> Consumer:
         if q_name(queue_name) != queue_name:  # a delay queue
             return super().consume(queue_name, prefetch, timeout)
@@ -218,7 +224,41 @@ class PollingRedisBroker(RedisBroker):
         return self._wake_prefix + queue_name
 
 
-class _WakingConsumer(_RedisConsumer):  # Dramatiq's own, its broker's ``consumer_class``
+class _Consumer(_RedisConsumer):
+    """Dramatiq's consumer of a Redis queue, a command that timed out taken as a closed
+    connection (Dramatiq's ``ConnectionClosed``), as a refused one is: its consumer thread
+    then makes a new consumer.  Dramatiq's own takes only a refused connection so; a
+    timeout reached the consumer thread as an unexpected error, whose clean-up (giving
+    back its delayed messages) timed out in turn and ended the thread for good: that
+    worker took no delayed message again (a webhook retry, a run's backoff) until it
+    restarted."""
+
+    def ack(self, message: Any) -> None:
+        with _closed_on_timeout():
+            super().ack(message)
+
+    def nack(self, message: Any) -> None:
+        with _closed_on_timeout():
+            super().nack(message)
+
+    def requeue(self, messages: Any) -> None:
+        with _closed_on_timeout():
+            super().requeue(messages)
+
+    def __next__(self) -> Any:
+        with _closed_on_timeout():
+            return super().__next__()
+
+
+@contextmanager
+def _closed_on_timeout() -> Iterator[None]:
+    try:
+        yield
+    except (redis.ConnectionError, redis.TimeoutError) as exc:
+        raise ConnectionClosed(exc) from None
+
+
+class _WakingConsumer(_Consumer):
     """A work queue's consumer: with nothing to fetch, it waits for a message's announcement
     (or ``idle_s``) instead of Dramatiq's backoff."""
 
@@ -253,10 +293,8 @@ class _WakingConsumer(_RedisConsumer):  # Dramatiq's own, its broker's ``consume
         # announcement with messages queued: a batch's first window of 1,000 runs, announced
         # at once and then silent, started at about 16 runs per second per worker, each
         # consumer idling up to ``work_poll_ms`` at a time.
-        try:
+        with _closed_on_timeout():
             self.message_cache = self.broker.do_fetch(self.queue_name, room)
-        except (redis.ConnectionError, redis.TimeoutError) as exc:
-            raise ConnectionClosed(exc) from None
         if self.message_cache:
             return super().__next__()
         if self._wake.wait(self.idle_s):

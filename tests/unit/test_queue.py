@@ -308,3 +308,36 @@ def test_the_brokers_commands_wait_for_a_redis_that_stopped_answering_only_so_lo
     subscribed = [c for c in admin.client_list() if c["cmd"] in ("subscribe", "ssubscribe")]
     assert len(subscribed) == 1
     assert int(subscribed[0]["age"]) > BROKER_TIMEOUT_S, "the subscription was cut"
+
+
+def test_a_workers_delay_queue_consumer_outlives_a_redis_that_stopped_answering(
+    own_redis_url: str,
+):
+    """A worker holding a delayed message (a webhook retry, a run's backoff) when Redis
+    stops answering: its delay queue's consumer times out, and Dramatiq's worker makes it
+    again, as after a refused connection; it takes the delayed messages sent once Redis
+    answers again.  Before, the timeout reached the consumer thread as an unexpected
+    error, whose clean-up (giving the held message back) timed out too and ended the
+    thread for good."""
+    broker = PollingRedisBroker(url=own_redis_url, work_poll_ms=1000, heartbeat_timeout_s=30)
+    played = threading.Event()
+
+    @dramatiq.actor(broker=broker, queue_name="notifications", actor_name="noted")
+    def noted(note: str) -> None:
+        if note == "soon":
+            played.set()
+
+    worker = dramatiq.Worker(broker, worker_threads=1, worker_timeout=100)
+    worker.start()
+    try:
+        noted.send_with_options(args=("in a minute",), delay=60_000)
+        time.sleep(1.0)  # fetched by the delay queue's consumer, held until it is due
+        paused_s = 2 * BROKER_TIMEOUT_S + 1.5  # the look, and then its clean-up, time out
+        admin = redis.Redis.from_url(own_redis_url)
+        admin.execute_command("CLIENT", "PAUSE", str(int(paused_s * 1000)), "ALL")
+        time.sleep(paused_s + 1.5)
+        assert worker.consumers[dq_name("notifications")].is_alive()
+        noted.send_with_options(args=("soon",), delay=100)
+        assert played.wait(10), "the delayed message was never played"
+    finally:
+        worker.stop()
