@@ -32,7 +32,7 @@ from dramatiq.broker import Consumer
 from dramatiq.brokers.redis import RedisBroker, _RedisConsumer
 from dramatiq.brokers.stub import StubBroker
 from dramatiq.common import current_millis, q_name
-from dramatiq.errors import ConnectionClosed
+from dramatiq.errors import BrokerConnectionError, ConnectionClosed
 from dramatiq.middleware import AsyncIO
 from sqlalchemy import event
 from sqlalchemy.ext.asyncio import AsyncSession
@@ -432,34 +432,39 @@ def send_after_commit(
 
 async def send_committed(session: AsyncSession) -> None:
     """Send what ``session``'s transaction, now committed, asked to (:func:`send_after_commit`),
-    from a thread, once the session has given back its connection.
+    in order, from a thread, once the session has given back its connection.
 
     From a thread: Dramatiq's enqueue is a blocking round trip, and sent from the event
     loop it held up every request of an API process while Redis answered (a health check
-    sent during a 3 s pause of Redis answered after the pause), and for good on a Redis
-    that never answered.
+    sent during a 2 s pause of Redis answered after the pause).
 
-    A message that cannot be sent is logged, not raised.  Its row is committed: the unit
-    waits for its message, and the sweeper sends it again once the unit's stall period is
-    over (``docs/operations.md``, "A lost message").  Raised, it answered the request that
-    made the row 500, and a caller who retried made a second one."""
+    A message that cannot be sent (Redis away, or silent for :data:`BROKER_TIMEOUT_S`) is
+    logged with those after it, not raised.  Its row is committed: the unit waits for its
+    message and is sent again once its stall period is over (the sweeper;
+    ``docs/operations.md``, "A lost message").  Raised, it answered the request that made
+    the row 500, and a caller who retried made a second one."""
     pending = session.info.pop(_AFTER_COMMIT, None)
     if not pending:
         return
-    try:
-        await asyncio.to_thread(_send_each, pending)
-    except Exception as exc:
+    unsent, error = await asyncio.to_thread(_send_each, pending)
+    if unsent:
         log.warning(
-            "could not send %s after its commit (%s: %s); the sweeper sends it again",
-            ", ".join(sorted({actor for _, (_, actor), _, _ in pending})),
-            type(exc).__name__,
-            exc,
+            "could not send %s after its commit (%s: %s); it is sent again later",
+            ", ".join(sorted({actor for _, (_, actor), _, _ in unsent})),
+            type(error).__name__,
+            error,
         )
 
 
-def _send_each(pending: list[_Pending]) -> None:
-    for broker, target, args, delay_ms in pending:
-        send(broker, target, *args, delay_ms=delay_ms)
+def _send_each(pending: list[_Pending]) -> tuple[list[_Pending], Exception | None]:
+    """Send each of ``pending`` in order; those not sent, from the first that Redis did not
+    take, and why."""
+    for index, (broker, target, args, delay_ms) in enumerate(pending):
+        try:
+            send(broker, target, *args, delay_ms=delay_ms)
+        except (redis.RedisError, BrokerConnectionError) as exc:
+            return pending[index:], exc
+    return [], None
 
 
 @event.listens_for(Session, "after_rollback")

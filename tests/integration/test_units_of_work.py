@@ -44,7 +44,14 @@ from shared.db.models import (
     ScenarioRun,
 )
 from shared.knowledge.processing import process_document
-from shared.queue import get_broker
+from shared.queue import (
+    CALIBRATE,
+    PROCESS_DOCUMENT,
+    RUN_SCENARIO,
+    PollingRedisBroker,
+    get_broker,
+    send_after_commit,
+)
 from shared.runtime import Runtime
 from shared.scenarios.runner import execute_run
 from shared.settings import Settings
@@ -798,6 +805,29 @@ async def test_a_run_started_while_redis_is_away_is_made_and_the_sweeper_sends_i
         assert queued == [run["id"]]
     finally:
         r.flushdb()
+
+
+async def test_a_commits_messages_go_in_order_and_those_redis_did_not_take_are_logged(
+    client: AsyncTestClient, app: Litestar, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The messages a transaction asked for go in order once it commits; the first that
+    cannot be sent stops the sending, and the log names it and those after it (sent again
+    later), not those already sent."""
+    sent_to = stub_broker()
+    nobody = "redis://127.0.0.1:1/0"  # no server on port 1: refused at once
+    away = PollingRedisBroker(url=nobody, work_poll_ms=1000, heartbeat_timeout_s=30)
+    with caplog.at_level(logging.WARNING, logger="spar.queue"):
+        async with app.state.database.transaction() as session:
+            send_after_commit(session, sent_to, RUN_SCENARIO, "first")
+            send_after_commit(session, away, PROCESS_DOCUMENT, "second")
+            send_after_commit(session, sent_to, CALIBRATE, "third")
+    assert _drain(sent_to, "runs") == ["first"]
+    assert _drain(sent_to, "calibration") == []
+    assert (
+        "could not send calibrate, process_document after its commit (ConnectionError"
+        in caplog.text
+    )
+    assert "run_scenario" not in caplog.text
 
 
 async def test_the_sweeper_sends_without_holding_up_the_schedulers_event_loop(
