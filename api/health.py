@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from typing import Literal
 
 import msgspec
@@ -13,6 +12,7 @@ from litestar.status_codes import HTTP_503_SERVICE_UNAVAILABLE
 from sqlalchemy import text
 
 from api.http import reject_unknown_query
+from shared.queue import in_broker_thread
 
 
 class HealthStatus(msgspec.Struct):
@@ -51,7 +51,7 @@ class HealthController(Controller):
             checks["database"] = f"error: {type(exc).__name__}"
         if state.settings.redis_url:
             try:
-                await asyncio.to_thread(state.broker.client.ping)
+                await in_broker_thread(state.broker.client.ping)
                 checks["broker"] = "ok"
             except Exception as exc:  # a probe reports, it does not raise
                 checks["broker"] = f"error: {type(exc).__name__}"

@@ -24,7 +24,6 @@ never dispatched are the window's to hand out, not the sweeper's.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import uuid
 from uuid import UUID
@@ -36,7 +35,7 @@ from scheduler.metrics import DISPATCHED, SWEEPER_RESENT
 from shared import work
 from shared.batches import comparisons, window
 from shared.db.engine import Database
-from shared.queue import RUN_SCENARIO, asend_all
+from shared.queue import RUN_SCENARIO, asend_all, in_broker_thread
 from shared.settings import Settings
 
 log = logging.getLogger("spar.sweeper")
@@ -63,7 +62,7 @@ def mark_broker(broker: dramatiq.Broker) -> None:
 
 async def sweep(database: Database, broker: dramatiq.Broker, settings: Settings) -> tuple[int, int]:
     """One pass; returns (runs sent again, runs dispatched for batches)."""
-    lost = await asyncio.to_thread(broker_lost_its_messages, broker)
+    lost = await in_broker_thread(broker_lost_its_messages, broker)
     async with database.transaction() as session:
         # Every kind declared (shared.work.KINDS), sent to the actor it names.
         taken = [
@@ -75,7 +74,7 @@ async def sweep(database: Database, broker: dramatiq.Broker, settings: Settings)
         for unit, ids in zip(work.KINDS, taken, strict=True)
     }
     if lost:
-        await asyncio.to_thread(mark_broker, broker)
+        await in_broker_thread(mark_broker, broker)
     dispatched = await window.reoffer(database)
     sent[DISPATCHED] = await _send(broker, RUN_SCENARIO, dispatched)
     compared = await comparisons.store_due(database)

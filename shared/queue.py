@@ -15,14 +15,18 @@ worker's middleware is ``workers.observability``).
 from __future__ import annotations
 
 import asyncio
+import contextvars
+import functools
 import logging
+import os
 import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from functools import lru_cache
-from typing import Any
+from typing import Any, TypeVar
 from uuid import uuid4
 
 import dramatiq
@@ -71,6 +75,8 @@ _KEEPALIVE = (
     if hasattr(socket, "TCP_KEEPIDLE")  # Linux; elsewhere the system's keepalive timing
     else {}
 )
+# The threads a process's calls to the broker's Redis run on (:func:`in_broker_thread`).
+BROKER_THREADS = 8
 QUEUES = ("runs", "batches", "documents", "calibration", "triggers", "notifications")
 RUN_SCENARIO = ("runs", "run_scenario")
 DISPATCH_BATCH = ("batches", "dispatch_batch")
@@ -83,6 +89,7 @@ DELIVER_WEBHOOK = ("notifications", "deliver_webhook")
 
 
 log = logging.getLogger("spar.queue")
+T = TypeVar("T")
 
 
 class _AsyncIO(AsyncIO):
@@ -399,7 +406,33 @@ async def asend_all(
     ``bench/batch.py`` a run's successor took 1.3 ms to send on average and up to 7 ms as a
     batch's runs ended together, and every conversation on the loop waited through it."""
     if each:
-        await asyncio.to_thread(send_all, broker, target, each)
+        await in_broker_thread(send_all, broker, target, each)
+
+
+async def in_broker_thread(call: Callable[..., T], *args: Any) -> T:
+    """``call(*args)``, a blocking call to the broker's Redis, on a thread of the process's
+    pool for them (:data:`BROKER_THREADS`), in the caller's context (its request id).
+
+    A pool of their own: while Redis is silent each call holds its thread up to
+    :data:`BROKER_TIMEOUT_S`, and in the default pool (``asyncio.to_thread``'s: the CPU
+    count + 4 threads) a few of them held up what else waits there: password hashing,
+    documents being parsed, the metrics scrape."""
+    runner = functools.partial(contextvars.copy_context().run, call, *args)
+    return await asyncio.get_running_loop().run_in_executor(_broker_threads(), runner)
+
+
+_pool_lock = threading.Lock()
+_pool: tuple[int, ThreadPoolExecutor] | None = None
+
+
+def _broker_threads() -> ThreadPoolExecutor:
+    """This process's pool: one made after a fork (a forked worker process) has none of its
+    parent's threads, so it makes its own."""
+    global _pool
+    with _pool_lock:
+        if _pool is None or _pool[0] != os.getpid():
+            _pool = (os.getpid(), ThreadPoolExecutor(BROKER_THREADS, "spar-broker"))
+        return _pool[1]
 
 
 def _message(target: tuple[str, str], args: tuple[Any, ...], retries: int) -> dramatiq.Message:
@@ -446,7 +479,7 @@ async def send_committed(session: AsyncSession) -> None:
     pending = session.info.pop(_AFTER_COMMIT, None)
     if not pending:
         return
-    unsent, error = await asyncio.to_thread(_send_each, pending)
+    unsent, error = await in_broker_thread(_send_each, pending)
     if unsent:
         log.warning(
             "could not send %s after its commit (%s: %s); it is sent again later",

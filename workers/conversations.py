@@ -33,6 +33,7 @@ from collections.abc import Awaitable, Callable
 import dramatiq
 from dramatiq.asyncio import get_event_loop_thread
 
+from shared.queue import in_broker_thread
 from workers.metrics import RUNS_IN_FLIGHT
 
 log = logging.getLogger("spar.worker.conversations")
@@ -197,7 +198,7 @@ class Conversations(dramatiq.Middleware):
         conversation of the process would wait through it.  A send that fails leaves the
         run to the sweeper (its heartbeat stops with this delivery)."""
         try:
-            await asyncio.to_thread(self._send, run_id, delay_ms, retries)
+            await in_broker_thread(self._send, run_id, delay_ms, retries)
         except Exception:
             log.warning(
                 "run %s could not be sent again: left to the sweeper", run_id, exc_info=True

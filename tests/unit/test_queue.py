@@ -4,6 +4,7 @@ worker's messages come back."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 import uuid
@@ -15,7 +16,7 @@ from dramatiq.brokers.stub import StubBroker
 from dramatiq.common import dq_name
 from dramatiq.errors import ConnectionClosed
 
-from shared.logs import MESSAGE_OPTION
+from shared.logs import MESSAGE_OPTION, request_id
 from shared.queue import (
     BROKER_TIMEOUT_S,
     RUN_SCENARIO,
@@ -275,6 +276,27 @@ async def test_a_coroutine_sends_its_messages_without_holding_up_the_event_loop(
         if (message := next(consumer)) is not None:
             got.append(message.args)
     assert sorted(got) == [("a",), ("b",)]
+
+
+async def test_a_send_does_not_wait_for_the_default_thread_pool() -> None:
+    """Sends go on the broker's own threads: a default pool (``asyncio.to_thread``'s) whose
+    every thread is held (password hashing, documents parsed, or sends to a silent Redis
+    before) does not hold them up.  The message carries its sender's request id."""
+    loop = asyncio.get_running_loop()
+    release = threading.Event()
+    held = [loop.run_in_executor(None, release.wait) for _ in range(40)]  # above its 32 at most
+    broker = StubBroker()
+    broker.declare_queue("runs")
+    token = request_id.set("req-of-the-sender")
+    try:
+        await asyncio.wait_for(asend_all(broker, RUN_SCENARIO, [("a",)]), timeout=2)
+    finally:
+        request_id.reset(token)
+        release.set()
+        await asyncio.gather(*held)
+    (message,) = [dramatiq.Message.decode(m) for m in broker.queues["runs"].queue]
+    assert message.args == ("a",)
+    assert message.options[MESSAGE_OPTION] == "req-of-the-sender"
 
 
 def test_the_brokers_commands_wait_for_a_redis_that_stopped_answering_only_so_long(
