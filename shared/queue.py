@@ -75,6 +75,15 @@ _KEEPALIVE = (
     if hasattr(socket, "TCP_KEEPIDLE")  # Linux; elsewhere the system's keepalive timing
     else {}
 )
+# What the broker's Redis answers when it cannot take work: away or silent, loading its
+# data after a restart, a replica after a failover (read-only), full (``maxmemory``).  Any
+# other error (a script's, a wrong type) is a fault to raise, not an outage to wait out.
+REDIS_AWAY = (
+    redis.ConnectionError,
+    redis.TimeoutError,
+    redis.ReadOnlyError,
+    redis.OutOfMemoryError,
+)
 # The threads a process's calls to the broker's Redis run on (:func:`in_broker_thread`).
 BROKER_THREADS = 8
 QUEUES = ("runs", "batches", "documents", "calibration", "triggers", "notifications")
@@ -232,36 +241,39 @@ class PollingRedisBroker(RedisBroker):
 
 
 class _Consumer(_RedisConsumer):
-    """Dramatiq's consumer of a Redis queue, a command that timed out taken as a closed
-    connection (Dramatiq's ``ConnectionClosed``), as a refused one is: its consumer thread
-    then makes a new consumer.  Dramatiq's own takes only a refused connection so; a
-    timeout reached the consumer thread as an unexpected error, whose clean-up (giving
-    back its delayed messages) timed out in turn and ended the thread for good: that
-    worker took no delayed message again (a webhook retry, a run's backoff) until it
-    restarted."""
+    """Dramatiq's consumer of a Redis queue, Redis away in any of its forms
+    (:data:`REDIS_AWAY`) taken as a closed connection (Dramatiq's ``ConnectionClosed``):
+    its consumer thread then makes a new consumer, and an acknowledgement is tried again
+    until Redis takes it.  Dramatiq's own takes only a refused connection so.  A timeout,
+    or a failover's read-only replica, reached the consumer thread as an unexpected error,
+    whose clean-up (giving back the delayed messages it held) failed in turn and ended the
+    thread for good: that worker took no delayed message again (a webhook retry, a run's
+    backoff) until it restarted.  The delayed messages it held stay in its Redis ack set
+    (Dramatiq drops them from memory on a closed connection); their units are sent again
+    by the sweeper."""
 
     def ack(self, message: Any) -> None:
-        with _closed_on_timeout():
+        with _closed_when_away():
             super().ack(message)
 
     def nack(self, message: Any) -> None:
-        with _closed_on_timeout():
+        with _closed_when_away():
             super().nack(message)
 
     def requeue(self, messages: Any) -> None:
-        with _closed_on_timeout():
+        with _closed_when_away():
             super().requeue(messages)
 
     def __next__(self) -> Any:
-        with _closed_on_timeout():
+        with _closed_when_away():
             return super().__next__()
 
 
 @contextmanager
-def _closed_on_timeout() -> Iterator[None]:
+def _closed_when_away() -> Iterator[None]:
     try:
         yield
-    except (redis.ConnectionError, redis.TimeoutError) as exc:
+    except REDIS_AWAY as exc:
         raise ConnectionClosed(exc) from None
 
 
@@ -300,7 +312,7 @@ class _WakingConsumer(_Consumer):
         # announcement with messages queued: a batch's first window of 1,000 runs, announced
         # at once and then silent, started at about 16 runs per second per worker, each
         # consumer idling up to ``work_poll_ms`` at a time.
-        with _closed_on_timeout():
+        with _closed_when_away():
             self.message_cache = self.broker.do_fetch(self.queue_name, room)
         if self.message_cache:
             return super().__next__()
@@ -416,23 +428,45 @@ async def in_broker_thread(call: Callable[..., T], *args: Any) -> T:
     A pool of their own: while Redis is silent each call holds its thread up to
     :data:`BROKER_TIMEOUT_S`, and in the default pool (``asyncio.to_thread``'s: the CPU
     count + 4 threads) a few of them held up what else waits there: password hashing,
-    documents being parsed, the metrics scrape."""
-    runner = functools.partial(contextvars.copy_context().run, call, *args)
+    documents being parsed.
+
+    A call that waited :data:`BROKER_TIMEOUT_S` for a thread is not made: it raises
+    ``ConnectionClosed`` at once, as with Redis away.  Calls queued behind a silent Redis
+    would otherwise wait for one another without end (eight threads take 1.6 calls a
+    second), each request behind every request before it; what they would have sent is
+    sent again by the sweeper."""
+    queued_at = time.monotonic()
+
+    def run() -> T:
+        if time.monotonic() - queued_at > BROKER_TIMEOUT_S:
+            raise ConnectionClosed(TimeoutError("the broker's calls are backed up"))
+        return call(*args)
+
+    runner = functools.partial(contextvars.copy_context().run, run)
     return await asyncio.get_running_loop().run_in_executor(_broker_threads(), runner)
 
 
 _pool_lock = threading.Lock()
-_pool: tuple[int, ThreadPoolExecutor] | None = None
+_pool: ThreadPoolExecutor | None = None
 
 
 def _broker_threads() -> ThreadPoolExecutor:
-    """This process's pool: one made after a fork (a forked worker process) has none of its
-    parent's threads, so it makes its own."""
     global _pool
     with _pool_lock:
-        if _pool is None or _pool[0] != os.getpid():
-            _pool = (os.getpid(), ThreadPoolExecutor(BROKER_THREADS, "spar-broker"))
-        return _pool[1]
+        if _pool is None:
+            _pool = ThreadPoolExecutor(BROKER_THREADS, "spar-broker")
+        return _pool
+
+
+def _forget_the_pool() -> None:
+    """In a forked child (a worker process): none of the parent's threads came along, and
+    its lock may have been held as it forked."""
+    global _pool, _pool_lock
+    _pool, _pool_lock = None, threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_the_pool)
 
 
 def _message(target: tuple[str, str], args: tuple[Any, ...], retries: int) -> dramatiq.Message:
@@ -471,15 +505,19 @@ async def send_committed(session: AsyncSession) -> None:
     loop it held up every request of an API process while Redis answered (a health check
     sent during a 2 s pause of Redis answered after the pause).
 
-    A message that cannot be sent (Redis away, or silent for :data:`BROKER_TIMEOUT_S`) is
-    logged with those after it, not raised.  Its row is committed: the unit waits for its
-    message and is sent again once its stall period is over (the sweeper;
-    ``docs/operations.md``, "A lost message").  Raised, it answered the request that made
-    the row 500, and a caller who retried made a second one."""
+    A message that cannot be sent (Redis away in any of its forms, :data:`REDIS_AWAY`, or
+    the broker's calls backed up, :func:`in_broker_thread`) is logged with those after it,
+    not raised.  Its row is committed: the unit waits for its message and is sent again
+    once its stall period is over (the sweeper; ``docs/operations.md``, "A lost
+    message").  Raised, it answered the request that made the row 500, and a caller who
+    retried made a second one."""
     pending = session.info.pop(_AFTER_COMMIT, None)
     if not pending:
         return
-    unsent, error = await in_broker_thread(_send_each, pending)
+    try:
+        unsent, error = await in_broker_thread(_send_each, pending)
+    except BrokerConnectionError as exc:  # backed up: none was tried
+        unsent, error = pending, exc
     if unsent:
         log.warning(
             "could not send %s after its commit (%s: %s); it is sent again later",
@@ -495,7 +533,7 @@ def _send_each(pending: list[_Pending]) -> tuple[list[_Pending], Exception | Non
     for index, (broker, target, args, delay_ms) in enumerate(pending):
         try:
             send(broker, target, *args, delay_ms=delay_ms)
-        except (redis.RedisError, BrokerConnectionError) as exc:
+        except (*REDIS_AWAY, BrokerConnectionError) as exc:
             return pending[index:], exc
     return [], None
 

@@ -8,6 +8,7 @@ import asyncio
 import threading
 import time
 import uuid
+from collections.abc import Callable
 
 import dramatiq
 import pytest
@@ -18,10 +19,12 @@ from dramatiq.errors import ConnectionClosed
 
 from shared.logs import MESSAGE_OPTION, request_id
 from shared.queue import (
+    BROKER_THREADS,
     BROKER_TIMEOUT_S,
     RUN_SCENARIO,
     PollingRedisBroker,
     asend_all,
+    in_broker_thread,
     send,
     send_all,
 )
@@ -332,15 +335,32 @@ def test_the_brokers_commands_wait_for_a_redis_that_stopped_answering_only_so_lo
     assert int(subscribed[0]["age"]) > BROKER_TIMEOUT_S, "the subscription was cut"
 
 
-def test_a_workers_delay_queue_consumer_outlives_a_redis_that_stopped_answering(
-    own_redis_url: str,
+def _silent(admin: redis.Redis) -> None:
+    """Redis answers nothing, for long enough that a look times out and the clean-up after
+    it would have too."""
+    paused_s = 2 * BROKER_TIMEOUT_S + 1.5
+    admin.execute_command("CLIENT", "PAUSE", str(int(paused_s * 1000)), "ALL")
+    time.sleep(paused_s + 1.5)
+
+
+def _read_only(admin: redis.Redis) -> None:
+    """Redis a replica for a while (what a failover leaves at the old address): it refuses
+    every write, Dramatiq's fetch script's included."""
+    admin.execute_command("REPLICAOF", "127.0.0.1", "1")  # a primary that never answers
+    time.sleep(3)
+    admin.execute_command("REPLICAOF", "NO", "ONE")
+
+
+@pytest.mark.parametrize("away", [_silent, _read_only], ids=["silent", "read-only"])
+def test_a_workers_delay_queue_consumer_outlives_a_redis_that_cannot_take_work(
+    own_redis_url: str, away: Callable[[redis.Redis], None]
 ):
     """A worker holding a delayed message (a webhook retry, a run's backoff) when Redis
-    stops answering: its delay queue's consumer times out, and Dramatiq's worker makes it
-    again, as after a refused connection; it takes the delayed messages sent once Redis
-    answers again.  Before, the timeout reached the consumer thread as an unexpected
-    error, whose clean-up (giving the held message back) timed out too and ended the
-    thread for good."""
+    stops answering, or turns read-only: its delay queue's consumer fails, and Dramatiq's
+    worker makes it again, as after a refused connection; it takes the delayed messages
+    sent once Redis is back.  Before, the failure reached the consumer thread as an
+    unexpected error, whose clean-up (giving the held message back) failed too and ended
+    the thread for good."""
     broker = PollingRedisBroker(url=own_redis_url, work_poll_ms=1000, heartbeat_timeout_s=30)
     played = threading.Event()
 
@@ -354,12 +374,26 @@ def test_a_workers_delay_queue_consumer_outlives_a_redis_that_stopped_answering(
     try:
         noted.send_with_options(args=("in a minute",), delay=60_000)
         time.sleep(1.0)  # fetched by the delay queue's consumer, held until it is due
-        paused_s = 2 * BROKER_TIMEOUT_S + 1.5  # the look, and then its clean-up, time out
-        admin = redis.Redis.from_url(own_redis_url)
-        admin.execute_command("CLIENT", "PAUSE", str(int(paused_s * 1000)), "ALL")
-        time.sleep(paused_s + 1.5)
+        away(redis.Redis.from_url(own_redis_url))
         assert worker.consumers[dq_name("notifications")].is_alive()
         noted.send_with_options(args=("soon",), delay=100)
         assert played.wait(10), "the delayed message was never played"
     finally:
         worker.stop()
+
+
+async def test_a_broker_call_that_waited_its_timeout_for_a_thread_is_not_made() -> None:
+    """Calls queued behind a silent Redis do not wait for one another without end: one that
+    waited ``BROKER_TIMEOUT_S`` for a thread fails at once, as with Redis away, and the
+    calls after the backlog are made."""
+    release = threading.Event()
+    held = [asyncio.ensure_future(in_broker_thread(release.wait)) for _ in range(BROKER_THREADS)]
+    made: list[str] = []
+    queued = asyncio.ensure_future(in_broker_thread(made.append, "late"))
+    await asyncio.sleep(BROKER_TIMEOUT_S + 0.5)
+    release.set()
+    await asyncio.gather(*held)
+    with pytest.raises(ConnectionClosed):
+        await queued
+    await in_broker_thread(made.append, "next")
+    assert made == ["next"]
