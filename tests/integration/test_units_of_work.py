@@ -755,18 +755,17 @@ async def test_a_request_that_sends_while_redis_is_slow_holds_up_no_other_reques
     setup = await outbound_setup(http, t, "http://127.0.0.1:9/agent")
     scenario = await create_scenario(http, t, turns=[turn("Hi")])
     r = redis.Redis.from_url(own.redis_url)
-    r.execute_command("CLIENT", "PAUSE", "2000", "ALL")
-    started = time.monotonic()
+    quick = redis.Redis.from_url(own.redis_url, socket_timeout=0.3)
+    r.execute_command("CLIENT", "PAUSE", "3000", "ALL")
     run_started = asyncio.create_task(start_run(http, t, scenario["id"], setup.agent_id))
     await asyncio.sleep(0.3)
-    asked = time.monotonic()
     live = await http.get("/health/live")
-    live_s = time.monotonic() - asked
-    run = await run_started
-    run_s = time.monotonic() - started
     assert live.status_code == 200
-    assert live_s < 1.0, f"a health check took {live_s:.2f} s while a send waited on Redis"
-    assert run_s > 1.5, f"the run's request answered in {run_s:.2f} s, before Redis went on"
+    # Answered while Redis still holds every command, the run's send included (before,
+    # only once Redis let go).
+    with pytest.raises(redis.TimeoutError):
+        quick.ping()
+    run = await run_started
     queued = [Message.decode(m).args[0] for m in r.hvals("dramatiq:runs.msgs")]
     assert queued == [run["id"]]
 
