@@ -267,11 +267,10 @@ async def test_a_coroutine_sends_its_messages_without_holding_up_the_event_loop(
     broker = PollingRedisBroker(url=own_redis_url, work_poll_ms=1000, heartbeat_timeout_s=30)
     broker.declare_queue("runs")
     async with ticking_while_redis_holds_writes(own_redis_url, 600) as ticks:
-        started = time.monotonic()
         await asend_all(broker, RUN_SCENARIO, [("a",), ("b",)])
-        took = time.monotonic() - started
-    assert took >= 0.4, took  # it did wait for Redis
-    assert ticks.count >= 20, ticks.count  # the loop ran meanwhile (about 50; none if blocked)
+    # The loop ran while the send waited for Redis (about 50 ticks; none if blocked, and
+    # none either if the send had not waited).
+    assert ticks.count >= 20, ticks.count
     consumer = broker.consume("runs", prefetch=2)
     got = []
     deadline = time.monotonic() + 3
