@@ -57,7 +57,7 @@ from shared.scenarios.runner import execute_run
 from shared.settings import Settings
 from shared.triggers.executions import execute as execute_trigger
 from shared.work import CALIBRATIONS, DOCUMENTS, RUNS, TRIGGER_EXECUTIONS, Work, perform
-from tests.support.factories import Tenant, stub_broker, tenant
+from tests.support.factories import Tenant, held_in_redis, stub_broker, tenant
 from tests.support.fakes import FakeAgent, FakeOpenAI, Reply
 from tests.support.live_server import LiveServer
 from tests.support.loop import ticking_while_redis_holds_writes
@@ -766,8 +766,7 @@ async def test_a_request_that_sends_while_redis_is_slow_holds_up_no_other_reques
     with pytest.raises(redis.TimeoutError):
         quick.ping()
     run = await run_started
-    queued = [Message.decode(m).args[0] for m in r.hvals("dramatiq:runs.msgs")]
-    assert queued == [run["id"]]
+    assert [m.args[0] for m in held_in_redis(own.redis_url, "runs")] == [run["id"]]
 
 
 async def test_a_run_started_while_redis_is_away_is_made_and_the_sweeper_sends_it(
@@ -800,8 +799,7 @@ async def test_a_run_started_while_redis_is_away_is_made_and_the_sweeper_sends_i
         await asyncio.sleep(0.1)
         stalled = msgspec.structs.replace(settings, run_stall_s=0.05)
         assert await sweep(app.state.database, broker, stalled) == (1, 0)
-        queued = [Message.decode(m).args[0] for m in r.hvals("dramatiq:runs.msgs")]
-        assert queued == [run["id"]]
+        assert [m.args[0] for m in held_in_redis(settings.redis_url, "runs")] == [run["id"]]
     finally:
         r.flushdb()
 
@@ -845,9 +843,8 @@ async def test_the_sweeper_sends_without_holding_up_the_schedulers_event_loop(
         swept = await sweep(app.state.database, broker, own)
     assert swept == (1, 0)
     assert ticks.count >= 30, ticks.count  # the loop ran meanwhile (about 70; few if blocked)
-    r = redis.Redis.from_url(own_redis_url)
-    assert [Message.decode(m).args[0] for m in r.hvals("dramatiq:runs.msgs")] == [run["id"]]
-    assert r.exists(BROKER_MARK)
+    assert [m.args[0] for m in held_in_redis(own_redis_url, "runs")] == [run["id"]]
+    assert redis.Redis.from_url(own_redis_url).exists(BROKER_MARK)
 
 
 # --- the database away ----------------------------------------------------------------------------

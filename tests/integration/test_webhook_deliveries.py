@@ -14,8 +14,6 @@ from uuid import UUID
 
 import msgspec
 import pytest
-import redis
-from dramatiq import Message
 from litestar import Litestar
 from litestar.testing import AsyncTestClient
 from sqlalchemy import func, select, update
@@ -35,7 +33,7 @@ from shared.triggers.executions import execute
 from shared.work import NOTIFICATION_EVENTS, WEBHOOK_DELIVERIES
 from tests.support.batches import create_batch, drain, get_batch, make_scenario, make_world
 from tests.support.calibration import EXAMPLES
-from tests.support.factories import Tenant, stub_broker, tenant
+from tests.support.factories import Tenant, held_in_redis, stub_broker, tenant
 from tests.support.fakes import (
     FakeAgent,
     FakeOpenAI,
@@ -237,8 +235,7 @@ async def test_a_retry_due_soon_is_sent_after_its_commit_without_holding_up_the_
         await deliver(app.state.database, settings, UUID(first_retry.args[0]), broker=queues)
     assert len(receiver.requests) == 2
     assert ticks.count >= 40, ticks.count  # the loop ran meanwhile (about 90; few if blocked)
-    held = redis.Redis.from_url(own_redis_url).hvals("dramatiq:notifications.DQ.msgs")
-    (retry,) = [Message.decode(m) for m in held]
+    (retry,) = held_in_redis(own_redis_url, "notifications.DQ")
     assert retry.args == first_retry.args
     assert 18_000 <= retry.options["eta"] - retry.message_timestamp <= 22_500  # 20 s ± 10 %
 

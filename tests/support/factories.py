@@ -1,5 +1,5 @@
 """Test setup through the public API: users, organizations, members with a role, tokens;
-and a stub broker to read back what was sent."""
+and a stub broker to read back what was sent, or the messages a Redis broker holds."""
 
 from __future__ import annotations
 
@@ -7,6 +7,8 @@ import itertools
 from dataclasses import dataclass, field
 from typing import Any
 
+import redis
+from dramatiq import Message
 from dramatiq.brokers.stub import StubBroker
 from litestar.testing import AsyncTestClient
 
@@ -145,3 +147,11 @@ def stub_broker() -> StubBroker:
     for queue in QUEUES:
         broker.declare_queue(queue)
     return broker
+
+
+def held_in_redis(url: str, queue: str) -> list[Message[Any]]:
+    """The messages the Redis broker at ``url`` holds for ``queue`` (a work queue, or a
+    delay queue such as ``notifications.DQ``), waiting or fetched, in no order."""
+    return [
+        Message.decode(data) for data in redis.Redis.from_url(url).hvals(f"dramatiq:{queue}.msgs")
+    ]
