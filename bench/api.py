@@ -72,6 +72,7 @@ from tests.support.processes import free_port
 UVICORN_LOG_LEVEL = "warning"
 SEED_DOMAINS = 5
 SEED_SCENARIOS = 5
+SEED_BATCHES = 5  # queued: no worker plays them
 WRK_SCRIPT = """
 done = function(summary, latency, requests)
   local errors = summary.errors
@@ -235,18 +236,21 @@ def _baseline(
 def spar_sql() -> dict[str, Statement]:
     """The SQL Spar runs for the bench's requests, by name: Spar's own compiled statements
     (their text, their constants, their order of arguments), so that both run the same SQL."""
+    from shared.batches.services import _BATCHES
     from shared.db.models import AllowedDomain
     from shared.db.queries import _in_org
     from shared.identity import accounts, authentication
-    from shared.scenarios.services import _SCENARIOS
+    from shared.scenarios.services import _RUNS, _SCENARIOS
 
     statements = {
         "user_token": authentication._USER_TOKEN,
         "user_token_in_org": authentication._USER_TOKEN_IN_ORG,
         "platform_token": authentication._PLATFORM_TOKEN,
         "me": accounts._ME,
-        "domains": _in_org(AllowedDomain)._statement,
+        "domains": _in_org(AllowedDomain).page()._statement,
         "scenarios": _SCENARIOS[False]._statement,
+        "batches": _BATCHES[False].page()._statement,
+        "runs": _RUNS.page()._statement,
     }
     return statements
 
@@ -339,6 +343,8 @@ def sql_app(dsn: str, pool_size: int, sql: dict[str, Statement]) -> Any:
         me,
         listing("/v1/orgs/{org_id:uuid}/allowed-domains/", "domains", "domains"),
         listing("/v1/orgs/{org_id:uuid}/scenarios/", "scenarios", "scenarios"),
+        listing("/v1/orgs/{org_id:uuid}/scenarios/batch-runs/", "batch_runs", "batches"),
+        listing("/v1/orgs/{org_id:uuid}/scenarios/runs", "runs", "runs"),
     ]
     return Litestar(
         route_handlers=handlers, on_startup=[open_pool], on_shutdown=[close_pool], debug=False
@@ -462,6 +468,19 @@ def seed(spar: Stack) -> list[Target]:
             ],
         }
         ok(api.post(f"/v1/orgs/{org}/scenarios/", json=scenario, headers=auth))
+    agent = {"name": "agent", "kind": "http", "endpoint_url": "https://agent0.example.com/chat"}
+    agent_id = ok(api.post(f"/v1/orgs/{org}/agents", json=agent, headers=auth))["id"]
+    judge = {
+        "name": "judge",
+        "provider": "openai_compatible",
+        "base_url": "https://agent1.example.com/v1",
+        "default_model": "judge-1",
+        "is_default_judge": True,
+    }
+    ok(api.post(f"/v1/orgs/{org}/llm-providers", json=judge, headers=auth))
+    for _ in range(SEED_BATCHES):
+        batch = {"agent_id": agent_id, "tags": ["bench"], "max_concurrency": 5}
+        ok(api.post(f"/v1/orgs/{org}/scenarios/batch-runs/", json=batch, headers=auth))
     pat = ok(
         api.post(
             f"/v1/orgs/{org}/platform-tokens/",
@@ -471,6 +490,8 @@ def seed(spar: Stack) -> list[Target]:
     )["token"]
     domains = "/v1/orgs/{org_id:str}/allowed-domains/"
     scenarios = "/v1/orgs/{org_id:str}/scenarios/"
+    batches = "/v1/orgs/{org_id:str}/scenarios/batch-runs/"
+    runs = "/v1/orgs/{org_id:str}/scenarios/runs"
     return [
         Target("GET /v1/auth/me (user token)", "/v1/auth/me", "/v1/auth/me", user_token),
         Target(
@@ -481,6 +502,15 @@ def seed(spar: Stack) -> list[Target]:
         ),
         Target("GET scenarios/ (user token)", scenarios, f"/v1/orgs/{org}/scenarios/", user_token),
         Target("GET scenarios/ (platform token)", scenarios, f"/v1/orgs/{org}/scenarios/", pat),
+        Target(
+            "GET batch-runs/ (user token)",
+            batches,
+            f"/v1/orgs/{org}/scenarios/batch-runs/",
+            user_token,
+        ),
+        Target(
+            "GET scenarios/runs (user token)", runs, f"/v1/orgs/{org}/scenarios/runs", user_token
+        ),
     ]
 
 

@@ -16,7 +16,7 @@ from litestar.params import JSONBody, QueryParameter
 from litestar.response import ServerSentEvent, ServerSentEventMessage
 from litestar.status_codes import HTTP_200_OK
 
-from api.deps import Access, DbSession, Page, PathId
+from api.deps import Access, DbReads, DbSession, Page, PathId, reading
 from shared.batches import replays, schemas, services
 from shared.identity.access import OrgAccess, requires
 from shared.outbound.limits import Destination
@@ -65,7 +65,7 @@ class BatchRunController(Controller):
     @get("/", operation_id="listBatchRuns", access=requires("scenarios:read"))
     async def list_batches(
         self,
-        db_session: DbSession,
+        db_reads: DbReads,
         access: Access,
         org_id: PathId,
         paging: Page,
@@ -76,8 +76,13 @@ class BatchRunController(Controller):
     ) -> schemas.BatchRunList:
         """The organization's batch runs, paged, oldest first; `status` keeps those in that
         state, `agent_id` those of that agent."""
-        rows, total = await services.list_batches(
-            db_session, access=access, paging=paging, status=status, agent_id=agent_id
+        rows, total = await reading(
+            db_reads,
+            services.list_batches,
+            access=access,
+            paging=paging,
+            status=status,
+            agent_id=agent_id,
         )
         return schemas.BatchRunList(batch_runs=[services.batch_read(b) for b in rows], total=total)
 

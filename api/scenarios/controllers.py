@@ -58,7 +58,7 @@ class ScenarioController(Controller):
     @get("/runs", operation_id="listScenarioRuns", access=requires("scenarios:read"))
     async def list_runs(
         self,
-        db_session: DbSession,
+        db_reads: DbReads,
         access: Access,
         org_id: PathId,
         paging: Page,
@@ -70,8 +70,9 @@ class ScenarioController(Controller):
         ] = None,
     ) -> schemas.ScenarioRunList:
         """Scenario runs without their results, paged; filter by scenario, agent, batch, status."""
-        runs, total = await services.list_runs(
-            db_session,
+        runs, total = await reading(
+            db_reads,
+            services.list_runs,
             access=access,
             paging=paging,
             scenario_id=scenario_id,

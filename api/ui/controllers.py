@@ -41,7 +41,7 @@ from litestar.status_codes import (
 from litestar.template import TemplateConfig
 
 from api.auth import authenticate
-from api.deps import Access, Caller, Config, DbSession, PathId
+from api.deps import Access, Caller, Config, DbReads, DbSession, PathId, reading
 from api.ui import services as ui_services
 from api.ui.session import (
     COOKIE,
@@ -236,13 +236,14 @@ class BatchController(Controller):
     @get("/", access=READ)
     async def list_batches(
         self,
-        db_session: DbSession,
+        db_reads: DbReads,
         access: Access,
         org_name: OrgName,
         offset: Annotated[int, QueryParameter(ge=0, description="Newer batches to skip.")] = 0,
     ) -> Template:
-        rows, total = await batches.list_batches(
-            db_session,
+        rows, total = await reading(
+            db_reads,
+            batches.list_batches,
             access=access,
             paging=Paging(limit=BATCH_PAGE, offset=offset),
             newest_first=True,

@@ -33,6 +33,7 @@ from uuid import UUID
 
 import dramatiq
 import msgspec
+from psycopg import AsyncConnection
 from sqlalchemy import (
     ARRAY,
     ColumnElement,
@@ -59,16 +60,17 @@ from shared.batches.schemas import BatchStatus
 from shared.batches.window import ACTIVE
 from shared.calibration import reliability, trust
 from shared.calibration.reliability import Tally
+from shared.db import shapes
 from shared.db.base import NOW, utcnow
 from shared.db.models import BatchRun, CriterionResult, Scenario, ScenarioRun, TurnResult
-from shared.db.queries import one_in_org
+from shared.db.queries import InOrg, one_in_org
 from shared.errors import Conflict, InvalidInput, NotFound
 from shared.identity.access import OrgAccess
 from shared.notifications import outbox
 from shared.outbound.configuration import destinations_of
 from shared.outbound.limits import Destination, DestinationLimiter
 from shared.outbound.services import agent_in_org
-from shared.paging import Paging, paginate
+from shared.paging import Paging
 from shared.queue import DISPATCH_BATCH, send_after_commit
 from shared.scenarios.records import Snapshot, SnapshotCriterion
 from shared.scenarios.schemas import TERMINAL_STATUSES
@@ -231,26 +233,36 @@ async def get_batch(session: AsyncSession, *, access: OrgAccess, batch_id: UUID)
     )
 
 
+def _batch_listing(newest_first: bool) -> InOrg:
+    """An organization's batches, each row the listing's columns of a
+    :class:`BatchRunRead`: the table's, without the detail's stored judge trust and
+    comparison."""
+    table = BatchRun.__table__
+    columns = shapes.columns_read(
+        schemas.BatchRunRead, table, leaving=("judge_trust", "comparison")
+    )
+    return InOrg(table, columns, filters=("status", "agent_id"), newest_first=newest_first)
+
+
+# A CI job polls the listing while its batch runs: straight on psycopg, no ORM.
+_BATCHES = {newest_first: _batch_listing(newest_first) for newest_first in (False, True)}
+
+
 async def list_batches(
-    session: AsyncSession,
+    connection: AsyncConnection[Any],
     *,
     access: OrgAccess,
     paging: Paging,
     status: str | None = None,
     agent_id: UUID | None = None,
     newest_first: bool = False,
-) -> tuple[list[BatchRun], int]:
+) -> tuple[list[Any], int]:
     """The organization's batches (of one agent, in one status, when given), oldest first
-    (the API's stable order) or newest first."""
-    query = select(BatchRun).where(BatchRun.organization_id == access.organization_id)
-    if status:
-        query = query.where(BatchRun.status == status)
-    if agent_id is not None:
-        query = query.where(BatchRun.agent_id == agent_id)
-    order = (BatchRun.created_at, BatchRun.id)
-    if newest_first:
-        order = (BatchRun.created_at.desc(), BatchRun.id.desc())
-    return await paginate(session, query, paging, *order)
+    (the API's stable order) or newest first: rows with an attribute per column, which
+    :func:`batch_read` reads as it reads a :class:`BatchRun`."""
+    return await _BATCHES[newest_first].read(
+        connection, paging, access.organization_id, status=status, agent_id=agent_id
+    )
 
 
 async def batch_detail(
@@ -475,7 +487,7 @@ async def progress(
 
 
 def batch_read(
-    batch: BatchRun,
+    batch: Any,
     runs: list[schemas.BatchRunItemSummary] | None = None,
     *,
     detail: bool = False,
@@ -483,7 +495,8 @@ def batch_read(
     flip_rate: float | None = None,
     replays: list[UUID] | None = None,
 ) -> schemas.BatchRunRead:
-    """The batch's body; the detail's also holds its ``runs``, its scenarios' trials, its
+    """The body of ``batch`` (a :class:`BatchRun`, or a row of the listing); the detail's
+    also holds its ``runs``, its scenarios' trials, its
     judge trust, its judge's ``flip_rate``, the batches replaying it and its comparison,
     and the detail's and the progress events' the rate limit holding it back
     (``limited``)."""

@@ -8,7 +8,7 @@ from typing import Any, TypeVar
 from uuid import UUID
 
 from psycopg import AsyncConnection
-from sqlalchemy import BigInteger, Integer, bindparam, func, select, true
+from sqlalchemy import BigInteger, Integer, and_, bindparam, func, select, true
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm.interfaces import ORMOption
@@ -48,18 +48,25 @@ class CountedPage:
     """A listing's page and its total in one statement, compiled once: ``columns`` (an
     ``id`` and a ``created_at`` among them) of ``table``'s rows where ``wanted``, in the
     order every listing uses, ``:p_limit`` of them after ``:p_offset``, each beside the
-    count of them all.  The page is joined to its count, not the count to the page: an
+    count of them all (``newest_first``: the same order reversed, for pages that show the
+    latest first).  The page is joined to its count, not the count to the page: an
     empty page is still one row (its columns null), to read the total from.
 
     One round trip where a count and a page were two: on psycopg directly a round trip is
     most of what a listing costs the API's CPU (and PostgreSQL's).  Run straight on psycopg
     (``connection``: the request's ``db_reads``), no ORM."""
 
-    def __init__(self, table: Any, wanted: Any, columns: Sequence[Any]) -> None:
+    def __init__(
+        self, table: Any, wanted: Any, columns: Sequence[Any], *, newest_first: bool = False
+    ) -> None:
+        def order(source: Any) -> tuple[Any, ...]:
+            keys = (source.c.created_at, source.c.id)
+            return tuple(key.desc() for key in keys) if newest_first else keys
+
         page = (
             select(*columns)
             .where(wanted)
-            .order_by(table.c.created_at, table.c.id)
+            .order_by(*order(table))
             .limit(bindparam("p_limit", type_=Integer()))
             .offset(bindparam("p_offset", type_=BigInteger()))
             .subquery("page")
@@ -73,7 +80,7 @@ class CountedPage:
         self._statement = Statement(
             select(counted.c.listing_total, *page.c)
             .select_from(counted.outerjoin(page, true()))
-            .order_by(page.c.created_at, page.c.id)
+            .order_by(*order(page))
         )
 
     async def read(
@@ -87,20 +94,70 @@ class CountedPage:
         return [row for row in rows if row.id is not None], rows[0].listing_total
 
 
+class InOrg:
+    """The listing of an organization's rows of ``table`` (``columns``: all of them when
+    not given), narrowed by the equality ``filters`` it allows: ``read(..., status=x)``
+    keeps the rows whose ``status`` is ``x``; a filter given ``None`` is not applied.  One
+    :class:`CountedPage` per set of filters asked for, compiled at its first use."""
+
+    def __init__(
+        self,
+        table: Any,
+        columns: Sequence[Any] | None = None,
+        *,
+        filters: Sequence[str] = (),
+        newest_first: bool = False,
+    ) -> None:
+        self._table = table
+        self._columns = list(table.c if columns is None else columns)
+        self._filters = frozenset(filters)
+        self._newest_first = newest_first
+        self._pages: dict[frozenset[str], CountedPage] = {}
+
+    def page(self, *filters: str) -> CountedPage:
+        """The listing narrowed by ``filters``: the organization is ``:p_org``, each filter
+        ``:p_<its column>``."""
+        names = frozenset(filters)
+        if not names <= self._filters:
+            raise ValueError(f"not filters of this listing: {', '.join(names - self._filters)}")
+        page = self._pages.get(names)
+        if page is None:
+            c = self._table.c
+            wanted = and_(
+                c.organization_id == bindparam("p_org", type_=c.organization_id.type),
+                *(c[name] == bindparam(f"p_{name}", type_=c[name].type) for name in sorted(names)),
+            )
+            page = CountedPage(self._table, wanted, self._columns, newest_first=self._newest_first)
+            self._pages[names] = page
+        return page
+
+    async def read(
+        self, connection: AsyncConnection[Any], paging: Paging, org_id: UUID, **filters: Any
+    ) -> tuple[list[Any], int]:
+        """One page of the organization's rows, and their total, narrowed by the
+        ``filters`` given a value (:meth:`CountedPage.read`)."""
+        given = {name: value for name, value in filters.items() if value is not None}
+        page = self.page(*given)
+        return await page.read(
+            connection,
+            paging,
+            p_org=org_id,
+            **{f"p_{name}": value for name, value in given.items()},
+        )
+
+
 @cache
-def _in_org(model: Any) -> CountedPage:
-    table = model.__table__
-    in_org = table.c.organization_id == bindparam("p_org", type_=table.c.organization_id.type)
-    return CountedPage(table, in_org, list(table.c))
+def _in_org(model: Any) -> InOrg:
+    return InOrg(model.__table__)
 
 
 async def page_in_org(
     connection: AsyncConnection[Any], model: Any, org_id: UUID, paging: Paging
 ) -> tuple[Sequence[Any], int]:
     """One page of ``model``'s rows in ``org_id``, in the order every listing uses, and
-    their total (:class:`CountedPage`): the rows hold the table's columns as attributes,
-    not ORM objects."""
-    return await _in_org(model).read(connection, paging, p_org=org_id)
+    their total (:class:`InOrg`): the rows hold the table's columns as attributes, not ORM
+    objects."""
+    return await _in_org(model).read(connection, paging, org_id)
 
 
 async def all_in_org(

@@ -11,7 +11,7 @@ the Struct (and the column to the model and a migration).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from itertools import chain
 from typing import Any
 
@@ -34,6 +34,12 @@ def values(shape: Shape, source: Any, **given: Any) -> dict[str, ColumnElement[A
     """``{field: expression}`` for each field of ``shape``, in order: ``given[field]`` when
     given, else ``source``'s column of that name (a table, a CTE, a recordset)."""
     return {name: given[name] if name in given else source.c[name] for name in fields(shape)}
+
+
+def columns_read(shape: Shape, table: Table, *, leaving: Collection[str] = ()) -> list[Any]:
+    """``table``'s columns named after a field of ``shape``, in the fields' order, but those
+    in ``leaving``: what a body of that shape reads off a row (its other fields computed)."""
+    return [table.c[name] for name in fields(shape) if name in table.c and name not in leaving]
 
 
 def labeled(shape: Shape, source: Any, **given: Any) -> list[Label[Any]]:

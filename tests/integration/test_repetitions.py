@@ -197,6 +197,13 @@ async def test_a_baseline_is_a_batch_of_the_same_organization_and_agent(
     assert follow["baseline_batch_id"] == mine["id"]
     filtered = await client.get(f"{w.batches}/?agent_id={w.agent_id}", headers=w.headers)
     assert [b["id"] for b in filtered.json()["batch_runs"]] == [mine["id"], follow["id"]]
+    # Both filters at once: each narrows the other's rows, and the total is the narrowed one.
+    by_agent = f"{w.batches}/?agent_id={second.json()['id']}"
+    both = (await client.get(f"{by_agent}&status=queued", headers=w.headers)).json()
+    assert [b["id"] for b in both["batch_runs"]] == [of_another_agent["id"]]
+    assert both["total"] == 1
+    none = (await client.get(f"{by_agent}&status=completed", headers=w.headers)).json()
+    assert none == {"batch_runs": [], "total": 0}
 
 
 async def test_a_comparison_with_its_baseline_has_exact_p_values_and_is_stored_once(
