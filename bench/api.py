@@ -4,7 +4,7 @@ Three servers on this machine, each one uvicorn process with the same settings:
 
 * ``spar serve`` on a throwaway PostgreSQL database (created, migrated, dropped at the
   end), seeded over REST: a user, an organization, a few allowed domains and scenarios,
-  and a platform token;
+  an agent and a few queued batches of those scenarios, and a platform token;
 * ``bare``: a bare Litestar app (this file, ``--serve-bare``) with the same routes
   answering the very JSON bodies Spar gave, from memory: no token, no database.  The
   ceiling of the framework and server;
