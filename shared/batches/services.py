@@ -43,6 +43,7 @@ from sqlalchemy import (
     Text,
     Uuid,
     bindparam,
+    case,
     cast,
     func,
     insert,
@@ -403,15 +404,21 @@ async def run_summaries(
         .where(TurnResult.run_id == ScenarioRun.id, TurnResult.source == "simulated")
         .scalar_subquery()
     )
+    # Read off the snapshot by PostgreSQL: the snapshots themselves (every turn and
+    # criterion of the scenario) do not cross the wire.
+    turns = ScenarioRun.snapshot["turns"]
+    scripted_turns = case(
+        (func.jsonb_typeof(turns) == "array", func.jsonb_array_length(turns)), else_=0
+    )
     query = select(
         ScenarioRun.id,
         ScenarioRun.scenario_id,
         ScenarioRun.status,
-        ScenarioRun.snapshot,
+        func.coalesce(ScenarioRun.snapshot["name"].astext, "").label("scenario_name"),
         ScenarioRun.started_at,
         ScenarioRun.completed_at,
         passed_turns.label("passed_turns"),
-        simulated_turns.label("simulated_turns"),
+        (scripted_turns + simulated_turns).label("total_turns"),
     ).where(ScenarioRun.batch_run_id == batch_id)
     if changed_since is not None:
         query = query.where(ScenarioRun.updated_at >= changed_since)
@@ -423,14 +430,7 @@ async def run_summaries(
             query = query.where(ScenarioRun.completed_at >= ended_since)
     else:
         query = query.order_by(ScenarioRun.created_at, ScenarioRun.id)
-    return [
-        schemas.BatchRunItemSummary.from_row(
-            row,
-            scenario_name=str((row.snapshot or {}).get("name") or ""),
-            total_turns=len((row.snapshot or {}).get("turns") or []) + row.simulated_turns,
-        )
-        for row in await session.execute(query)
-    ]
+    return [schemas.BatchRunItemSummary.from_row(row) for row in await session.execute(query)]
 
 
 async def cancel_batch(session: AsyncSession, *, access: OrgAccess, batch_id: UUID) -> BatchRun:
