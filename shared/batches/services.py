@@ -350,8 +350,10 @@ async def replays_of(session: AsyncSession, *, batch_id: UUID) -> list[UUID]:
 
 
 async def batch_destinations(session: AsyncSession, *, batch: BatchRun) -> list[Destination]:
-    """Where the batch's runs call out: its agent's and its judge's destinations."""
-    if batch.agent_id is None:
+    """Where the batch's runs call out: its agent's and its judge's destinations; none once
+    it is over (no rate limit holds back a batch that calls no more: :func:`rate_limited`),
+    so that reading an ended batch does not look its agent and providers up."""
+    if batch.agent_id is None or is_over(batch):
         return []
     return await destinations_of(session, org_id=batch.organization_id, agent_id=batch.agent_id)
 
