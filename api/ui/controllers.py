@@ -41,7 +41,7 @@ from litestar.status_codes import (
 from litestar.template import TemplateConfig
 
 from api.auth import authenticate
-from api.deps import Access, Caller, Config, DbReads, DbSession, PathId, reading
+from api.deps import OFFSET_LIMIT, Access, Caller, Config, DbReads, DbSession, PathId, reading
 from api.ui import services as ui_services
 from api.ui.session import (
     COOKIE,
@@ -133,9 +133,11 @@ class LiveProgress(msgspec.Struct, frozen=True):
     cursor: datetime
 
 
-async def provide_org_name(db_session: DbSession, access: Access) -> str:
-    """The name of the organization in the address, for the header of its pages."""
-    return (await identity.get_organization(db_session, access=access)).name
+async def provide_org_name(db_reads: DbReads, access: Access) -> str:
+    """The name of the organization in the address, for the header of its pages: read on
+    the connection the guard looked the token up on, given back before the page's own
+    reads, so that no page holds a connection of each pool at once."""
+    return await reading(db_reads, identity.organization_name, access=access)
 
 
 ORG_PAGE = {"org_name": Provide(provide_org_name)}
@@ -239,7 +241,9 @@ class BatchController(Controller):
         db_reads: DbReads,
         access: Access,
         org_name: OrgName,
-        offset: Annotated[int, QueryParameter(ge=0, description="Newer batches to skip.")] = 0,
+        offset: Annotated[
+            int, QueryParameter(ge=0, le=OFFSET_LIMIT, description="Newer batches to skip.")
+        ] = 0,
     ) -> Template:
         rows, total = await reading(
             db_reads,

@@ -7,9 +7,13 @@ organization, the caller's :class:`OrgAccess`, already resolved by the guard.
 
 from __future__ import annotations
 
-from sqlalchemy import delete, select
+from typing import Any
+
+from psycopg import AsyncConnection
+from sqlalchemy import Uuid, bindparam, delete, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from shared.db.direct import Statement
 from shared.db.models import Membership, Organization, Role
 from shared.errors import NotFound, PermissionDenied
 from shared.identity import schemas
@@ -56,6 +60,20 @@ async def list_organizations(
     else:
         query = query.where(Organization.id == principal.organization_id)
     return await paginate(session, query, paging, Organization.created_at, Organization.id)
+
+
+_NAME = Statement(
+    select(Organization.name).where(Organization.id == bindparam("p_org", type_=Uuid()))
+)
+
+
+async def organization_name(connection: AsyncConnection[Any], *, access: OrgAccess) -> str:
+    """The organization's name, for the header of its pages: one statement compiled once,
+    on the request's connection of the direct pool."""
+    rows = await _NAME.rows(connection, p_org=access.organization_id)
+    if not rows:
+        raise NotFound("organization not found")
+    return str(rows[0].name)
 
 
 async def get_organization(session: AsyncSession, *, access: OrgAccess) -> Organization:

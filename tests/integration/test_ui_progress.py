@@ -18,6 +18,7 @@ from litestar import Litestar
 from litestar.testing import AsyncTestClient
 from sqlalchemy import update
 
+from api.deps import OFFSET_LIMIT
 from api.ui.session import COOKIE
 from shared.batches.services import RECENT
 from shared.batches.window import dispatch_committed
@@ -90,3 +91,18 @@ async def test_a_poll_with_the_cursor_answers_only_the_runs_changed_since(
     assert abs(datetime.fromisoformat(since) - datetime.fromisoformat(cursor)) < timedelta(
         minutes=5
     )
+
+
+async def test_the_batch_list_refuses_an_offset_past_the_largest_it_pages_to(
+    client: AsyncTestClient, agent: FakeAgent
+) -> None:
+    """An offset no page can reach is the caller's mistake (400, the UI's page for a
+    malformed address), not a server error; the largest one the API takes still answers."""
+    w = await make_world(client, agent)
+    cookie = {"Cookie": f"{COOKIE}={w.t.owner.token}"}
+    url = f"/ui/orgs/{w.t.id}/batches/"
+    past = await client.get(url, params={"offset": str(2**63)}, headers=cookie)
+    assert past.status_code == 400, (past.status_code, past.text[:300])
+    assert "this address is malformed" in past.text
+    largest = await client.get(url, params={"offset": str(OFFSET_LIMIT)}, headers=cookie)
+    assert largest.status_code == 200, largest.text[:300]
