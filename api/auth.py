@@ -69,7 +69,9 @@ async def authenticate(
     ``keep``: the guard keeps it for a handler that reads on it."""
     lease = request_lease(connection)
     try:
-        return await authentication.authenticate(await lease.connection(), token, org_id)
+        return await authentication.authenticate(
+            await lease.connection(), raw_token=token, org_id=org_id
+        )
     finally:
         if not keep:
             await lease.give_back()

@@ -74,7 +74,7 @@ _TOUCH_PLATFORM_TOKEN = Statement(
 
 
 async def authenticate(
-    connection: AsyncConnection[Any], raw_token: str, org_id: UUID | None = None
+    connection: AsyncConnection[Any], *, raw_token: str, org_id: UUID | None = None
 ) -> tuple[Principal, OrgAccess | None]:
     """Resolve a bearer token to its principal and, given ``org_id``, its access there.
 

@@ -103,6 +103,11 @@ DOMAINS = (
 )
 
 
+# What a service reads and writes on: its caller's session, or (the frequent reads) its
+# caller's connection of the direct pool.
+SERVICE_FIRST = ("session", "connection")
+
+
 def _service_functions() -> Iterator[tuple[str, object]]:
     for module_name, tree in _modules("shared"):
         parts = module_name.split(".")
@@ -111,7 +116,7 @@ def _service_functions() -> Iterator[tuple[str, object]]:
         takes_session = any(
             isinstance(node, ast.AsyncFunctionDef | ast.FunctionDef)
             and node.args.args
-            and node.args.args[0].arg == "session"
+            and node.args.args[0].arg in SERVICE_FIRST
             and not node.name.startswith("_")
             for node in tree.body
         )
@@ -125,7 +130,7 @@ def _service_functions() -> Iterator[tuple[str, object]]:
                 and not name.startswith("_")
             ):
                 parameters = list(inspect.signature(function).parameters.values())
-                if parameters and parameters[0].name == "session":
+                if parameters and parameters[0].name in SERVICE_FIRST:
                     yield f"{module_name}.{name}", function
 
 
