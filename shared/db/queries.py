@@ -119,7 +119,8 @@ class InOrg:
         ``:p_<its column>``."""
         names = frozenset(filters)
         if not names <= self._filters:
-            raise ValueError(f"not filters of this listing: {', '.join(names - self._filters)}")
+            unknown = ", ".join(sorted(names - self._filters))
+            raise ValueError(f"not filters of this listing: {unknown}")
         page = self._pages.get(names)
         if page is None:
             c = self._table.c

@@ -38,7 +38,11 @@ def values(shape: Shape, source: Any, **given: Any) -> dict[str, ColumnElement[A
 
 def columns_read(shape: Shape, table: Table, *, leaving: Collection[str] = ()) -> list[Any]:
     """``table``'s columns named after a field of ``shape``, in the fields' order, but those
-    in ``leaving``: what a body of that shape reads off a row (its other fields computed)."""
+    in ``leaving`` (each one of them: a name that is not is a mistake): what a body of that
+    shape reads off a row (its other fields computed)."""
+    unknown = set(leaving) - set(fields(shape))
+    if unknown:
+        raise ValueError(f"not fields of {shape.__name__}: {', '.join(sorted(unknown))}")
     return [table.c[name] for name in fields(shape) if name in table.c and name not in leaving]
 
 
