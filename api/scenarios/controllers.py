@@ -86,10 +86,10 @@ class ScenarioController(Controller):
 
     @get("/runs/{run_id:str}", operation_id="getScenarioRun", access=requires("scenarios:read"))
     async def get_run(
-        self, db_session: DbSession, access: Access, org_id: PathId, run_id: PathId
+        self, db_reads: DbReads, access: Access, org_id: PathId, run_id: PathId
     ) -> schemas.ScenarioRunRead:
         """A run with its turn and criterion results."""
-        run = await services.get_run(db_session, access=access, run_id=run_id)
+        run = await reading(db_reads, services.get_run, access=access, run_id=run_id)
         return services.run_read(run, with_results=True)
 
     @get("/{scenario_id:str}", operation_id="getScenario", access=requires("scenarios:read"))

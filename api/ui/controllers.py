@@ -347,9 +347,9 @@ class RunController(Controller):
 
     @get("/{run_id:str}", access=READ)
     async def run(
-        self, db_session: DbSession, access: Access, org_name: OrgName, run_id: PathId
+        self, db_reads: DbReads, access: Access, org_name: OrgName, run_id: PathId
     ) -> Template:
-        view = await ui_services.transcript(db_session, access=access, run_id=run_id)
+        view = await reading(db_reads, ui_services.transcript, access=access, run_id=run_id)
         return page("run.html", org_id=access.organization_id, org_name=org_name, view=view)
 
 

@@ -4,10 +4,11 @@ runs are listed in, its flaky scenarios and its pass^k curve."""
 
 from __future__ import annotations
 
+from typing import Any
 from uuid import UUID
 
 import msgspec
-from sqlalchemy.ext.asyncio import AsyncSession
+from psycopg import AsyncConnection
 
 from shared.batches.schemas import BatchRunItemSummary, BatchRunRead, BatchStatus
 from shared.identity.access import OrgAccess
@@ -21,9 +22,11 @@ class Transcript(msgspec.Struct, frozen=True):
     scenario_name: str
 
 
-async def transcript(session: AsyncSession, *, access: OrgAccess, run_id: UUID) -> Transcript:
+async def transcript(
+    connection: AsyncConnection[Any], *, access: OrgAccess, run_id: UUID
+) -> Transcript:
     """The run of the organization with its turns and verdicts (404 for another's run)."""
-    run = await scenarios.get_run(session, access=access, run_id=run_id)
+    run = await scenarios.get_run(connection, access=access, run_id=run_id)
     snapshot = msgspec.convert(run.snapshot, Snapshot)
     return Transcript(run=scenarios.run_read(run, with_results=True), scenario_name=snapshot.name)
 

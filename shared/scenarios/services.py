@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import uuid
+from types import SimpleNamespace
 from typing import Any
 from uuid import UUID
 
@@ -17,6 +18,7 @@ from sqlalchemy import (
     Select,
     Subquery,
     Text,
+    Uuid,
     bindparam,
     cast,
     func,
@@ -30,6 +32,7 @@ from sqlalchemy.orm import selectinload
 from sqlalchemy.orm.attributes import flag_modified
 
 from shared.db import shapes
+from shared.db.direct import Statement
 from shared.db.models import (
     Criterion,
     CriterionResult,
@@ -38,7 +41,7 @@ from shared.db.models import (
     ScenarioTurn,
     TurnResult,
 )
-from shared.db.queries import CountedPage, InOrg, one_in_org
+from shared.db.queries import CountedPage, InOrg
 from shared.errors import InvalidInput, NotFound
 from shared.identity.access import OrgAccess
 from shared.outbound.services import agent_in_org, provider_in_org
@@ -369,20 +372,71 @@ async def start_run(
     return run
 
 
-async def get_run(session: AsyncSession, *, access: OrgAccess, run_id: UUID) -> ScenarioRun:
-    """The run with its turns' and criteria's results, and its conversation criteria's."""
-    return await one_in_org(
-        session,
-        ScenarioRun,
-        access.organization_id,
-        run_id,
-        "scenario run",
-        load=[
-            selectinload(ScenarioRun.turn_results).selectinload(TurnResult.criteria_results),
-            selectinload(ScenarioRun.conversation_results),
-        ],
-        populate_existing=True,
+_turn_results = TurnResult.__table__
+_criterion_results = CriterionResult.__table__
+_run_id = bindparam("p_run", type_=Uuid())
+# A run's detail, in three statements sent at once: the run (its snapshot names each
+# criterion's question), its turns in order, and every verdict on them or on the whole
+# conversation, in each criterion's order.
+_RUN = Statement(
+    select(
+        *shapes.columns_read(schemas.ScenarioRunRead, ScenarioRun.__table__),
+        ScenarioRun.__table__.c.snapshot,
+    ).where(
+        ScenarioRun.__table__.c.id == _run_id,
+        ScenarioRun.__table__.c.organization_id == bindparam("p_org", type_=Uuid()),
     )
+)
+_RUN_TURNS = Statement(
+    select(_turn_results)
+    .where(_turn_results.c.run_id == _run_id)
+    .order_by(_turn_results.c.turn_index)
+)
+_RUN_VERDICTS = Statement(
+    select(_criterion_results)
+    .where(
+        or_(
+            _criterion_results.c.run_id == _run_id,
+            _criterion_results.c.turn_result_id.in_(
+                select(_turn_results.c.id).where(_turn_results.c.run_id == _run_id)
+            ),
+        )
+    )
+    .order_by(_criterion_results.c.order_index)
+)
+
+
+async def get_run(
+    connection: AsyncConnection[Any], *, access: OrgAccess, run_id: UUID
+) -> SimpleNamespace:
+    """The run with its turns' and criteria's results (``turn_results``, each with its
+    ``criteria_results``) and its conversation criteria's (``conversation_results``): an
+    object with an attribute per column, as :func:`run_read` reads a
+    :class:`ScenarioRun`.  One round trip, without an ORM session: what a user reads of
+    each run.  404 for another organization's run, as for a missing one."""
+    async with connection.pipeline():
+        found = await _RUN.sent(connection, p_run=run_id, p_org=access.organization_id)
+        played = await _RUN_TURNS.sent(connection, p_run=run_id)
+        judged = await _RUN_VERDICTS.sent(connection, p_run=run_id)
+    rows = await found.fetchall()
+    if not rows:
+        raise NotFound("scenario run not found")
+    run = SimpleNamespace(**rows[0]._asdict())
+    on_turn: dict[UUID, list[SimpleNamespace]] = {}
+    run.conversation_results = []
+    for row in await judged.fetchall():
+        verdict = SimpleNamespace(**row._asdict())
+        if verdict.turn_result_id is None:
+            run.conversation_results.append(verdict)
+        else:
+            on_turn.setdefault(verdict.turn_result_id, []).append(verdict)
+    # Each statement reads its own moment: the verdicts of a turn committed after the
+    # turns were read are left out with it.
+    run.turn_results = [
+        SimpleNamespace(**row._asdict(), criteria_results=on_turn.get(row.id, []))
+        for row in await played.fetchall()
+    ]
+    return run
 
 
 def _run_listing() -> InOrg:
