@@ -94,11 +94,11 @@ class ScenarioController(Controller):
 
     @get("/{scenario_id:str}", operation_id="getScenario", access=requires("scenarios:read"))
     async def get_scenario(
-        self, db_session: DbSession, access: Access, org_id: PathId, scenario_id: PathId
+        self, db_reads: DbReads, access: Access, org_id: PathId, scenario_id: PathId
     ) -> schemas.ScenarioRead:
         """One scenario with its turns and criteria."""
         return schemas.ScenarioRead.from_row(
-            await services.get_scenario(db_session, access=access, scenario_id=scenario_id)
+            await reading(db_reads, services.read_scenario, access=access, scenario_id=scenario_id)
         )
 
     @put("/{scenario_id:str}", operation_id="updateScenario", access=requires("scenarios:write"))

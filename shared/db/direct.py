@@ -116,7 +116,12 @@ class Statement:
     async def sent(self, connection: AsyncConnection[Any], **given: Any) -> AsyncRawCursor[Any]:
         """The statement sent on ``connection`` in pipeline mode (``connection.pipeline()``),
         not waited for: its cursor's ``fetchall`` reads its rows once the pipeline is synced."""
-        cursor = AsyncRawCursor(connection, row_factory=namedtuple_row)
+        return await self._sent(connection, namedtuple_row, given)
+
+    async def _sent(
+        self, connection: AsyncConnection[Any], row_factory: Any, given: dict[str, Any]
+    ) -> AsyncRawCursor[Any]:
+        cursor = AsyncRawCursor(connection, row_factory=row_factory)
         await cursor.execute(self.sql, self.arguments(given))
         return cursor
 
@@ -136,6 +141,21 @@ class Statement:
         async with AsyncRawCursor(connection, row_factory=dict_row) as cursor:
             await cursor.execute(self.sql, self.arguments(given))
             return msgspec.convert(await cursor.fetchall(), list[shape])  # type: ignore[valid-type]
+
+
+async def read_together(
+    connection: AsyncConnection[Any], *reads: tuple[Statement, dict[str, Any]]
+) -> list[list[Any]]:
+    """Each ``(statement, its parameters)``'s rows as objects (:meth:`Statement.objects`),
+    the statements sent at once in pipeline mode: one round trip for reads that do not
+    wait for one another's answers.  On an autocommit connection each reads its own
+    moment: a row committed between two of them can be in the second and not the first."""
+    async with connection.pipeline():
+        cursors = [
+            await statement._sent(connection, kwargs_row(SimpleNamespace), given)
+            for statement, given in reads
+        ]
+    return [await cursor.fetchall() for cursor in cursors]
 
 
 def _refuse(statement: Executable, compiled: Compiled) -> None:

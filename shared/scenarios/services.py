@@ -32,7 +32,7 @@ from sqlalchemy.orm import selectinload
 from sqlalchemy.orm.attributes import flag_modified
 
 from shared.db import shapes
-from shared.db.direct import Statement
+from shared.db.direct import Statement, read_together
 from shared.db.models import (
     Criterion,
     CriterionResult,
@@ -124,6 +124,68 @@ async def get_scenario(
     scenario = await session.scalar(_with_turns(query).execution_options(populate_existing=True))
     if scenario is None:
         raise NotFound("scenario not found")
+    return scenario
+
+
+_scenarios = Scenario.__table__
+_scenario_turns = ScenarioTurn.__table__
+_criteria = Criterion.__table__
+_scenario_id = bindparam("p_scenario", type_=Uuid())
+# A scenario as its detail shows it, in three statements sent at once: the scenario, its
+# turns in order, and its criteria (its turns' and its conversation's) in order.
+_SCENARIO = Statement(
+    select(_scenarios).where(
+        _scenarios.c.id == _scenario_id,
+        _scenarios.c.organization_id == bindparam("p_org", type_=Uuid()),
+    )
+)
+_SCENARIO_TURNS = Statement(
+    select(_scenario_turns)
+    .where(_scenario_turns.c.scenario_id == _scenario_id)
+    .order_by(_scenario_turns.c.order_index)
+)
+_SCENARIO_CRITERIA = Statement(
+    select(_criteria)
+    .where(
+        or_(
+            _criteria.c.scenario_id == _scenario_id,
+            _criteria.c.turn_id.in_(
+                select(_scenario_turns.c.id).where(_scenario_turns.c.scenario_id == _scenario_id)
+            ),
+        )
+    )
+    .order_by(_criteria.c.order_index)
+)
+
+
+async def read_scenario(
+    connection: AsyncConnection[Any], *, access: OrgAccess, scenario_id: UUID
+) -> Any:
+    """The scenario with its turns (each with its ``criteria``) and its
+    ``conversation_criteria``, for its detail: an object with an attribute per column, as
+    :meth:`schemas.ScenarioRead.from_row` reads a :class:`Scenario`.  One round trip,
+    without an ORM session (:func:`get_scenario` loads it for a change).  404 for another
+    organization's scenario, as for a missing one."""
+    found, turns, criteria = await read_together(
+        connection,
+        (_SCENARIO, {"p_scenario": scenario_id, "p_org": access.organization_id}),
+        (_SCENARIO_TURNS, {"p_scenario": scenario_id}),
+        (_SCENARIO_CRITERIA, {"p_scenario": scenario_id}),
+    )
+    if not found:
+        raise NotFound("scenario not found")
+    (scenario,) = found
+    on_turn: dict[UUID, list[Any]] = {}
+    scenario.conversation_criteria = []
+    for criterion in criteria:
+        if criterion.turn_id is None:
+            scenario.conversation_criteria.append(criterion)
+        else:
+            on_turn.setdefault(criterion.turn_id, []).append(criterion)
+    # The criteria of a turn added after the turns were read are left out with it.
+    for turn in turns:
+        turn.criteria = on_turn.get(turn.id, [])
+    scenario.turns = turns
     return scenario
 
 
@@ -414,28 +476,26 @@ async def get_run(
     object with an attribute per column, as :func:`run_read` reads a
     :class:`ScenarioRun`.  One round trip, without an ORM session: what a user reads of
     each run.  404 for another organization's run, as for a missing one."""
-    async with connection.pipeline():
-        found = await _RUN.sent(connection, p_run=run_id, p_org=access.organization_id)
-        played = await _RUN_TURNS.sent(connection, p_run=run_id)
-        judged = await _RUN_VERDICTS.sent(connection, p_run=run_id)
-    rows = await found.fetchall()
-    if not rows:
+    found, turns, verdicts = await read_together(
+        connection,
+        (_RUN, {"p_run": run_id, "p_org": access.organization_id}),
+        (_RUN_TURNS, {"p_run": run_id}),
+        (_RUN_VERDICTS, {"p_run": run_id}),
+    )
+    if not found:
         raise NotFound("scenario run not found")
-    run = SimpleNamespace(**rows[0]._asdict())
-    on_turn: dict[UUID, list[SimpleNamespace]] = {}
+    (run,) = found
+    on_turn: dict[UUID, list[Any]] = {}
     run.conversation_results = []
-    for row in await judged.fetchall():
-        verdict = SimpleNamespace(**row._asdict())
+    for verdict in verdicts:
         if verdict.turn_result_id is None:
             run.conversation_results.append(verdict)
         else:
             on_turn.setdefault(verdict.turn_result_id, []).append(verdict)
-    # Each statement reads its own moment: the verdicts of a turn committed after the
-    # turns were read are left out with it.
-    run.turn_results = [
-        SimpleNamespace(**row._asdict(), criteria_results=on_turn.get(row.id, []))
-        for row in await played.fetchall()
-    ]
+    # The verdicts of a turn committed after the turns were read are left out with it.
+    for turn in turns:
+        turn.criteria_results = on_turn.get(turn.id, [])
+    run.turn_results = turns
     return run
 
 
