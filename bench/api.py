@@ -240,6 +240,7 @@ def spar_sql() -> dict[str, Statement]:
     from shared.db.models import AllowedDomain
     from shared.db.queries import _in_org
     from shared.identity import accounts, authentication
+    from shared.scenarios import services as scenarios
     from shared.scenarios.services import _RUNS, _SCENARIOS
 
     statements = {
@@ -251,6 +252,12 @@ def spar_sql() -> dict[str, Statement]:
         "scenarios": _SCENARIOS[False]._statement,
         "batches": _BATCHES[False].page()._statement,
         "runs": _RUNS.page()._statement,
+        "scenario": scenarios._SCENARIO,
+        "scenario_turns": scenarios._SCENARIO_TURNS,
+        "scenario_criteria": scenarios._SCENARIO_CRITERIA,
+        "run": scenarios._RUN,
+        "run_turns": scenarios._RUN_TURNS,
+        "run_verdicts": scenarios._RUN_VERDICTS,
     }
     return statements
 
@@ -321,6 +328,81 @@ def sql_app(dsn: str, pool_size: int, sql: dict[str, Statement]) -> Any:
 
         return get(route, name=route)(handler)
 
+    async def together(
+        connection: Any, *reads: tuple[str, dict[str, Any]]
+    ) -> list[list[dict[str, Any]]]:
+        """Spar's statements for a detail, sent at once (pipeline mode), as Spar sends them."""
+        async with connection.pipeline():
+            cursors = []
+            for name, given in reads:
+                cursor = AsyncRawCursor(connection, row_factory=dict_row)
+                await cursor.execute(sql[name].sql, sql[name].arguments(given))
+                cursors.append(cursor)
+        return [await cursor.fetchall() for cursor in cursors]
+
+    def nested(
+        parent: dict[str, Any],
+        children: list[dict[str, Any]],
+        grandchildren: list[dict[str, Any]],
+        names: tuple[str, str, str, str, str],
+    ) -> dict[str, Any]:
+        """``parent`` with its ``children`` (each with its ``grandchildren``, by their
+        ``child_key``) and the grandchildren that are its own (``own_key``)."""
+        children_name, grandchildren_name, child_key, own_key, own_name = names
+        by_child: dict[Any, list[dict[str, Any]]] = {}
+        for row in grandchildren:
+            if row[child_key] is not None:
+                by_child.setdefault(row[child_key], []).append(row)
+        parent[own_name] = [row for row in grandchildren if row[own_key] is not None]
+        parent[children_name] = [
+            {**child, grandchildren_name: by_child.get(child["id"], [])} for child in children
+        ]
+        return parent
+
+    @get("/v1/orgs/{org_id:uuid}/scenarios/{scenario_id:uuid}")
+    async def scenario(
+        org_id: uuid.UUID, scenario_id: uuid.UUID, request: Request[Any, Any, Any]
+    ) -> dict[str, Any]:
+        async with pool.connection() as connection:
+            await caller(connection, request, org_id)
+        given = {"p_scenario": scenario_id}
+        async with pool.connection() as connection:
+            found, turns, criteria = await together(
+                connection,
+                ("scenario", {**given, "p_org": org_id}),
+                ("scenario_turns", given),
+                ("scenario_criteria", given),
+            )
+        if not found:
+            raise NotFoundException()
+        names = ("turns", "criteria", "turn_id", "scenario_id", "conversation_criteria")
+        return nested(found[0], turns, criteria, names)
+
+    @get("/v1/orgs/{org_id:uuid}/scenarios/runs/{run_id:uuid}")
+    async def run(
+        org_id: uuid.UUID, run_id: uuid.UUID, request: Request[Any, Any, Any]
+    ) -> dict[str, Any]:
+        async with pool.connection() as connection:
+            await caller(connection, request, org_id)
+        given = {"p_run": run_id}
+        async with pool.connection() as connection:
+            found, turns, verdicts = await together(
+                connection,
+                ("run", {**given, "p_org": org_id}),
+                ("run_turns", given),
+                ("run_verdicts", given),
+            )
+        if not found:
+            raise NotFoundException()
+        names = (
+            "turn_results",
+            "criteria_results",
+            "turn_result_id",
+            "run_id",
+            "conversation_results",
+        )
+        return nested(found[0], turns, verdicts, names)
+
     @get("/v1/auth/me")
     async def me(request: Request[Any, Any, Any]) -> dict[str, Any]:
         async with pool.connection() as connection:
@@ -345,6 +427,8 @@ def sql_app(dsn: str, pool_size: int, sql: dict[str, Statement]) -> Any:
         listing("/v1/orgs/{org_id:uuid}/scenarios/", "scenarios", "scenarios"),
         listing("/v1/orgs/{org_id:uuid}/scenarios/batch-runs/", "batch_runs", "batches"),
         listing("/v1/orgs/{org_id:uuid}/scenarios/runs", "runs", "runs"),
+        scenario,
+        run,
     ]
     return Litestar(
         route_handlers=handlers, on_startup=[open_pool], on_shutdown=[close_pool], debug=False
@@ -467,7 +551,8 @@ def seed(spar: Stack) -> list[Target]:
                 {"user_message": "Where is my order?"},
             ],
         }
-        ok(api.post(f"/v1/orgs/{org}/scenarios/", json=scenario, headers=auth))
+        made = ok(api.post(f"/v1/orgs/{org}/scenarios/", json=scenario, headers=auth))
+    first_scenario = made["id"]
     agent = {"name": "agent", "kind": "http", "endpoint_url": "https://agent0.example.com/chat"}
     agent_id = ok(api.post(f"/v1/orgs/{org}/agents", json=agent, headers=auth))["id"]
     judge = {
@@ -481,6 +566,9 @@ def seed(spar: Stack) -> list[Target]:
     for _ in range(SEED_BATCHES):
         batch = {"agent_id": agent_id, "tags": ["bench"], "max_concurrency": 5}
         ok(api.post(f"/v1/orgs/{org}/scenarios/batch-runs/", json=batch, headers=auth))
+    # A run not played (no worker): its detail is its row, with no turns yet.
+    runs = ok(api.get(f"/v1/orgs/{org}/scenarios/runs?limit=1", headers=auth), 200)["runs"]
+    first_run = runs[0]["id"]
     pat = ok(
         api.post(
             f"/v1/orgs/{org}/platform-tokens/",
@@ -510,6 +598,18 @@ def seed(spar: Stack) -> list[Target]:
         ),
         Target(
             "GET scenarios/runs (user token)", runs, f"/v1/orgs/{org}/scenarios/runs", user_token
+        ),
+        Target(
+            "GET scenarios/{id} (user token)",
+            "/v1/orgs/{org_id:str}/scenarios/{scenario_id:str}",
+            f"/v1/orgs/{org}/scenarios/{first_scenario}",
+            user_token,
+        ),
+        Target(
+            "GET scenarios/runs/{id} (user token)",
+            "/v1/orgs/{org_id:str}/scenarios/runs/{run_id:str}",
+            f"/v1/orgs/{org}/scenarios/runs/{first_run}",
+            user_token,
         ),
     ]
 
