@@ -25,6 +25,7 @@ from sqlalchemy import (
     literal_column,
     or_,
     select,
+    union_all,
 )
 from sqlalchemy.dialects.postgresql import JSONB, aggregate_order_by
 from sqlalchemy.ext.asyncio import AsyncSession
@@ -127,6 +128,14 @@ async def get_scenario(
     return scenario
 
 
+def _in_order(*parts: Select[Any]) -> Select[Any]:
+    """The rows of ``parts`` (selects of one table's rows: a parent's own and its
+    children's), all together in ``order_index`` order: each part read down its own index
+    (two selects, not one with an OR, which PostgreSQL answers by scanning the table)."""
+    rows = union_all(*parts).subquery("rows")
+    return select(rows).order_by(rows.c.order_index)
+
+
 _scenarios = Scenario.__table__
 _scenario_turns = ScenarioTurn.__table__
 _criteria = Criterion.__table__
@@ -145,16 +154,14 @@ _SCENARIO_TURNS = Statement(
     .order_by(_scenario_turns.c.order_index)
 )
 _SCENARIO_CRITERIA = Statement(
-    select(_criteria)
-    .where(
-        or_(
-            _criteria.c.scenario_id == _scenario_id,
+    _in_order(
+        select(_criteria).where(_criteria.c.scenario_id == _scenario_id),
+        select(_criteria).where(
             _criteria.c.turn_id.in_(
                 select(_scenario_turns.c.id).where(_scenario_turns.c.scenario_id == _scenario_id)
-            ),
-        )
+            )
+        ),
     )
-    .order_by(_criteria.c.order_index)
 )
 
 
@@ -455,16 +462,14 @@ _RUN_TURNS = Statement(
     .order_by(_turn_results.c.turn_index)
 )
 _RUN_VERDICTS = Statement(
-    select(_criterion_results)
-    .where(
-        or_(
-            _criterion_results.c.run_id == _run_id,
+    _in_order(
+        select(_criterion_results).where(_criterion_results.c.run_id == _run_id),
+        select(_criterion_results).where(
             _criterion_results.c.turn_result_id.in_(
                 select(_turn_results.c.id).where(_turn_results.c.run_id == _run_id)
-            ),
-        )
+            )
+        ),
     )
-    .order_by(_criterion_results.c.order_index)
 )
 
 
