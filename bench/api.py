@@ -552,7 +552,7 @@ def seed(spar: Stack) -> list[Target]:
             ],
         }
         made = ok(api.post(f"/v1/orgs/{org}/scenarios/", json=scenario, headers=auth))
-    first_scenario = made["id"]
+    a_scenario = made["id"]
     agent = {"name": "agent", "kind": "http", "endpoint_url": "https://agent0.example.com/chat"}
     agent_id = ok(api.post(f"/v1/orgs/{org}/agents", json=agent, headers=auth))["id"]
     judge = {
@@ -568,7 +568,7 @@ def seed(spar: Stack) -> list[Target]:
         ok(api.post(f"/v1/orgs/{org}/scenarios/batch-runs/", json=batch, headers=auth))
     # A run not played (no worker): its detail is its row, with no turns yet.
     runs = ok(api.get(f"/v1/orgs/{org}/scenarios/runs?limit=1", headers=auth), 200)["runs"]
-    first_run = runs[0]["id"]
+    a_run = runs[0]["id"]
     pat = ok(
         api.post(
             f"/v1/orgs/{org}/platform-tokens/",
@@ -602,13 +602,13 @@ def seed(spar: Stack) -> list[Target]:
         Target(
             "GET scenarios/{id} (user token)",
             "/v1/orgs/{org_id:str}/scenarios/{scenario_id:str}",
-            f"/v1/orgs/{org}/scenarios/{first_scenario}",
+            f"/v1/orgs/{org}/scenarios/{a_scenario}",
             user_token,
         ),
         Target(
             "GET scenarios/runs/{id} (user token)",
             "/v1/orgs/{org_id:str}/scenarios/runs/{run_id:str}",
-            f"/v1/orgs/{org}/scenarios/runs/{first_run}",
+            f"/v1/orgs/{org}/scenarios/runs/{a_run}",
             user_token,
         ),
     ]

@@ -293,6 +293,8 @@ class Output(msgspec.Struct, kw_only=True):
             try:
                 values[key] = getattr(row, name)
             except AttributeError:  # not held by the row: the field's default
+                # (any other error, such as a relationship not loaded, is raised: never
+                # taken for a field the row does not have)
                 continue
         return msgspec.convert(values, cls, from_attributes=True)
 
