@@ -65,7 +65,6 @@ from bench.stack import (
     spar_stack,
     unwind_on_sigterm,
 )
-from shared.db.direct import Statement
 from tests.support.processes import free_port
 
 # uvicorn's settings of ``spar serve`` (api/cli.py ``_serve``), given to the bare app too.
@@ -233,7 +232,7 @@ def _baseline(
 # --- the bare app on the database ----------------------------------------------------------------
 
 
-def spar_sql() -> dict[str, Statement]:
+def spar_sql() -> dict[str, Any]:
     """The SQL Spar runs for the bench's requests, by name: Spar's own compiled statements
     (their text, their constants, their order of arguments), so that both run the same SQL."""
     from shared.batches.services import _BATCHES
@@ -252,17 +251,14 @@ def spar_sql() -> dict[str, Statement]:
         "scenarios": _SCENARIOS[False]._statement,
         "batches": _BATCHES[False].page()._statement,
         "runs": _RUNS.page()._statement,
-        "scenario": scenarios._SCENARIO,
-        "scenario_turns": scenarios._SCENARIO_TURNS,
-        "scenario_criteria": scenarios._SCENARIO_CRITERIA,
-        "run": scenarios._RUN,
-        "run_turns": scenarios._RUN_TURNS,
-        "run_verdicts": scenarios._RUN_VERDICTS,
+        # A detail's three statements, and how its rows nest.
+        "scenario": scenarios._SCENARIO_DETAIL,
+        "run": scenarios._RUN_DETAIL,
     }
     return statements
 
 
-def sql_app(dsn: str, pool_size: int, sql: dict[str, Statement]) -> Any:
+def sql_app(dsn: str, pool_size: int, sql: dict[str, Any]) -> Any:
     """The same routes as Spar's, each running Spar's SQL for it on psycopg: the token
     lookup (401 without a row, 404 without access to the organization), then the
     request's reads, answered as JSON.  No revocation or expiry rules beyond the row's
@@ -328,80 +324,43 @@ def sql_app(dsn: str, pool_size: int, sql: dict[str, Statement]) -> Any:
 
         return get(route, name=route)(handler)
 
-    async def together(
-        connection: Any, *reads: tuple[str, dict[str, Any]]
-    ) -> list[list[dict[str, Any]]]:
-        """Spar's statements for a detail, sent at once (pipeline mode), as Spar sends them."""
-        async with connection.pipeline():
-            cursors = []
-            for name, given in reads:
-                cursor = AsyncRawCursor(connection, row_factory=dict_row)
-                await cursor.execute(sql[name].sql, sql[name].arguments(given))
-                cursors.append(cursor)
-        return [await cursor.fetchall() for cursor in cursors]
+    def detail(route: str, parameter: str, name: str) -> Any:
+        """A detail: Spar's three statements for it sent at once (pipeline mode), as Spar
+        sends them, and the rows nested as Spar nests them."""
+        tree = sql[name]
 
-    def nested(
-        parent: dict[str, Any],
-        children: list[dict[str, Any]],
-        grandchildren: list[dict[str, Any]],
-        names: tuple[str, str, str, str, str],
-    ) -> dict[str, Any]:
-        """``parent`` with its ``children`` (each with its ``grandchildren``, by their
-        ``child_key``) and the grandchildren that are its own (``own_key``)."""
-        children_name, grandchildren_name, child_key, own_key, own_name = names
-        by_child: dict[Any, list[dict[str, Any]]] = {}
-        for row in grandchildren:
-            if row[child_key] is not None:
-                by_child.setdefault(row[child_key], []).append(row)
-        parent[own_name] = [row for row in grandchildren if row[own_key] is not None]
-        parent[children_name] = [
-            {**child, grandchildren_name: by_child.get(child["id"], [])} for child in children
-        ]
-        return parent
-
-    @get("/v1/orgs/{org_id:uuid}/scenarios/{scenario_id:uuid}")
-    async def scenario(
-        org_id: uuid.UUID, scenario_id: uuid.UUID, request: Request[Any, Any, Any]
-    ) -> dict[str, Any]:
-        async with pool.connection() as connection:
-            await caller(connection, request, org_id)
-        given = {"p_scenario": scenario_id}
-        async with pool.connection() as connection:
-            found, turns, criteria = await together(
-                connection,
-                ("scenario", {**given, "p_org": org_id}),
-                ("scenario_turns", given),
-                ("scenario_criteria", given),
+        async def handler(org_id: uuid.UUID, request: Request[Any, Any, Any]) -> dict[str, Any]:
+            async with pool.connection() as connection:
+                await caller(connection, request, org_id)
+            given = {parameter: uuid.UUID(request.path_params["id"])}
+            reads = (
+                (tree.row, {**given, "p_org": org_id}),
+                (tree.turns, given),
+                (tree.items, given),
             )
-        if not found:
-            raise NotFoundException()
-        names = ("turns", "criteria", "turn_id", "scenario_id", "conversation_criteria")
-        return nested(found[0], turns, criteria, names)
+            async with pool.connection() as connection:
+                async with connection.pipeline():
+                    cursors = []
+                    for statement, arguments in reads:
+                        cursor = AsyncRawCursor(connection, row_factory=dict_row)
+                        await cursor.execute(statement.sql, statement.arguments(arguments))
+                        cursors.append(cursor)
+                found, turns, items = [await cursor.fetchall() for cursor in cursors]
+            if not found:
+                raise NotFoundException()
+            on_turn: dict[Any, list[dict[str, Any]]] = {}
+            own: list[dict[str, Any]] = []
+            for item in items:
+                turn_id = item[tree.turn_key]
+                (own if turn_id is None else on_turn.setdefault(turn_id, [])).append(item)
+            body = found[0]
+            body[tree.turns_as] = [
+                {**turn, tree.items_as: on_turn.get(turn["id"], [])} for turn in turns
+            ]
+            body[tree.own_as] = own
+            return body
 
-    @get("/v1/orgs/{org_id:uuid}/scenarios/runs/{run_id:uuid}")
-    async def run(
-        org_id: uuid.UUID, run_id: uuid.UUID, request: Request[Any, Any, Any]
-    ) -> dict[str, Any]:
-        async with pool.connection() as connection:
-            await caller(connection, request, org_id)
-        given = {"p_run": run_id}
-        async with pool.connection() as connection:
-            found, turns, verdicts = await together(
-                connection,
-                ("run", {**given, "p_org": org_id}),
-                ("run_turns", given),
-                ("run_verdicts", given),
-            )
-        if not found:
-            raise NotFoundException()
-        names = (
-            "turn_results",
-            "criteria_results",
-            "turn_result_id",
-            "run_id",
-            "conversation_results",
-        )
-        return nested(found[0], turns, verdicts, names)
+        return get(route, name=route)(handler)
 
     @get("/v1/auth/me")
     async def me(request: Request[Any, Any, Any]) -> dict[str, Any]:
@@ -427,8 +386,8 @@ def sql_app(dsn: str, pool_size: int, sql: dict[str, Statement]) -> Any:
         listing("/v1/orgs/{org_id:uuid}/scenarios/", "scenarios", "scenarios"),
         listing("/v1/orgs/{org_id:uuid}/scenarios/batch-runs/", "batch_runs", "batches"),
         listing("/v1/orgs/{org_id:uuid}/scenarios/runs", "runs", "runs"),
-        scenario,
-        run,
+        detail("/v1/orgs/{org_id:uuid}/scenarios/{id:str}", "p_scenario", "scenario"),
+        detail("/v1/orgs/{org_id:uuid}/scenarios/runs/{id:str}", "p_run", "run"),
     ]
     return Litestar(
         route_handlers=handlers, on_startup=[open_pool], on_shutdown=[close_pool], debug=False

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import itertools
 import uuid
-from types import SimpleNamespace
+from dataclasses import dataclass
 from typing import Any
 from uuid import UUID
 
@@ -128,6 +128,49 @@ async def get_scenario(
     return scenario
 
 
+@dataclass(frozen=True, slots=True)
+class _Detail:
+    """A row of the organization read with its turns, and the items (criteria, verdicts)
+    of each turn and of the row's whole conversation: three statements sent at once
+    (:func:`shared.db.direct.read_together`), nested as the row's ORM object would hold
+    them, for :meth:`shared.schemas.Output.from_row`."""
+
+    row: Statement  # the row, given ``p_org``
+    turns: Statement  # its turns, in order
+    items: Statement  # the items of its turns and its own, in order
+    turns_as: str  # the row's attribute for its turns
+    items_as: str  # a turn's attribute for its items
+    own_as: str  # the row's attribute for its own items
+    turn_key: str  # an item's column naming its turn (null for the row's own)
+    missing: str  # the 404's message
+
+    async def read(
+        self, connection: AsyncConnection[Any], access: OrgAccess, given: dict[str, Any]
+    ) -> Any:
+        """The row, ``given`` its id's parameter; 404 for another organization's, as for a
+        missing one."""
+        found, turns, items = await read_together(
+            connection,
+            (self.row, {**given, "p_org": access.organization_id}),
+            (self.turns, given),
+            (self.items, given),
+        )
+        if not found:
+            raise NotFound(self.missing)
+        (row,) = found
+        on_turn: dict[UUID, list[Any]] = {}
+        own: list[Any] = []
+        for item in items:
+            turn_id = getattr(item, self.turn_key)
+            (own if turn_id is None else on_turn.setdefault(turn_id, [])).append(item)
+        # The items of a turn committed after the turns were read are left out with it.
+        for turn in turns:
+            setattr(turn, self.items_as, on_turn.get(turn.id, []))
+        setattr(row, self.turns_as, turns)
+        setattr(row, self.own_as, own)
+        return row
+
+
 def _in_order(*parts: Select[Any]) -> Select[Any]:
     """The rows of ``parts`` (selects of one table's rows: a parent's own and its
     children's), all together in ``order_index`` order: each part read down its own index
@@ -165,6 +208,18 @@ _SCENARIO_CRITERIA = Statement(
 )
 
 
+_SCENARIO_DETAIL = _Detail(
+    _SCENARIO,
+    _SCENARIO_TURNS,
+    _SCENARIO_CRITERIA,
+    turns_as="turns",
+    items_as="criteria",
+    own_as="conversation_criteria",
+    turn_key="turn_id",
+    missing="scenario not found",
+)
+
+
 async def read_scenario(
     connection: AsyncConnection[Any], *, access: OrgAccess, scenario_id: UUID
 ) -> Any:
@@ -173,27 +228,7 @@ async def read_scenario(
     :meth:`schemas.ScenarioRead.from_row` reads a :class:`Scenario`.  One round trip,
     without an ORM session (:func:`get_scenario` loads it for a change).  404 for another
     organization's scenario, as for a missing one."""
-    found, turns, criteria = await read_together(
-        connection,
-        (_SCENARIO, {"p_scenario": scenario_id, "p_org": access.organization_id}),
-        (_SCENARIO_TURNS, {"p_scenario": scenario_id}),
-        (_SCENARIO_CRITERIA, {"p_scenario": scenario_id}),
-    )
-    if not found:
-        raise NotFound("scenario not found")
-    (scenario,) = found
-    on_turn: dict[UUID, list[Any]] = {}
-    scenario.conversation_criteria = []
-    for criterion in criteria:
-        if criterion.turn_id is None:
-            scenario.conversation_criteria.append(criterion)
-        else:
-            on_turn.setdefault(criterion.turn_id, []).append(criterion)
-    # The criteria of a turn added after the turns were read are left out with it.
-    for turn in turns:
-        turn.criteria = on_turn.get(turn.id, [])
-    scenario.turns = turns
-    return scenario
+    return await _SCENARIO_DETAIL.read(connection, access, {"p_scenario": scenario_id})
 
 
 async def create_scenario(
@@ -473,35 +508,25 @@ _RUN_VERDICTS = Statement(
 )
 
 
-async def get_run(
-    connection: AsyncConnection[Any], *, access: OrgAccess, run_id: UUID
-) -> SimpleNamespace:
+_RUN_DETAIL = _Detail(
+    _RUN,
+    _RUN_TURNS,
+    _RUN_VERDICTS,
+    turns_as="turn_results",
+    items_as="criteria_results",
+    own_as="conversation_results",
+    turn_key="turn_result_id",
+    missing="scenario run not found",
+)
+
+
+async def get_run(connection: AsyncConnection[Any], *, access: OrgAccess, run_id: UUID) -> Any:
     """The run with its turns' and criteria's results (``turn_results``, each with its
     ``criteria_results``) and its conversation criteria's (``conversation_results``): an
     object with an attribute per column, as :func:`run_read` reads a
     :class:`ScenarioRun`.  One round trip, without an ORM session: what a user reads of
     each run.  404 for another organization's run, as for a missing one."""
-    found, turns, verdicts = await read_together(
-        connection,
-        (_RUN, {"p_run": run_id, "p_org": access.organization_id}),
-        (_RUN_TURNS, {"p_run": run_id}),
-        (_RUN_VERDICTS, {"p_run": run_id}),
-    )
-    if not found:
-        raise NotFound("scenario run not found")
-    (run,) = found
-    on_turn: dict[UUID, list[Any]] = {}
-    run.conversation_results = []
-    for verdict in verdicts:
-        if verdict.turn_result_id is None:
-            run.conversation_results.append(verdict)
-        else:
-            on_turn.setdefault(verdict.turn_result_id, []).append(verdict)
-    # The verdicts of a turn committed after the turns were read are left out with it.
-    for turn in turns:
-        turn.criteria_results = on_turn.get(turn.id, [])
-    run.turn_results = turns
-    return run
+    return await _RUN_DETAIL.read(connection, access, {"p_run": run_id})
 
 
 def _run_listing() -> InOrg:
