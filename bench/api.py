@@ -324,7 +324,7 @@ def sql_app(dsn: str, pool_size: int, sql: dict[str, Any]) -> Any:
 
         return get(route, name=route)(handler)
 
-    def detail(route: str, parameter: str, name: str) -> Any:
+    def detail(route: str, name: str) -> Any:
         """A detail: Spar's three statements for it sent at once (pipeline mode), as Spar
         sends them, and the rows nested as Spar nests them."""
         tree = sql[name]
@@ -332,7 +332,7 @@ def sql_app(dsn: str, pool_size: int, sql: dict[str, Any]) -> Any:
         async def handler(org_id: uuid.UUID, request: Request[Any, Any, Any]) -> dict[str, Any]:
             async with pool.connection() as connection:
                 await caller(connection, request, org_id)
-            given = {parameter: uuid.UUID(request.path_params["id"])}
+            given = {"p_id": uuid.UUID(request.path_params["id"])}
             reads = (
                 (tree.row, {**given, "p_org": org_id}),
                 (tree.turns, given),
@@ -386,8 +386,8 @@ def sql_app(dsn: str, pool_size: int, sql: dict[str, Any]) -> Any:
         listing("/v1/orgs/{org_id:uuid}/scenarios/", "scenarios", "scenarios"),
         listing("/v1/orgs/{org_id:uuid}/scenarios/batch-runs/", "batch_runs", "batches"),
         listing("/v1/orgs/{org_id:uuid}/scenarios/runs", "runs", "runs"),
-        detail("/v1/orgs/{org_id:uuid}/scenarios/{id:str}", "p_scenario", "scenario"),
-        detail("/v1/orgs/{org_id:uuid}/scenarios/runs/{id:str}", "p_run", "run"),
+        detail("/v1/orgs/{org_id:uuid}/scenarios/{id:str}", "scenario"),
+        detail("/v1/orgs/{org_id:uuid}/scenarios/runs/{id:str}", "run"),
     ]
     return Litestar(
         route_handlers=handlers, on_startup=[open_pool], on_shutdown=[close_pool], debug=False

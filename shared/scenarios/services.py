@@ -135,25 +135,59 @@ class _Detail:
     (:func:`shared.db.direct.read_together`), nested as the row's ORM object would hold
     them, for :meth:`shared.schemas.Output.from_row`."""
 
-    row: Statement  # the row, given ``p_org``
+    row: Statement  # the row ``p_id``, given ``p_org``
     turns: Statement  # its turns, in order
     items: Statement  # the items of its turns and its own, in order
+    turn_key: str  # an item's column naming its turn (null for the row's own)
     turns_as: str  # the row's attribute for its turns
     items_as: str  # a turn's attribute for its items
     own_as: str  # the row's attribute for its own items
-    turn_key: str  # an item's column naming its turn (null for the row's own)
     missing: str  # the 404's message
 
-    async def read(
-        self, connection: AsyncConnection[Any], access: OrgAccess, given: dict[str, Any]
-    ) -> Any:
-        """The row, ``given`` its id's parameter; 404 for another organization's, as for a
-        missing one."""
+    @classmethod
+    def of(
+        cls,
+        columns: list[Any],
+        *,
+        turns: Any,
+        turn_order: str,
+        items: Any,
+        parent_key: str,
+        turn_key: str,
+        names: tuple[str, str, str],
+        missing: str,
+    ) -> _Detail:
+        """The detail of the rows ``columns`` are of: ``turns`` and ``items`` (tables)
+        name their row by the column ``parent_key``, an item its turn by ``turn_key``;
+        ``names``: the attributes for the row's turns, a turn's items and the row's own."""
+        row_id = bindparam("p_id", type_=Uuid())
+        table = columns[0].table
+        in_org = table.c.organization_id == bindparam("p_org", type_=Uuid())
+        turn_ids = select(turns.c.id).where(turns.c[parent_key] == row_id)
+        # Two selects, not one with an OR and a subquery, which PostgreSQL answers by
+        # scanning the whole table (every organization's items): each reads down its index.
+        both = union_all(
+            select(items).where(items.c[parent_key] == row_id),
+            select(items).where(items.c[turn_key].in_(turn_ids)),
+        ).subquery("items")
+        return cls(
+            Statement(select(*columns).where(table.c.id == row_id, in_org)),
+            Statement(
+                select(turns).where(turns.c[parent_key] == row_id).order_by(turns.c[turn_order])
+            ),
+            Statement(select(both).order_by(both.c.order_index)),
+            turn_key,
+            *names,
+            missing,
+        )
+
+    async def read(self, connection: AsyncConnection[Any], access: OrgAccess, row_id: UUID) -> Any:
+        """The row ``row_id``; 404 for another organization's, as for a missing one."""
         found, turns, items = await read_together(
             connection,
-            (self.row, {**given, "p_org": access.organization_id}),
-            (self.turns, given),
-            (self.items, given),
+            (self.row, {"p_id": row_id, "p_org": access.organization_id}),
+            (self.turns, {"p_id": row_id}),
+            (self.items, {"p_id": row_id}),
         )
         if not found:
             raise NotFound(self.missing)
@@ -171,51 +205,16 @@ class _Detail:
         return row
 
 
-def _in_order(*parts: Select[Any]) -> Select[Any]:
-    """The rows of ``parts`` (selects of one table's rows: a parent's own and its
-    children's), all together in ``order_index`` order: each part read down its own index
-    (two selects, not one with an OR, which PostgreSQL answers by scanning the table)."""
-    rows = union_all(*parts).subquery("rows")
-    return select(rows).order_by(rows.c.order_index)
-
-
-_scenarios = Scenario.__table__
-_scenario_turns = ScenarioTurn.__table__
-_criteria = Criterion.__table__
-_scenario_id = bindparam("p_scenario", type_=Uuid())
-# A scenario as its detail shows it, in three statements sent at once: the scenario, its
-# turns in order, and its criteria (its turns' and its conversation's) in order.
-_SCENARIO = Statement(
-    select(_scenarios).where(
-        _scenarios.c.id == _scenario_id,
-        _scenarios.c.organization_id == bindparam("p_org", type_=Uuid()),
-    )
-)
-_SCENARIO_TURNS = Statement(
-    select(_scenario_turns)
-    .where(_scenario_turns.c.scenario_id == _scenario_id)
-    .order_by(_scenario_turns.c.order_index)
-)
-_SCENARIO_CRITERIA = Statement(
-    _in_order(
-        select(_criteria).where(_criteria.c.scenario_id == _scenario_id),
-        select(_criteria).where(
-            _criteria.c.turn_id.in_(
-                select(_scenario_turns.c.id).where(_scenario_turns.c.scenario_id == _scenario_id)
-            )
-        ),
-    )
-)
-
-
-_SCENARIO_DETAIL = _Detail(
-    _SCENARIO,
-    _SCENARIO_TURNS,
-    _SCENARIO_CRITERIA,
-    turns_as="turns",
-    items_as="criteria",
-    own_as="conversation_criteria",
+# A scenario as its detail shows it: the scenario, its turns in order, and its criteria
+# (its turns' and its conversation's) in order.
+_SCENARIO_DETAIL = _Detail.of(
+    list(Scenario.__table__.c),
+    turns=ScenarioTurn.__table__,
+    turn_order="order_index",
+    items=Criterion.__table__,
+    parent_key="scenario_id",
     turn_key="turn_id",
+    names=("turns", "criteria", "conversation_criteria"),
     missing="scenario not found",
 )
 
@@ -228,7 +227,7 @@ async def read_scenario(
     :meth:`schemas.ScenarioRead.from_row` reads a :class:`Scenario`.  One round trip,
     without an ORM session (:func:`get_scenario` loads it for a change).  404 for another
     organization's scenario, as for a missing one."""
-    return await _SCENARIO_DETAIL.read(connection, access, {"p_scenario": scenario_id})
+    return await _SCENARIO_DETAIL.read(connection, access, scenario_id)
 
 
 async def create_scenario(
@@ -476,46 +475,19 @@ async def start_run(
     return run
 
 
-_turn_results = TurnResult.__table__
-_criterion_results = CriterionResult.__table__
-_run_id = bindparam("p_run", type_=Uuid())
-# A run's detail, in three statements sent at once: the run (its snapshot names each
-# criterion's question), its turns in order, and every verdict on them or on the whole
-# conversation, in each criterion's order.
-_RUN = Statement(
-    select(
+# A run's detail: the run (its snapshot names each criterion's question), its turns in
+# order, and every verdict on them or on the whole conversation, in each criterion's order.
+_RUN_DETAIL = _Detail.of(
+    [
         *shapes.columns_read(schemas.ScenarioRunRead, ScenarioRun.__table__),
         ScenarioRun.__table__.c.snapshot,
-    ).where(
-        ScenarioRun.__table__.c.id == _run_id,
-        ScenarioRun.__table__.c.organization_id == bindparam("p_org", type_=Uuid()),
-    )
-)
-_RUN_TURNS = Statement(
-    select(_turn_results)
-    .where(_turn_results.c.run_id == _run_id)
-    .order_by(_turn_results.c.turn_index)
-)
-_RUN_VERDICTS = Statement(
-    _in_order(
-        select(_criterion_results).where(_criterion_results.c.run_id == _run_id),
-        select(_criterion_results).where(
-            _criterion_results.c.turn_result_id.in_(
-                select(_turn_results.c.id).where(_turn_results.c.run_id == _run_id)
-            )
-        ),
-    )
-)
-
-
-_RUN_DETAIL = _Detail(
-    _RUN,
-    _RUN_TURNS,
-    _RUN_VERDICTS,
-    turns_as="turn_results",
-    items_as="criteria_results",
-    own_as="conversation_results",
+    ],
+    turns=TurnResult.__table__,
+    turn_order="turn_index",
+    items=CriterionResult.__table__,
+    parent_key="run_id",
     turn_key="turn_result_id",
+    names=("turn_results", "criteria_results", "conversation_results"),
     missing="scenario run not found",
 )
 
@@ -526,7 +498,7 @@ async def get_run(connection: AsyncConnection[Any], *, access: OrgAccess, run_id
     object with an attribute per column, as :func:`run_read` reads a
     :class:`ScenarioRun`.  One round trip, without an ORM session: what a user reads of
     each run.  404 for another organization's run, as for a missing one."""
-    return await _RUN_DETAIL.read(connection, access, {"p_run": run_id})
+    return await _RUN_DETAIL.read(connection, access, run_id)
 
 
 def _run_listing() -> InOrg:
