@@ -66,6 +66,10 @@ class StatementRefused(ValueError):
     """A statement :class:`Statement` will not compile: it would not do what it says."""
 
 
+# Rows as objects with an attribute per column (:meth:`Statement.objects`).
+_OBJECTS = kwargs_row(SimpleNamespace)
+
+
 class Statement:
     """A Core statement compiled once for psycopg.  Its constants travel with it; the named
     parameters it leaves open must all be given at each execution.
@@ -109,8 +113,7 @@ class Statement:
         return [params[name] for name in self._order]
 
     async def rows(self, connection: AsyncConnection[Any], **given: Any) -> Sequence[Any]:
-        async with AsyncRawCursor(connection, row_factory=namedtuple_row) as cursor:
-            await cursor.execute(self.sql, self.arguments(given))
+        async with await self._sent(connection, namedtuple_row, given) as cursor:
             return await cursor.fetchall()
 
     async def sent(self, connection: AsyncConnection[Any], **given: Any) -> AsyncRawCursor[Any]:
@@ -121,6 +124,8 @@ class Statement:
     async def _sent(
         self, connection: AsyncConnection[Any], row_factory: Any, given: dict[str, Any]
     ) -> AsyncRawCursor[Any]:
+        """The one place a statement is executed: on a raw cursor making rows with
+        ``row_factory``."""
         cursor = AsyncRawCursor(connection, row_factory=row_factory)
         await cursor.execute(self.sql, self.arguments(given))
         return cursor
@@ -129,8 +134,7 @@ class Statement:
         """The rows as objects with an attribute per column: what
         :meth:`shared.schemas.Output.from_row` reads, as it reads an ORM object (a named
         tuple would be read as an array)."""
-        async with AsyncRawCursor(connection, row_factory=kwargs_row(SimpleNamespace)) as cursor:
-            await cursor.execute(self.sql, self.arguments(given))
+        async with await self._sent(connection, _OBJECTS, given) as cursor:
             return await cursor.fetchall()
 
     async def structs(
@@ -138,8 +142,7 @@ class Statement:
     ) -> list[S]:
         """The rows as ``shape``, each column given to the field of its name (nested JSON
         decoded into the field's type): a column is found by its name, never its place."""
-        async with AsyncRawCursor(connection, row_factory=dict_row) as cursor:
-            await cursor.execute(self.sql, self.arguments(given))
+        async with await self._sent(connection, dict_row, given) as cursor:
             return msgspec.convert(await cursor.fetchall(), list[shape])  # type: ignore[valid-type]
 
 
@@ -151,11 +154,12 @@ async def read_together(
     wait for one another's answers.  On an autocommit connection each reads its own
     moment: a row committed between two of them can be in the second and not the first."""
     async with connection.pipeline():
-        cursors = [
-            await statement._sent(connection, kwargs_row(SimpleNamespace), given)
-            for statement, given in reads
-        ]
-    return [await cursor.fetchall() for cursor in cursors]
+        cursors = [await statement._sent(connection, _OBJECTS, given) for statement, given in reads]
+    rows = []
+    for cursor in cursors:
+        async with cursor:
+            rows.append(await cursor.fetchall())
+    return rows
 
 
 def _refuse(statement: Executable, compiled: Compiled) -> None:
