@@ -498,10 +498,9 @@ def batch_read(
     replays: list[UUID] | None = None,
 ) -> schemas.BatchRunRead:
     """The body of ``batch`` (a :class:`BatchRun`, or a row of the listing); the detail's
-    also holds its ``runs``, its scenarios' trials, its
-    judge trust, its judge's ``flip_rate``, the batches replaying it and its comparison,
-    and the detail's and the progress events' the rate limit holding it back
-    (``limited``)."""
+    also holds its ``runs``, its scenarios' trials, its judge trust, its judge's
+    ``flip_rate``, the batches replaying it and its comparison, and the detail's and the
+    progress events' the rate limit holding it back (``limited``)."""
     if not detail:
         return schemas.BatchRunRead.from_row(
             batch,

@@ -501,16 +501,13 @@ async def get_run(connection: AsyncConnection[Any], *, access: OrgAccess, run_id
     return await _RUN_DETAIL.read(connection, access, run_id)
 
 
-def _run_listing() -> InOrg:
-    """An organization's runs, each row the listing's columns of a
-    :class:`ScenarioRunRead`: the table's, without the run's snapshot."""
-    table = ScenarioRun.__table__
-    columns = shapes.columns_read(schemas.ScenarioRunRead, table)
-    return InOrg(table, columns, filters=("scenario_id", "agent_id", "batch_run_id", "status"))
-
-
-# A CI job lists its batch's runs: straight on psycopg, no ORM.
-_RUNS = _run_listing()
+# An organization's runs, each row the listing's columns of a ScenarioRunRead (the table's,
+# without the run's snapshot): a CI job lists its batch's runs, straight on psycopg, no ORM.
+_RUNS = InOrg(
+    ScenarioRun.__table__,
+    shapes.columns_read(schemas.ScenarioRunRead, ScenarioRun.__table__),
+    filters=("scenario_id", "agent_id", "batch_run_id", "status"),
+)
 
 
 async def list_runs(
