@@ -51,11 +51,11 @@ class AllowedDomainController(Controller):
 
     @get("/{domain_id:str}", operation_id="getAllowedDomain", access=requires("domains:read"))
     async def get_domain(
-        self, db_session: DbSession, access: Access, org_id: PathId, domain_id: PathId
+        self, db_reads: DbReads, access: Access, org_id: PathId, domain_id: PathId
     ) -> schemas.AllowedDomainRead:
         """One allowed domain."""
         return schemas.AllowedDomainRead.from_row(
-            await services.get_domain(db_session, access=access, domain_id=domain_id)
+            await reading(db_reads, services.read_domain, access=access, domain_id=domain_id)
         )
 
     @patch("/{domain_id:str}", operation_id="updateAllowedDomain", access=requires("domains:write"))
@@ -168,11 +168,11 @@ class LLMProviderController(Controller):
 
     @get("/{provider_id:str}", operation_id="getLLMProvider", access=requires("providers:read"))
     async def get_provider(
-        self, db_session: DbSession, access: Access, org_id: PathId, provider_id: PathId
+        self, db_reads: DbReads, access: Access, org_id: PathId, provider_id: PathId
     ) -> schemas.LLMProviderRead:
         """One LLM provider."""
         return schemas.LLMProviderRead.from_row(
-            await services.get_provider(db_session, access=access, provider_id=provider_id)
+            await reading(db_reads, services.read_provider, access=access, provider_id=provider_id)
         )
 
     @patch(
@@ -232,11 +232,11 @@ class AgentController(Controller):
 
     @get("/{agent_id:str}", operation_id="getAgent", access=requires("agents:read"))
     async def get_agent(
-        self, db_session: DbSession, access: Access, org_id: PathId, agent_id: PathId
+        self, db_reads: DbReads, access: Access, org_id: PathId, agent_id: PathId
     ) -> schemas.AgentRead:
         """One agent."""
         return schemas.AgentRead.from_row(
-            await services.get_agent(db_session, access=access, agent_id=agent_id)
+            await reading(db_reads, services.read_agent, access=access, agent_id=agent_id)
         )
 
     @patch("/{agent_id:str}", operation_id="updateAgent", access=requires("agents:write"))

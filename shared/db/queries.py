@@ -95,10 +95,11 @@ class CountedPage:
 
 
 class InOrg:
-    """The listing of an organization's rows of ``table`` (``columns``: all of them when
-    not given), narrowed by the equality ``filters`` it allows: ``read(..., status=x)``
-    keeps the rows whose ``status`` is ``x``; a filter given ``None`` is not applied.  One
-    :class:`CountedPage` per set of filters asked for, compiled at its first use."""
+    """An organization's rows of ``table`` (``columns``: all of them when not given), read
+    straight on psycopg: one of them by its id (:meth:`one`), or their listing narrowed by
+    the equality ``filters`` it allows: ``read(..., status=x)`` keeps the rows whose
+    ``status`` is ``x``; a filter given ``None`` is not applied.  One :class:`CountedPage`
+    per set of filters asked for, compiled at its first use."""
 
     def __init__(
         self,
@@ -113,6 +114,7 @@ class InOrg:
         self._filters = frozenset(filters)
         self._newest_first = newest_first
         self._pages: dict[frozenset[str], CountedPage] = {}
+        self._one: Statement | None = None
 
     def page(self, *filters: str) -> CountedPage:
         """The listing narrowed by ``filters``: the organization is ``:p_org``, each filter
@@ -132,6 +134,24 @@ class InOrg:
             self._pages[names] = page
         return page
 
+    async def one(
+        self, connection: AsyncConnection[Any], org_id: UUID, row_id: UUID, what: str
+    ) -> Any:
+        """The row ``row_id`` (an object with an attribute per column: what ``from_row``
+        reads) if it belongs to ``org_id``; otherwise 404, as :func:`one_in_org`."""
+        if self._one is None:
+            c = self._table.c
+            self._one = Statement(
+                select(*self._columns).where(
+                    c.id == bindparam("p_id", type_=c.id.type),
+                    c.organization_id == bindparam("p_org", type_=c.organization_id.type),
+                )
+            )
+        rows = await self._one.objects(connection, p_id=row_id, p_org=org_id)
+        if not rows:
+            raise NotFound(f"{what} not found")
+        return rows[0]
+
     async def read(
         self, connection: AsyncConnection[Any], paging: Paging, org_id: UUID, **filters: Any
     ) -> tuple[list[Any], int]:
@@ -150,6 +170,15 @@ class InOrg:
 @cache
 def _in_org(model: Any) -> InOrg:
     return InOrg(model.__table__)
+
+
+async def row_in_org(
+    connection: AsyncConnection[Any], model: Any, org_id: UUID, row_id: UUID, what: str
+) -> Any:
+    """:func:`one_in_org` for a read straight on psycopg (``connection``: the request's
+    ``db_reads``): the row holds the table's columns as attributes, it is not an ORM
+    object (:meth:`InOrg.one`)."""
+    return await _in_org(model).one(connection, org_id, row_id, what)
 
 
 async def page_in_org(

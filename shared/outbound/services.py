@@ -30,7 +30,7 @@ from shared.db.models import (
     Scenario,
     Trigger,
 )
-from shared.db.queries import flush_unique, one_in_org, page_in_org
+from shared.db.queries import flush_unique, one_in_org, page_in_org, row_in_org
 from shared.errors import Conflict, InvalidInput, NotFound
 from shared.identity.access import OrgAccess
 from shared.llm.clients import ANTHROPIC_VERSION
@@ -139,6 +139,14 @@ async def list_domains(
 async def get_domain(session: AsyncSession, *, access: OrgAccess, domain_id: UUID) -> AllowedDomain:
     return await one_in_org(
         session, AllowedDomain, access.organization_id, domain_id, "allowed domain"
+    )
+
+
+async def read_domain(
+    connection: AsyncConnection[Any], *, access: OrgAccess, domain_id: UUID
+) -> Any:
+    return await row_in_org(
+        connection, AllowedDomain, access.organization_id, domain_id, "allowed domain"
     )
 
 
@@ -310,6 +318,9 @@ class _Kind(Generic[Row]):
     async def get(self, session: AsyncSession, org_id: UUID, row_id: UUID) -> Row:
         return await one_in_org(session, self.model, org_id, row_id, self.what)
 
+    async def read(self, connection: AsyncConnection[Any], access: OrgAccess, row_id: UUID) -> Any:
+        return await row_in_org(connection, self.model, access.organization_id, row_id, self.what)
+
     async def page(
         self, connection: AsyncConnection[Any], access: OrgAccess, paging: Paging
     ) -> tuple[Sequence[Any], int]:
@@ -477,10 +488,10 @@ async def list_providers(
     return await _PROVIDERS.page(connection, access, paging)
 
 
-async def get_provider(
-    session: AsyncSession, *, access: OrgAccess, provider_id: UUID
-) -> LLMProvider:
-    return await _PROVIDERS.get(session, access.organization_id, provider_id)
+async def read_provider(
+    connection: AsyncConnection[Any], *, access: OrgAccess, provider_id: UUID
+) -> Any:
+    return await _PROVIDERS.read(connection, access, provider_id)
 
 
 async def create_provider(
@@ -506,8 +517,8 @@ async def list_agents(
     return await _AGENTS.page(connection, access, paging)
 
 
-async def get_agent(session: AsyncSession, *, access: OrgAccess, agent_id: UUID) -> Agent:
-    return await _AGENTS.get(session, access.organization_id, agent_id)
+async def read_agent(connection: AsyncConnection[Any], *, access: OrgAccess, agent_id: UUID) -> Any:
+    return await _AGENTS.read(connection, access, agent_id)
 
 
 async def create_agent(
