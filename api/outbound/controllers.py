@@ -133,10 +133,10 @@ class CredentialController(Controller):
 
     @get("/{key:str}/usage", operation_id="getCredentialUsage", access=requires("credentials:read"))
     async def credential_usage(
-        self, db_session: DbSession, access: Access, org_id: PathId, key: CredentialKeyPath
+        self, db_reads: DbReads, access: Access, org_id: PathId, key: CredentialKeyPath
     ) -> schemas.CredentialUsage:
         """The LLM providers and allowed domains that reference the credential."""
-        return await services.credential_usage(db_session, access=access, key=key)
+        return await reading(db_reads, services.credential_usage, access=access, key=key)
 
 
 class LLMProviderController(Controller):

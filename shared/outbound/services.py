@@ -17,10 +17,11 @@ from uuid import UUID, uuid4
 
 import msgspec
 from psycopg import AsyncConnection
-from sqlalchemy import select, update
+from sqlalchemy import bindparam, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from shared.crypto import secret_box
+from shared.db.direct import Statement, read_together
 from shared.db.models import (
     Agent,
     AllowedDomain,
@@ -242,24 +243,30 @@ async def list_credentials(
     return await page_in_org(connection, Credential, access.organization_id, paging)
 
 
-async def credential_usage(
-    session: AsyncSession, *, access: OrgAccess, key: str
-) -> schemas.CredentialUsage:
-    """Exactly the providers (``credential_key``) and domains (a ``{{credentials.KEY}}``
-    in a header or query value) that reference ``key``."""
-    await _credential(session, access.organization_id, key)
-    providers = await session.scalars(
-        select(LLMProvider)
-        .where(
-            LLMProvider.organization_id == access.organization_id, LLMProvider.credential_key == key
-        )
-        .order_by(LLMProvider.created_at, LLMProvider.id)
+# What references a credential: the providers naming it (``credential_key``) and the
+# domains, of which those with a ``{{credentials.KEY}}`` in a header or query value are
+# kept (:func:`_usage`).  Read alike by the API's read, straight on psycopg, and by a
+# delete, in its transaction.
+_providers, _domains = LLMProvider.__table__, AllowedDomain.__table__
+_USING_KEY = (
+    select(_providers.c.id, _providers.c.provider, _providers.c.name)
+    .where(
+        _providers.c.organization_id == bindparam("p_org"),
+        _providers.c.credential_key == bindparam("p_key"),
     )
-    domains = await session.scalars(
-        select(AllowedDomain)
-        .where(AllowedDomain.organization_id == access.organization_id)
-        .order_by(AllowedDomain.created_at, AllowedDomain.id)
-    )
+    .order_by(_providers.c.created_at, _providers.c.id),
+    select(_domains.c.id, _domains.c.domain, _domains.c.headers, _domains.c.query_params)
+    .where(_domains.c.organization_id == bindparam("p_org"))
+    .order_by(_domains.c.created_at, _domains.c.id),
+)
+_KEY_IN_ORG = select(Credential.__table__.c.key).where(
+    Credential.__table__.c.organization_id == bindparam("p_org"),
+    Credential.__table__.c.key == bindparam("p_key"),
+)
+_USAGE = [Statement(query) for query in (_KEY_IN_ORG, *_USING_KEY)]
+
+
+def _usage(key: str, providers: Sequence[Any], domains: Sequence[Any]) -> schemas.CredentialUsage:
     return schemas.CredentialUsage(
         llm_providers=[schemas.ProviderReference.from_row(p) for p in providers],
         domains=[
@@ -270,9 +277,24 @@ async def credential_usage(
     )
 
 
+async def credential_usage(
+    connection: AsyncConnection[Any], *, access: OrgAccess, key: str
+) -> schemas.CredentialUsage:
+    """Exactly the providers and domains that reference ``key`` (404 when the organization
+    has no such credential): three reads in one round trip."""
+    given = {"p_org": access.organization_id, "p_key": key}
+    found, providers, domains = await read_together(
+        connection, *((statement, given) for statement in _USAGE)
+    )
+    if not found:
+        raise NotFound("credential not found")
+    return _usage(key, providers, domains)
+
+
 async def delete_credential(session: AsyncSession, *, access: OrgAccess, key: str) -> None:
     credential = await _credential(session, access.organization_id, key)
-    usage = await credential_usage(session, access=access, key=key)
+    given = {"p_org": access.organization_id, "p_key": key}
+    usage = _usage(key, *[(await session.execute(query, given)).all() for query in _USING_KEY])
     if usage.llm_providers or usage.domains:
         names = [f"llm provider {p.name} ({p.id})" for p in usage.llm_providers] + [
             f"domain {d.domain} ({d.id})" for d in usage.domains
