@@ -235,10 +235,11 @@ def _baseline(
 def spar_sql() -> dict[str, Any]:
     """The SQL Spar runs for the bench's requests, by name: Spar's own compiled statements
     (their text, their constants, their order of arguments), so that both run the same SQL."""
-    from shared.batches.services import _BATCHES
+    from shared.batches import services as batches
     from shared.db.models import AllowedDomain
     from shared.db.queries import _in_org
     from shared.identity import accounts, authentication
+    from shared.outbound.configuration import _AGENT_AND_PROVIDERS
     from shared.scenarios import services as scenarios
     from shared.scenarios.services import _RUNS, _SCENARIOS
 
@@ -249,11 +250,15 @@ def spar_sql() -> dict[str, Any]:
         "me": accounts._ME,
         "domains": _in_org(AllowedDomain).page()._statement,
         "scenarios": _SCENARIOS[False]._statement,
-        "batches": _BATCHES[False].page()._statement,
+        "batches": batches._BATCHES[False].page()._statement,
         "runs": _RUNS.page()._statement,
         # A detail's three statements, and how its rows nest.
         "scenario": scenarios._SCENARIO_DETAIL,
         "run": scenarios._RUN_DETAIL,
+        # A batch's detail: the batch, its runs' summaries and its replays at once; then,
+        # while it runs, its agent and the providers (where its runs call out).
+        "batch": (batches._BATCH.by_id(), batches._summaries(), batches._REPLAYS),
+        "destinations": _AGENT_AND_PROVIDERS,
     }
     return statements
 
@@ -324,6 +329,16 @@ def sql_app(dsn: str, pool_size: int, sql: dict[str, Any]) -> Any:
 
         return get(route, name=route)(handler)
 
+    async def together(connection: Any, *reads: tuple[Any, dict[str, Any]]) -> list[Any]:
+        """``reads`` sent at once (pipeline mode), as Spar sends a detail's statements."""
+        async with connection.pipeline():
+            cursors = []
+            for statement, arguments in reads:
+                cursor = AsyncRawCursor(connection, row_factory=dict_row)
+                await cursor.execute(statement.sql, statement.arguments(arguments))
+                cursors.append(cursor)
+        return [await cursor.fetchall() for cursor in cursors]
+
     def detail(route: str, name: str) -> Any:
         """A detail: Spar's three statements for it sent at once (pipeline mode), as Spar
         sends them, and the rows nested as Spar nests them."""
@@ -339,13 +354,7 @@ def sql_app(dsn: str, pool_size: int, sql: dict[str, Any]) -> Any:
                 (tree.items, given),
             )
             async with pool.connection() as connection:
-                async with connection.pipeline():
-                    cursors = []
-                    for statement, arguments in reads:
-                        cursor = AsyncRawCursor(connection, row_factory=dict_row)
-                        await cursor.execute(statement.sql, statement.arguments(arguments))
-                        cursors.append(cursor)
-                found, turns, items = [await cursor.fetchall() for cursor in cursors]
+                found, turns, items = await together(connection, *reads)
             if not found:
                 raise NotFoundException()
             on_turn: dict[Any, list[dict[str, Any]]] = {}
@@ -361,6 +370,37 @@ def sql_app(dsn: str, pool_size: int, sql: dict[str, Any]) -> Any:
             return body
 
         return get(route, name=route)(handler)
+
+    @get("/v1/orgs/{org_id:uuid}/scenarios/batch-runs/{id:str}")
+    async def batch(org_id: uuid.UUID, request: Request[Any, Any, Any]) -> dict[str, Any]:
+        """A batch's detail: Spar's statements, sent as Spar sends them, their rows
+        answered as they are (no counts by scenario, no rate limit asked of anyone)."""
+        async with pool.connection() as connection:
+            await caller(connection, request, org_id)
+        given = {"p_batch": uuid.UUID(request.path_params["id"]), "p_org": org_id}
+        row, runs, replays = sql["batch"]
+        async with pool.connection() as connection:
+            found, summaries, replaying = await together(
+                connection,
+                (row, {"p_id": given["p_batch"], "p_org": org_id}),
+                (runs, given),
+                (replays, given),
+            )
+            if not found:
+                raise NotFoundException()
+            body = found[0]
+            if body["status"] in ("queued", "running"):
+                agent, providers = await together(
+                    connection,
+                    *(
+                        (s, {"p_agent": body["agent_id"], "p_org": org_id})
+                        for s in sql["destinations"]
+                    ),
+                )
+                body["destinations"] = [*agent, *providers]
+        body["runs"] = summaries
+        body["replays"] = [r["id"] for r in replaying]
+        return body
 
     @get("/v1/auth/me")
     async def me(request: Request[Any, Any, Any]) -> dict[str, Any]:
@@ -388,6 +428,7 @@ def sql_app(dsn: str, pool_size: int, sql: dict[str, Any]) -> Any:
         listing("/v1/orgs/{org_id:uuid}/scenarios/runs", "runs", "runs"),
         detail("/v1/orgs/{org_id:uuid}/scenarios/{id:str}", "scenario"),
         detail("/v1/orgs/{org_id:uuid}/scenarios/runs/{id:str}", "run"),
+        batch,
     ]
     return Litestar(
         route_handlers=handlers, on_startup=[open_pool], on_shutdown=[close_pool], debug=False
@@ -524,7 +565,7 @@ def seed(spar: Stack) -> list[Target]:
     ok(api.post(f"/v1/orgs/{org}/llm-providers", json=judge, headers=auth))
     for _ in range(SEED_BATCHES):
         batch = {"agent_id": agent_id, "tags": ["bench"], "max_concurrency": 5}
-        ok(api.post(f"/v1/orgs/{org}/scenarios/batch-runs/", json=batch, headers=auth))
+        a_batch = ok(api.post(f"/v1/orgs/{org}/scenarios/batch-runs/", json=batch, headers=auth))
     # A run not played (no worker): its detail is its row, with no turns yet.
     runs = ok(api.get(f"/v1/orgs/{org}/scenarios/runs?limit=1", headers=auth), 200)["runs"]
     a_run = runs[0]["id"]
@@ -562,6 +603,12 @@ def seed(spar: Stack) -> list[Target]:
             "GET scenarios/{id} (user token)",
             "/v1/orgs/{org_id:str}/scenarios/{scenario_id:str}",
             f"/v1/orgs/{org}/scenarios/{a_scenario}",
+            user_token,
+        ),
+        Target(
+            "GET batch-runs/{id} (user token)",
+            "/v1/orgs/{org_id:str}/scenarios/batch-runs/{batch_run_id:str}",
+            f"/v1/orgs/{org}/scenarios/batch-runs/{a_batch['id']}",
             user_token,
         ),
         Target(

@@ -17,7 +17,7 @@ from litestar.response import ServerSentEvent, ServerSentEventMessage
 from litestar.status_codes import HTTP_200_OK
 
 from api.deps import Access, DbReads, DbSession, Page, PathId, reading
-from shared.batches import replays, schemas, services
+from shared.batches import detail, replays, schemas, services
 from shared.identity.access import OrgAccess, requires
 from shared.outbound.limits import Destination
 
@@ -110,7 +110,7 @@ class BatchRunController(Controller):
     @get("/{batch_run_id:str}", operation_id="getBatchRun", access=requires("scenarios:read"))
     async def get_batch(
         self,
-        db_session: DbSession,
+        db_reads: DbReads,
         state: State,
         access: Access,
         org_id: PathId,
@@ -132,8 +132,9 @@ class BatchRunController(Controller):
         until then.  `judge_flip_rate` is the share of the criterion results the judge
         decided whose votes were not unanimous (null with `judge_repetitions` 1);
         `replays` the batches replaying this one."""
-        return await services.batch_detail(
-            db_session,
+        return await detail.batch_detail(
+            db_reads,
+            state.database,
             access=access,
             batch_id=batch_run_id,
             broker=state.broker,
@@ -202,7 +203,7 @@ class BatchRunController(Controller):
     )
     async def events(
         self,
-        db_session: DbSession,
+        db_reads: DbReads,
         state: State,
         access: Access,
         org_id: PathId,
@@ -210,9 +211,10 @@ class BatchRunController(Controller):
     ) -> ServerSentEvent:
         """Server-Sent Events: `progress` (counters) on every change, `run` per finished run,
         and a final `end` once the batch is over and every one of its runs is counted."""
-        batch = await services.get_batch(db_session, access=access, batch_id=batch_run_id)
         # Where its runs call out, looked up once: the stream asks the limiter about them.
-        destinations = await services.batch_destinations(db_session, batch=batch)
+        destinations = await reading(
+            db_reads, services.batch_destinations, access=access, batch_id=batch_run_id
+        )
         return ServerSentEvent(_progress(state, access, batch_run_id, destinations))
 
 
@@ -224,10 +226,10 @@ async def _progress(
     last: bytes | None = None
     while True:
         # Only what ended lately (a run commits within moments of its completed_at).  A
-        # short transaction per look: the stream holds no connection while it sleeps.
-        async with state.database.transaction() as session:
+        # connection per look: the stream holds none while it sleeps.
+        async with state.database.connection() as connection:
             now = await services.progress(
-                session,
+                connection,
                 access=access,
                 batch_id=batch_id,
                 ended_since=since - services.RECENT if since is not None else None,

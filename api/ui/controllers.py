@@ -56,6 +56,7 @@ from api.ui.session import (
     session_cookie,
 )
 from shared.batches import services as batches
+from shared.batches.detail import batch_detail
 from shared.batches.schemas import BatchRunRead
 from shared.db.base import utcnow
 from shared.errors import NotFound, PermissionDenied, Unauthorized
@@ -282,15 +283,16 @@ class BatchController(Controller):
     @get("/{batch_id:str}", access=READ)
     async def batch(
         self,
-        db_session: DbSession,
+        db_reads: DbReads,
         state: State,
         access: Access,
         org_name: OrgName,
         batch_id: PathId,
     ) -> Template:
         looked = utcnow()  # its live script's first poll reads the runs changed since
-        batch = await batches.batch_detail(
-            db_session,
+        batch = await batch_detail(
+            db_reads,
+            state.database,
             access=access,
             batch_id=batch_id,
             broker=state.broker,
@@ -311,7 +313,7 @@ class BatchController(Controller):
     @get("/{batch_id:str}/progress", access=READ)
     async def progress(
         self,
-        db_session: DbSession,
+        db_reads: DbReads,
         state: State,
         access: Access,
         batch_id: PathId,
@@ -325,16 +327,22 @@ class BatchController(Controller):
         a page of a batch of thousands of runs polls each second."""
         looked = utcnow()
         if since is None:
-            batch = await batches.batch_detail(
-                db_session,
+            batch = await batch_detail(
+                db_reads,
+                state.database,
                 access=access,
                 batch_id=batch_id,
                 broker=state.broker,
                 limiter=state.limiter,
             )
         else:
-            batch = await batches.batch_changes(
-                db_session, access=access, batch_id=batch_id, since=since, limiter=state.limiter
+            batch = await reading(
+                db_reads,
+                batches.batch_changes,
+                access=access,
+                batch_id=batch_id,
+                since=since,
+                limiter=state.limiter,
             )
         return LiveProgress(
             batch=batch, badge=ui_services.badge(batch), over=batches.is_over(batch), cursor=looked

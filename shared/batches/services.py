@@ -28,6 +28,7 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from functools import cache
 from typing import Any
 from uuid import UUID
 
@@ -39,6 +40,7 @@ from sqlalchemy import (
     ColumnElement,
     Insert,
     Integer,
+    Select,
     Subquery,
     Text,
     Uuid,
@@ -47,6 +49,7 @@ from sqlalchemy import (
     cast,
     func,
     insert,
+    literal,
     literal_column,
     or_,
     select,
@@ -63,8 +66,9 @@ from shared.calibration import reliability, trust
 from shared.calibration.reliability import Tally
 from shared.db import shapes
 from shared.db.base import NOW, utcnow
+from shared.db.direct import Statement, read_together
 from shared.db.models import BatchRun, CriterionResult, Scenario, ScenarioRun, TurnResult
-from shared.db.queries import InOrg, one_in_org
+from shared.db.queries import InOrg, found, one_in_org
 from shared.errors import Conflict, InvalidInput, NotFound
 from shared.identity.access import OrgAccess
 from shared.notifications import outbox
@@ -266,37 +270,61 @@ async def list_batches(
     )
 
 
-async def batch_detail(
-    session: AsyncSession,
+# Its every column (the detail's judge trust and comparison too), for the reads by id.
+_BATCH = InOrg(BatchRun.__table__)
+
+
+async def settle(
+    session: AsyncSession, *, access: OrgAccess, batch_id: UUID, broker: dramatiq.Broker
+) -> None:
+    """What a read of the batch's detail writes when it is due (:func:`read_detail` says):
+    ask for its judge trust (sent to the ``calibration`` queue after commit), store its
+    comparison."""
+    batch = await get_batch(session, access=access, batch_id=batch_id)
+    await trust.request(session, batch=batch, broker=broker)
+    await store_comparison(session, batch=batch)
+
+
+async def read_detail(
+    connection: AsyncConnection[Any],
     *,
     access: OrgAccess,
     batch_id: UUID,
-    broker: dramatiq.Broker,
     limiter: DestinationLimiter,
-) -> schemas.BatchRunRead:
-    """The batch with its counters, a summary of every run, each scenario's trials, the rate
-    limit holding it back if one does, once it is over its judge trust (asked of the
-    ``calibration`` queue, after commit, the first time it is read) and, with a baseline,
-    its comparison (stored here the first time it is due)."""
-    batch = await get_batch(session, access=access, batch_id=batch_id)
-    runs = await run_summaries(session, batch_id=batch.id)
-    await trust.request(session, batch=batch, broker=broker)
-    await store_comparison(session, batch=batch)
-    limited = await rate_limited(
-        batch, limiter=limiter, destinations=await batch_destinations(session, batch=batch)
+    settled: bool = False,
+) -> schemas.BatchRunRead | None:
+    """The batch with its counters, a summary of every run, each scenario's trials, the
+    rate limit holding it back if one does, once it is over its judge trust and, with a
+    baseline, its comparison; or ``None`` when reading it is due to write first
+    (:func:`settle`: its judge trust to ask for, its comparison to store), unless
+    ``settled`` (just written, whatever that decided).  The batch, its runs' summaries and
+    its replays in one round trip; the judge's votes (with ``judge_repetitions`` over 1)
+    and the destinations (while it runs) in a second."""
+    org_id = access.organization_id
+    batch_rows, summary_rows, replay_rows = await read_together(
+        connection,
+        (_BATCH.by_id(), {"p_id": batch_id, "p_org": org_id}),
+        (_summaries(), {"p_batch": batch_id, "p_org": org_id}),
+        (_REPLAYS, {"p_batch": batch_id, "p_org": org_id}),
     )
+    batch = found(batch_rows, "batch run")
+    if not settled and (trust.due(batch) or comparison_due(batch)):
+        return None
+    flip_rate = None
+    if batch.judge_repetitions > 1:
+        flip_rate = await _flip_rate(connection, batch_id=batch.id)
     return batch_read(
         batch,
-        runs,
+        [schemas.BatchRunItemSummary.from_row(row) for row in summary_rows],
         detail=True,
-        limited=limited,
-        flip_rate=await judge_flip_rate(session, batch=batch),
-        replays=await replays_of(session, batch_id=batch.id),
+        limited=await _limited(connection, batch, limiter),
+        flip_rate=flip_rate,
+        replays=[row.id for row in replay_rows],
     )
 
 
 async def batch_changes(
-    session: AsyncSession,
+    connection: AsyncConnection[Any],
     *,
     access: OrgAccess,
     batch_id: UUID,
@@ -306,60 +334,91 @@ async def batch_changes(
     """What a viewer of the batch that looked at ``since`` has yet to see: its counters,
     the rate limit holding it back, and the summaries of the runs changed since then
     (:data:`RECENT` before it, so that none is missed).  A page following a batch of
-    thousands of runs reads these each second, not every run."""
-    batch = await get_batch(session, access=access, batch_id=batch_id)
-    runs = await run_summaries(session, batch_id=batch.id, changed_since=since - RECENT)
-    limited = await rate_limited(
-        batch, limiter=limiter, destinations=await batch_destinations(session, batch=batch)
+    thousands of runs reads these each second, not every run: the batch and those runs in
+    one round trip."""
+    org_id = access.organization_id
+    batch_rows, summary_rows = await read_together(
+        connection,
+        (_BATCH.by_id(), {"p_id": batch_id, "p_org": org_id}),
+        (
+            _summaries(changed_since=True),
+            {"p_batch": batch_id, "p_org": org_id, "p_since": since - RECENT},
+        ),
     )
-    return batch_read(batch, runs, limited=limited)
+    batch = found(batch_rows, "batch run")
+    runs = [schemas.BatchRunItemSummary.from_row(row) for row in summary_rows]
+    return batch_read(batch, runs, limited=await _limited(connection, batch, limiter))
 
 
-async def judge_flip_rate(session: AsyncSession, *, batch: BatchRun) -> float | None:
-    """Of the batch's criterion results the judge decided (per turn and on the whole
-    conversation), the share whose votes were not unanimous; ``None`` when each was judged
-    once, or before any was."""
-    if batch.judge_repetitions == 1:
-        return None
-    result = CriterionResult.__table__
-    turn = TurnResult.__table__
-    of_batch = select(_runs.c.id).where(_runs.c.batch_run_id == batch.id)
-    # Each way down the indexes: a turn's results by its run, a conversation's by the run.
-    votes = union_all(
-        select(result.c.votes)
-        .join(turn, turn.c.id == result.c.turn_result_id)
-        .where(turn.c.run_id.in_(of_batch), result.c.votes.is_not(None)),
-        select(result.c.votes).where(result.c.run_id.in_(of_batch), result.c.votes.is_not(None)),
-    ).subquery("votes")
-    split = (votes.c.votes["PASS"].as_integer() > 0) & (votes.c.votes["FAIL"].as_integer() > 0)
-    judged, flipped = (
-        await session.execute(select(func.count(), func.count().filter(split)).select_from(votes))
-    ).one()
-    return flipped / judged if judged else None
-
-
-async def replays_of(session: AsyncSession, *, batch_id: UUID) -> list[UUID]:
-    """The batches replaying ``batch_id``, oldest first."""
-    return list(
-        await session.scalars(
-            select(BatchRun.id)
-            .where(BatchRun.replay_of == batch_id)
-            .order_by(BatchRun.created_at, BatchRun.id)
+# The votes of the batch's criterion results the judge decided: each way down the indexes,
+# a turn's results by its run, a conversation's by the run.
+_result, _turn = CriterionResult.__table__, TurnResult.__table__
+_of_batch = select(_runs.c.id).where(_runs.c.batch_run_id == bindparam("p_batch", type_=Uuid()))
+_votes = union_all(
+    select(_result.c.votes)
+    .join(_turn, _turn.c.id == _result.c.turn_result_id)
+    .where(_turn.c.run_id.in_(_of_batch), _result.c.votes.is_not(None)),
+    select(_result.c.votes).where(_result.c.run_id.in_(_of_batch), _result.c.votes.is_not(None)),
+).subquery("votes")
+_FLIPS = Statement(
+    select(
+        func.count().label("judged"),
+        func.count()
+        .filter(
+            (_votes.c.votes["PASS"].as_integer() > 0) & (_votes.c.votes["FAIL"].as_integer() > 0)
         )
+        .label("flipped"),
+    ).select_from(_votes)
+)
+
+
+async def _flip_rate(connection: AsyncConnection[Any], *, batch_id: UUID) -> float | None:
+    """Of the batch's criterion results the judge decided (per turn and on the whole
+    conversation), the share whose votes were not unanimous; ``None`` before any was."""
+    (counts,) = await _FLIPS.objects(connection, p_batch=batch_id)
+    return counts.flipped / counts.judged if counts.judged else None
+
+
+# The batches replaying one, oldest first.
+_REPLAYS = Statement(
+    select(BatchRun.__table__.c.id)
+    .where(
+        BatchRun.__table__.c.replay_of == bindparam("p_batch", type_=Uuid()),
+        BatchRun.__table__.c.organization_id == bindparam("p_org", type_=Uuid()),
     )
+    .order_by(BatchRun.__table__.c.created_at, BatchRun.__table__.c.id)
+)
 
 
-async def batch_destinations(session: AsyncSession, *, batch: BatchRun) -> list[Destination]:
-    """Where the batch's runs call out: its agent's and its judge's destinations; none once
-    it is over (no rate limit holds back a batch that calls no more: :func:`rate_limited`),
-    so that reading an ended batch does not look its agent and providers up."""
+async def batch_destinations(
+    connection: AsyncConnection[Any], *, access: OrgAccess, batch_id: UUID
+) -> list[Destination]:
+    """Where the batch's runs call out (404 when it is not the organization's): its agent's
+    and its judge's destinations; none once it is over."""
+    batch = await _BATCH.one(connection, access.organization_id, batch_id, "batch run")
+    return await _destinations(connection, batch)
+
+
+async def _destinations(connection: AsyncConnection[Any], batch: Any) -> list[Destination]:
+    """Where ``batch``'s runs call out; none once it is over (no rate limit holds back a
+    batch that calls no more: :func:`rate_limited`), so that reading an ended batch does
+    not look its agent and providers up."""
     if batch.agent_id is None or is_over(batch):
         return []
-    return await destinations_of(session, org_id=batch.organization_id, agent_id=batch.agent_id)
+    return await destinations_of(connection, org_id=batch.organization_id, agent_id=batch.agent_id)
+
+
+async def _limited(
+    connection: AsyncConnection[Any], batch: Any, limiter: DestinationLimiter
+) -> schemas.RateLimitedRead | None:
+    """The rate limit holding ``batch`` back now, if one does (:func:`rate_limited`)."""
+    return await rate_limited(
+        batch, limiter=limiter, destinations=await _destinations(connection, batch)
+    )
 
 
 async def rate_limited(
-    batch: BatchRun, *, limiter: DestinationLimiter, destinations: list[Destination]
+    batch: Any, *, limiter: DestinationLimiter, destinations: list[Destination]
 ) -> schemas.RateLimitedRead | None:
     """Of ``destinations``, the one refusing the batch's calls now (the one refusing
     longest), while the batch runs."""
@@ -382,57 +441,74 @@ async def rate_limited(
 RECENT = timedelta(seconds=30)
 
 
-async def run_summaries(
-    session: AsyncSession,
-    *,
-    batch_id: UUID,
-    ended: bool = False,
-    ended_since: datetime | None = None,
-    changed_since: datetime | None = None,
-) -> list[schemas.BatchRunItemSummary]:
-    """A summary of each run of the batch (the batch detail's ``runs`` and the events
-    stream's ``run`` events), in the batch's order; with ``ended``, only the terminal runs
-    (those that ended at ``ended_since`` or later, when given) in the order they ended;
-    with ``changed_since``, only the runs changed then or later (every change of a run,
-    its turns' included, stamps its ``updated_at``)."""
+@cache
+def _summaries(
+    *, ended: bool = False, ended_since: bool = False, changed_since: bool = False
+) -> Statement:
+    """:func:`_summaries_query` compiled for psycopg, once for each combination used."""
+    return Statement(
+        _summaries_query(ended=ended, ended_since=ended_since, changed_since=changed_since)
+    )
+
+
+def _summaries_query(*, ended: bool, ended_since: bool, changed_since: bool) -> Select[Any]:
+    """A summary of each run of the batch ``:p_batch`` of the organization ``:p_org`` (the
+    batch detail's ``runs`` and the events stream's ``run`` events), in the batch's order;
+    with ``ended``, only the terminal runs (those that ended at ``:p_since`` or later, with
+    ``ended_since``) in the order they ended; with ``changed_since``, only the runs changed
+    at ``:p_since`` or later (every change of a run, its turns' included, stamps its
+    ``updated_at``)."""
+    runs, turns = _runs.c, TurnResult.__table__.c
     passed_turns = (
-        select(func.count(TurnResult.id))
-        .where(TurnResult.run_id == ScenarioRun.id, TurnResult.passed)
-        .scalar_subquery()
+        select(func.count(turns.id)).where(turns.run_id == runs.id, turns.passed).scalar_subquery()
     )
     # A simulated user's turns count once played (a scenario names only its scripted ones).
     simulated_turns = (
-        select(func.count(TurnResult.id))
-        .where(TurnResult.run_id == ScenarioRun.id, TurnResult.source == "simulated")
+        select(func.count(turns.id))
+        .where(turns.run_id == runs.id, turns.source == "simulated")
         .scalar_subquery()
     )
     # Read off the snapshot by PostgreSQL: the snapshots themselves (every turn and
     # criterion of the scenario) do not cross the wire.
-    turns = ScenarioRun.snapshot["turns"]
+    scripted = runs.snapshot["turns"]
     scripted_turns = case(
-        (func.jsonb_typeof(turns) == "array", func.jsonb_array_length(turns)), else_=0
+        (func.jsonb_typeof(scripted) == "array", func.jsonb_array_length(scripted)), else_=0
     )
+    since = bindparam("p_since", type_=runs.updated_at.type)
     query = select(
-        ScenarioRun.id,
-        ScenarioRun.scenario_id,
-        ScenarioRun.status,
-        func.coalesce(ScenarioRun.snapshot["name"].astext, "").label("scenario_name"),
-        ScenarioRun.started_at,
-        ScenarioRun.completed_at,
+        runs.id,
+        runs.scenario_id,
+        runs.status,
+        func.coalesce(runs.snapshot["name"].astext, "").label("scenario_name"),
+        runs.started_at,
+        runs.completed_at,
         passed_turns.label("passed_turns"),
         (scripted_turns + simulated_turns).label("total_turns"),
-    ).where(ScenarioRun.batch_run_id == batch_id)
-    if changed_since is not None:
-        query = query.where(ScenarioRun.updated_at >= changed_since)
+    ).where(
+        runs.batch_run_id == bindparam("p_batch", type_=runs.batch_run_id.type),
+        runs.organization_id == bindparam("p_org", type_=runs.organization_id.type),
+    )
+    if changed_since:
+        query = query.where(runs.updated_at >= since)
     if ended:
-        query = query.where(ScenarioRun.status.in_(TERMINAL_STATUSES)).order_by(
-            ScenarioRun.completed_at, ScenarioRun.id
-        )
-        if ended_since is not None:
-            query = query.where(ScenarioRun.completed_at >= ended_since)
+        query = query.where(
+            runs.status.in_([literal(status) for status in TERMINAL_STATUSES])
+        ).order_by(runs.completed_at, runs.id)
+        if ended_since:
+            query = query.where(runs.completed_at >= since)
     else:
-        query = query.order_by(ScenarioRun.created_at, ScenarioRun.id)
-    return [schemas.BatchRunItemSummary.from_row(row) for row in await session.execute(query)]
+        query = query.order_by(runs.created_at, runs.id)
+    return query
+
+
+async def run_summaries(
+    session: AsyncSession, *, batch: BatchRun
+) -> list[schemas.BatchRunItemSummary]:
+    """A summary of each run of ``batch``, in the batch's order, read in ``session``'s
+    transaction (a comparison's, which may store what it finds)."""
+    query = _summaries_query(ended=False, ended_since=False, changed_since=False)
+    rows = await session.execute(query, {"p_batch": batch.id, "p_org": batch.organization_id})
+    return [schemas.BatchRunItemSummary.from_row(row) for row in rows]
 
 
 async def cancel_batch(session: AsyncSession, *, access: OrgAccess, batch_id: UUID) -> BatchRun:
@@ -460,14 +536,14 @@ class Progress(msgspec.Struct, frozen=True):
     """One look at a batch for its event stream: the batch, its runs ended lately, and
     whether it is over (ended, with every one of its runs counted)."""
 
-    batch: BatchRun
+    batch: Any  # a row of its table
     ended: list[schemas.BatchRunItemSummary]
     over: bool
     rate_limited: schemas.RateLimitedRead | None = None
 
 
 async def progress(
-    session: AsyncSession,
+    connection: AsyncConnection[Any],
     *,
     access: OrgAccess,
     batch_id: UUID,
@@ -479,11 +555,17 @@ async def progress(
     it, and always all of them once the batch is over, so no run is ever missed), and which
     of ``destinations`` (:func:`batch_destinations`, looked up once per stream) holds it
     back."""
-    batch = await get_batch(session, access=access, batch_id=batch_id)
+    org_id = access.organization_id
+    batch = await _BATCH.one(connection, org_id, batch_id, "batch run")
     over = is_over(batch)
-    ended = await run_summaries(
-        session, batch_id=batch_id, ended=True, ended_since=None if over else ended_since
-    )
+    given: dict[str, Any] = {"p_batch": batch_id, "p_org": org_id}
+    if ended_since is not None and not over:
+        given["p_since"] = ended_since
+    summaries = _summaries(ended=True, ended_since="p_since" in given)
+    ended = [
+        schemas.BatchRunItemSummary.from_row(row)
+        for row in await summaries.objects(connection, **given)
+    ]
     limited = await rate_limited(batch, limiter=limiter, destinations=destinations)
     return Progress(batch=batch, ended=ended, over=over, rate_limited=limited)
 
@@ -656,8 +738,8 @@ async def compare_batches(
 async def _compare(
     session: AsyncSession, batch_a: BatchRun, batch_b: BatchRun
 ) -> schemas.BatchComparison:
-    runs_a = _by_scenario(await run_summaries(session, batch_id=batch_a.id))
-    runs_b = _by_scenario(await run_summaries(session, batch_id=batch_b.id))
+    runs_a = _by_scenario(await run_summaries(session, batch=batch_a))
+    runs_b = _by_scenario(await run_summaries(session, batch=batch_b))
     played_a = await _played_by_scenario(session, batch_a.id)
     played_b = await _played_by_scenario(session, batch_b.id)
     rows, differences = [], []
@@ -714,16 +796,22 @@ async def _compare(
 # --- a batch's comparison with its baseline, stored once ---------------------------------------
 
 
+def comparison_due(batch: Any) -> bool:
+    """Whether ``batch`` (a :class:`BatchRun` or a row of its table) may be due to store its
+    comparison (:func:`store_comparison`): completed, with a baseline, none stored yet."""
+    return (
+        batch.status == BatchStatus.COMPLETED
+        and batch.baseline_batch_id is not None
+        and batch.comparison is None
+    )
+
+
 async def store_comparison(session: AsyncSession, *, batch: BatchRun) -> bool:
     """Store the comparison of ``batch`` (B) with its baseline (A) on it, if it is due: B
     completed, A over, none stored yet.  True when this call stored it.  Guarded in SQL
     (``comparison IS NULL``): of two callers at once, one writes; both computed the same
     (every run of both batches is terminal, the bootstrap seeded)."""
-    if (
-        batch.status != BatchStatus.COMPLETED
-        or batch.baseline_batch_id is None
-        or batch.comparison is not None
-    ):
+    if not comparison_due(batch):
         return False
     baseline = await session.get(BatchRun, batch.baseline_batch_id)
     if baseline is None or not is_over(baseline):

@@ -62,7 +62,7 @@ NO_BETTER_THAN_CHANCE = (
 )
 
 
-def read(batch: BatchRun) -> schemas.JudgeTrust | None:
+def read(batch: Any) -> schemas.JudgeTrust | None:
     """The batch's judge trust as stored (``None`` while the batch is not over)."""
     if batch.status not in OVER:
         return None
@@ -71,19 +71,26 @@ def read(batch: BatchRun) -> schemas.JudgeTrust | None:
     return msgspec.convert(batch.judge_trust, schemas.JudgeTrust)
 
 
+def due(batch: Any) -> bool:
+    """Whether ``batch`` (a :class:`BatchRun` or a row of its table) is due to ask for its
+    judge trust (:func:`request`): over, and its trust neither ready nor asked for within
+    :data:`REQUEST_STALL`."""
+    if batch.status not in OVER:
+        return False
+    known = batch.judge_trust or {}
+    return not (
+        known.get("status") == "ready"
+        or known.get("requested_at", "") >= (utcnow() - REQUEST_STALL).isoformat()
+    )
+
+
 async def request(session: AsyncSession, *, batch: BatchRun, broker: dramatiq.Broker) -> bool:
     """Mark the judge trust of a batch that is over ``computing``, once, and send it to the
     actor once the caller commits: True when this call did.  A batch with no LLM-judged
     criterion is marked ``ready`` (with no criterion) instead, and nothing is sent."""
-    if batch.status not in OVER:
-        return False
-    now = utcnow()
-    known = batch.judge_trust or {}
-    if (
-        known.get("status") == "ready"
-        or known.get("requested_at", "") >= (now - REQUEST_STALL).isoformat()
-    ):
+    if not due(batch):
         return False  # as read: nothing to ask (the guarded UPDATE below decides races)
+    now = utcnow()
     judged = await _asks_the_judge(session, batch.id)
     if judged:
         report = {"status": "computing", "requested_at": now.isoformat()}

@@ -83,7 +83,8 @@ class Statement:
       parameter whose value is ``None``, it could not be told from an open one that must be
       given, and is not sent at all (``null()`` says NULL);
     * a column left to a Python-side default (``updated_at``'s ``onupdate``): SQLAlchemy
-      computes it as it executes, and this execution skips SQLAlchemy.
+      computes it as it executes, and this execution skips SQLAlchemy;
+    * an expanding ``IN`` (``col.in_([...])``): SQLAlchemy renders its list as it executes.
     """
 
     def __init__(self, statement: Executable) -> None:
@@ -170,6 +171,11 @@ def _refuse(statement: Executable, compiled: Compiled) -> None:
         raise StatementRefused(
             f"{prefetched[0].name} has a Python-side default SQLAlchemy computes when it "
             "executes: set it in the statement (NOW)"
+        )
+    if compiled.post_compile_params:  # type: ignore[attr-defined]
+        raise StatementRefused(
+            "an expanding IN (a list given to in_()) is rendered as the statement executes: "
+            "give its values as literal() constants, or a list to = ANY(:p_...)"
         )
     binds: Mapping[str, BindParameter[Any]] = compiled.binds  # type: ignore[attr-defined]
     columns = {

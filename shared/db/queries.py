@@ -44,6 +44,13 @@ async def one_in_org(
     return row
 
 
+def found(rows: Sequence[T], what: str) -> T:
+    """The one row of ``rows`` (a read by id); 404 ``<what> not found`` when there is none."""
+    if not rows:
+        raise NotFound(f"{what} not found")
+    return rows[0]
+
+
 class CountedPage:
     """A listing's page and its total in one statement, compiled once: ``columns`` (an
     ``id`` and a ``created_at`` among them) of ``table``'s rows where ``wanted``, in the
@@ -114,7 +121,7 @@ class InOrg:
         self._filters = frozenset(filters)
         self._newest_first = newest_first
         self._pages: dict[frozenset[str], CountedPage] = {}
-        self._one: Statement | None = None
+        self._by_id: Statement | None = None
 
     def page(self, *filters: str) -> CountedPage:
         """The listing narrowed by ``filters``: the organization is ``:p_org``, each filter
@@ -134,23 +141,26 @@ class InOrg:
             self._pages[names] = page
         return page
 
-    async def one(
-        self, connection: AsyncConnection[Any], org_id: UUID, row_id: UUID, what: str
-    ) -> Any:
-        """The row ``row_id`` (an object with an attribute per column: what ``from_row``
-        reads) if it belongs to ``org_id``; otherwise 404, as :func:`one_in_org`."""
-        if self._one is None:
+    def by_id(self) -> Statement:
+        """The row ``:p_id`` if it belongs to the organization ``:p_org`` (no row
+        otherwise), compiled at its first use: for a read that sends it with others at
+        once (:func:`shared.db.direct.read_together`); :meth:`one` reads it alone."""
+        if self._by_id is None:
             c = self._table.c
-            self._one = Statement(
+            self._by_id = Statement(
                 select(*self._columns).where(
                     c.id == bindparam("p_id", type_=c.id.type),
                     c.organization_id == bindparam("p_org", type_=c.organization_id.type),
                 )
             )
-        rows = await self._one.objects(connection, p_id=row_id, p_org=org_id)
-        if not rows:
-            raise NotFound(f"{what} not found")
-        return rows[0]
+        return self._by_id
+
+    async def one(
+        self, connection: AsyncConnection[Any], org_id: UUID, row_id: UUID, what: str
+    ) -> Any:
+        """The row ``row_id`` (an object with an attribute per column: what ``from_row``
+        reads) if it belongs to ``org_id``; otherwise 404, as :func:`one_in_org`."""
+        return found(await self.by_id().objects(connection, p_id=row_id, p_org=org_id), what)
 
     async def read(
         self, connection: AsyncConnection[Any], paging: Paging, org_id: UUID, **filters: Any

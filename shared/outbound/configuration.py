@@ -14,16 +14,18 @@ from __future__ import annotations
 
 import asyncio
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
 from uuid import UUID
 
-from sqlalchemy import select
+from psycopg import AsyncConnection
+from sqlalchemy import bindparam, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from shared.crypto import secret_box
+from shared.db.direct import Statement, read_together
 from shared.db.engine import Database
 from shared.db.models import Agent, AllowedDomain, Credential, LLMProvider
 from shared.errors import NotFound
@@ -127,16 +129,16 @@ async def _providers(session: AsyncSession, org_id: UUID) -> list[LLMProvider]:
     )
 
 
-def _default(providers: list[LLMProvider], flag: str) -> UUID | None:
+def _default(providers: Sequence[Any], flag: str) -> UUID | None:
     """The first of ``providers`` (oldest first) marked ``flag`` (at most one is)."""
     return next((p.id for p in providers if getattr(p, flag)), None)
 
 
-def _judge_of(own: UUID | None, providers: list[LLMProvider]) -> UUID | None:
+def _judge_of(own: UUID | None, providers: Sequence[Any]) -> UUID | None:
     return own or _default(providers, "is_default_judge")
 
 
-def _simulator_of(judge: UUID | None, providers: list[LLMProvider]) -> UUID | None:
+def _simulator_of(judge: UUID | None, providers: Sequence[Any]) -> UUID | None:
     return _default(providers, "is_default_simulator") or judge
 
 
@@ -158,34 +160,63 @@ async def judge_provider_of(
     return _judge_of(own, await _providers(session, org_id))
 
 
+# Where an agent's runs call out, read straight on psycopg: the agent's references, and its
+# organization's providers (oldest first, as :func:`_providers`) to resolve them with.
+_agent, _provider = Agent.__table__, LLMProvider.__table__
+_AGENT_AND_PROVIDERS = (
+    Statement(
+        select(_agent.c.endpoint_url, _agent.c.llm_provider_id, _agent.c.judge_provider_id).where(
+            _agent.c.id == bindparam("p_agent", type_=_agent.c.id.type),
+            _agent.c.organization_id == bindparam("p_org", type_=_agent.c.organization_id.type),
+        )
+    ),
+    Statement(
+        select(
+            _provider.c.id,
+            _provider.c.base_url,
+            _provider.c.is_default_judge,
+            _provider.c.is_default_simulator,
+        )
+        .where(
+            _provider.c.organization_id == bindparam("p_org", type_=_agent.c.organization_id.type)
+        )
+        .order_by(_provider.c.created_at, _provider.c.id)
+    ),
+)
+
+
 async def destinations_of(
-    session: AsyncSession, *, org_id: UUID, agent_id: UUID
+    connection: AsyncConnection[Any], *, org_id: UUID, agent_id: UUID
 ) -> list[Destination]:
     """Where a run of the agent calls out (:mod:`shared.outbound.limits`): its endpoint's
     or its LLM provider's host (``agent``), its judge's (``judge``) and the default
-    simulator's (``simulator``: the one of scenarios that name none)."""
-    agent = await session.get(Agent, agent_id)
-    if agent is None or agent.organization_id != org_id:
+    simulator's (``simulator``: the one of scenarios that name none).  One round trip."""
+    agents, providers = await read_together(
+        connection,
+        *(
+            (statement, {"p_agent": agent_id, "p_org": org_id})
+            for statement in _AGENT_AND_PROVIDERS
+        ),
+    )
+    if not agents:
         return []
+    (agent,) = agents
+    base_urls = {provider.id: provider.base_url for provider in providers}
     urls: list[tuple[str, str | None]] = [("agent", agent.endpoint_url)]
     if agent.llm_provider_id is not None:
-        urls.append(("agent", await _base_url(session, agent.llm_provider_id)))
-    judge_id = await judge_provider_of(session, org_id=org_id, own=agent.judge_provider_id)
+        urls.append(("agent", base_urls.get(agent.llm_provider_id)))
+    judge_id = _judge_of(agent.judge_provider_id, providers)
     if judge_id is not None:
-        urls.append(("judge", await _base_url(session, judge_id)))
-    simulator_id = await simulator_provider_of(session, org_id=org_id, judge=judge_id)
+        urls.append(("judge", base_urls.get(judge_id)))
+    simulator_id = _simulator_of(judge_id, providers)
     if simulator_id is not None:
-        urls.append(("simulator", await _base_url(session, simulator_id)))
+        urls.append(("simulator", base_urls.get(simulator_id)))
     found = []
     for kind, url in urls:
         host = urlsplit(url).hostname if url else None
         if host:
             found.append(Destination(str(org_id), kind, normalize_host(host)))
     return found
-
-
-async def _base_url(session: AsyncSession, provider_id: UUID) -> str | None:
-    return await session.scalar(select(LLMProvider.base_url).where(LLMProvider.id == provider_id))
 
 
 @dataclass(frozen=True, slots=True)
