@@ -77,12 +77,14 @@ class OrganizationController(Controller):
 
     @get("/", operation_id="listOrganizations", access=AUTHENTICATED)
     async def list_organizations(
-        self, db_session: DbSession, principal: Caller, paging: Page
+        self, db_reads: DbReads, principal: Caller, paging: Page
     ) -> schemas.OrganizationList:
         """The organizations the caller can see, paged."""
         return listing(
             schemas.OrganizationList,
-            await organizations.list_organizations(db_session, principal=principal, paging=paging),
+            await reading(
+                db_reads, organizations.read_organizations, principal=principal, paging=paging
+            ),
         )
 
     @post("/", operation_id="createOrganization", access=USER_ONLY)
@@ -95,11 +97,11 @@ class OrganizationController(Controller):
 
     @get("/{org_id:str}", operation_id="getOrganization", access=requires("org:read"))
     async def get_organization(
-        self, db_session: DbSession, access: Access, org_id: PathId
+        self, db_reads: DbReads, access: Access, org_id: PathId
     ) -> schemas.OrganizationRead:
         """One organization the caller belongs to."""
         return schemas.OrganizationRead.from_row(
-            await organizations.get_organization(db_session, access=access)
+            await reading(db_reads, organizations.read_organization, access=access)
         )
 
     @patch("/{org_id:str}", operation_id="updateOrganization", access=requires("org:write"))
@@ -129,11 +131,13 @@ class MemberController(Controller):
 
     @get("/", operation_id="listMembers", access=requires("members:read"))
     async def list_members(
-        self, db_session: DbSession, access: Access, org_id: PathId, paging: Page
+        self, db_reads: DbReads, access: Access, org_id: PathId, paging: Page
     ) -> schemas.MemberList:
         """The organization's members with their roles and status, paged."""
-        page, total = await members.list_members(db_session, access=access, paging=paging)
-        return schemas.MemberList(members=page, total=total)
+        return listing(
+            schemas.MemberList,
+            await reading(db_reads, members.list_members, access=access, paging=paging),
+        )
 
     @post("/", operation_id="inviteMember", access=requires("members:write"))
     async def invite_member(
@@ -148,10 +152,12 @@ class MemberController(Controller):
 
     @get("/{user_id:str}", operation_id="getMember", access=requires("members:read"))
     async def get_member(
-        self, db_session: DbSession, access: Access, org_id: PathId, user_id: PathId
+        self, db_reads: DbReads, access: Access, org_id: PathId, user_id: PathId
     ) -> schemas.MemberRead:
         """One member of the organization, with their role."""
-        return await members.get_member(db_session, access=access, user_id=user_id)
+        return schemas.MemberRead.from_row(
+            await reading(db_reads, members.read_member, access=access, user_id=user_id)
+        )
 
     @patch("/{user_id:str}", operation_id="updateMemberRole", access=requires("members:write"))
     async def update_member_role(
@@ -204,11 +210,11 @@ class RoleController(Controller):
 
     @get("/{role_id:str}", operation_id="getRole", access=requires("roles:read"))
     async def get_role(
-        self, db_session: DbSession, access: Access, org_id: PathId, role_id: PathId
+        self, db_reads: DbReads, access: Access, org_id: PathId, role_id: PathId
     ) -> schemas.RoleRead:
         """One role with its permissions."""
         return schemas.RoleRead.from_row(
-            await roles.get_role(db_session, access=access, role_id=role_id)
+            await reading(db_reads, roles.read_role, access=access, role_id=role_id)
         )
 
     @patch("/{role_id:str}", operation_id="updateRole", access=requires("roles:write"))
@@ -262,11 +268,13 @@ class PlatformTokenController(Controller):
 
     @get("/{token_id:str}", operation_id="getPlatformToken", access=requires_role(ADMIN))
     async def get_token(
-        self, db_session: DbSession, access: Access, org_id: PathId, token_id: PathId
+        self, db_reads: DbReads, access: Access, org_id: PathId, token_id: PathId
     ) -> schemas.PlatformTokenRead:
         """One platform token, never its value (ADMIN/OWNER)."""
         return schemas.PlatformTokenRead.from_row(
-            await platform_tokens.get_platform_token(db_session, access=access, token_id=token_id)
+            await reading(
+                db_reads, platform_tokens.read_platform_token, access=access, token_id=token_id
+            )
         )
 
     @delete("/{token_id:str}", operation_id="revokePlatformToken", access=requires_role(ADMIN))

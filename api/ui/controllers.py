@@ -222,10 +222,13 @@ class OrganizationController(Controller):
     path = "/"
 
     @get("/", access=AUTHENTICATED)
-    async def organizations(self, db_session: DbSession, principal: Caller) -> Response[Any]:
+    async def organizations(self, db_reads: DbReads, principal: Caller) -> Response[Any]:
         """The caller's organizations; straight to the batches when there is only one."""
-        orgs, _ = await identity.list_organizations(
-            db_session, principal=principal, paging=Paging(limit=MAX_LIMIT)
+        orgs, _ = await reading(
+            db_reads,
+            identity.read_organizations,
+            principal=principal,
+            paging=Paging(limit=MAX_LIMIT),
         )
         if len(orgs) == 1:
             return Redirect(f"{UI_PATH}/orgs/{orgs[0].id}/batches", status_code=HTTP_303_SEE_OTHER)

@@ -1,7 +1,8 @@
 """Platform tokens: an organization's machine credentials (``pat_…``), each with its own
 permissions; shown in full once, at creation, then only by a preview.
 
-Every function takes the caller's session and access (an ADMIN's or OWNER's).
+Every function takes the caller's session (the API's reads: its connection of the direct
+pool) and access (an ADMIN's or OWNER's).
 """
 
 from __future__ import annotations
@@ -14,9 +15,10 @@ from psycopg import AsyncConnection
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from shared import security
+from shared.db import shapes
 from shared.db.base import utcnow
 from shared.db.models import PlatformToken
-from shared.db.queries import one_in_org, page_in_org
+from shared.db.queries import InOrg, one_in_org
 from shared.errors import InvalidInput
 from shared.identity import schemas
 from shared.identity.access import OrgAccess
@@ -55,10 +57,22 @@ async def create_platform_token(
     return schemas.PlatformTokenCreated.from_row(pat, token=raw)
 
 
+# The API's reads of tokens, straight on psycopg: the columns their body shows, so that a
+# token's digest is never read.
+_table = PlatformToken.__table__
+_TOKENS = InOrg(_table, shapes.columns_read(schemas.PlatformTokenRead, _table))
+
+
 async def list_platform_tokens(
     connection: AsyncConnection[Any], *, access: OrgAccess, paging: Paging
 ) -> tuple[Sequence[Any], int]:
-    return await page_in_org(connection, PlatformToken, access.organization_id, paging)
+    return await _TOKENS.read(connection, paging, access.organization_id)
+
+
+async def read_platform_token(
+    connection: AsyncConnection[Any], *, access: OrgAccess, token_id: UUID
+) -> Any:
+    return await _TOKENS.one(connection, access.organization_id, token_id, "platform token")
 
 
 async def get_platform_token(

@@ -1,7 +1,8 @@
 """Roles: an organization's system roles (fixed) and custom roles (a name and permissions).
 
 Nobody creates, changes or deletes a role holding a permission they lack: they could grant
-it, or strip it from others.  Every function takes the caller's session and access.
+it, or strip it from others.  Every function takes the caller's session (the API's reads:
+its connection of the direct pool) and access.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from sqlalchemy import select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from shared.db.models import Membership, Role
-from shared.db.queries import flush_unique, one_in_org, page_in_org
+from shared.db.queries import flush_unique, one_in_org, page_in_org, row_in_org
 from shared.errors import Conflict, NotFound
 from shared.identity import schemas
 from shared.identity.access import OrgAccess
@@ -27,6 +28,10 @@ async def list_roles(
     connection: AsyncConnection[Any], *, access: OrgAccess, paging: Paging
 ) -> tuple[Sequence[Any], int]:
     return await page_in_org(connection, Role, access.organization_id, paging)
+
+
+async def read_role(connection: AsyncConnection[Any], *, access: OrgAccess, role_id: UUID) -> Any:
+    return await row_in_org(connection, Role, access.organization_id, role_id, "role")
 
 
 async def get_role(session: AsyncSession, *, access: OrgAccess, role_id: UUID) -> Role:

@@ -234,7 +234,11 @@ async def test_inviting_an_unknown_email_creates_an_invited_user(client: AsyncTe
     assert member["user"]["status"] == "invited"
     assert member["user"]["invited_at"] is not None
     assert member["user_id"] == member["user"]["id"]
+    # The answer the invitation wrote is what the member's reads show, to the byte.
     assert (await listed(client, org.owner, org.id))[member["user_id"]] == member
+    read = await client.get(members_path(org.id, member["user_id"]), headers=org.owner.headers)
+    assert read.status_code == 200, read.text
+    assert read.json() == member
 
 
 async def test_an_invited_user_who_registers_keeps_the_membership(client: AsyncTestClient) -> None:

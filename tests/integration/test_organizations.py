@@ -111,6 +111,9 @@ async def test_creating_an_organization_keeps_its_business_information_and_timez
     read = await client.get(f"/v1/organizations/{created['id']}", headers=user.headers)
     assert read.status_code == 200, read.text
     assert read.json() == created
+    listed = await client.get("/v1/organizations", headers=user.headers)
+    assert listed.status_code == 200, listed.text
+    assert listed.json() == {"organizations": [created], "total": 1}
 
 
 async def test_a_new_organization_has_the_five_system_roles(client: AsyncTestClient) -> None:

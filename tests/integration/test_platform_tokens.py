@@ -269,6 +269,27 @@ async def test_get_one_token_shows_the_listing_entry_without_the_token(
     assert pat.token.removeprefix("pat_") not in response.text
 
 
+async def test_a_token_reads_as_its_creation_answered_but_the_token(
+    client: AsyncTestClient,
+) -> None:
+    org = await tenant(client)
+    created = await client.post(
+        _tokens(org.id),
+        json={"name": "ci", "permissions": ["roles:read", "org:read"]},
+        headers=org.owner.headers,
+    )
+    assert created.status_code == 201, created.text
+    entry = {k: v for k, v in created.json().items() if k != "token"}
+
+    read = await client.get(_token(org.id, entry["id"]), headers=org.owner.headers)
+    listing = await client.get(_tokens(org.id), headers=org.owner.headers)
+
+    assert read.status_code == 200, read.text
+    assert read.json() == entry
+    assert listing.status_code == 200, listing.text
+    assert listing.json() == {"tokens": [entry], "total": 1}
+
+
 async def test_listing_pages_with_limit_and_offset_in_creation_order(
     client: AsyncTestClient,
 ) -> None:
