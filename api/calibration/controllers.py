@@ -11,7 +11,7 @@ from litestar.openapi import ResponseSpec
 from litestar.params import JSONBody, QueryParameter
 from litestar.status_codes import HTTP_200_OK, HTTP_202_ACCEPTED
 
-from api.deps import Access, Config, DbSession, Page, PathId
+from api.deps import Access, Config, DbReads, DbSession, Page, PathId, reading
 from shared.calibration import judging, schemas, services
 from shared.identity.access import requires
 
@@ -71,27 +71,22 @@ class CalibrationController(Controller):
         access=requires("scenarios:read"),
     )
     async def get_calibration(
-        self, db_session: DbSession, access: Access, org_id: PathId, calibration_id: PathId
+        self, db_reads: DbReads, access: Access, org_id: PathId, calibration_id: PathId
     ) -> schemas.CalibrationRead:
         """A calibration: its status, and its metrics and results once completed."""
-        calibration = await services.get_calibration(
-            db_session, access=access, calibration_id=calibration_id
+        return await reading(
+            db_reads, services.read_calibration, access=access, calibration_id=calibration_id
         )
-        return await services.calibration_read(db_session, calibration=calibration)
 
     @get("/calibrations", operation_id="listCalibrations", access=requires("scenarios:read"))
     async def list_calibrations(
-        self, db_session: DbSession, access: Access, org_id: PathId, paging: Page
+        self, db_reads: DbReads, access: Access, org_id: PathId, paging: Page
     ) -> schemas.CalibrationList:
         """The organization's calibrations, newest first, without per-example results."""
-        rows, total = await services.list_calibrations(db_session, access=access, paging=paging)
-        return schemas.CalibrationList(
-            calibrations=[
-                await services.calibration_read(db_session, calibration=c, with_results=False)
-                for c in rows
-            ],
-            total=total,
+        calibrations, total = await reading(
+            db_reads, services.list_calibrations, access=access, paging=paging
         )
+        return schemas.CalibrationList(calibrations=calibrations, total=total)
 
 
 CONTROLLERS = [CalibrationController]

@@ -9,7 +9,7 @@ from litestar.openapi import ResponseSpec
 from litestar.params import JSONBody
 from litestar.status_codes import HTTP_200_OK, HTTP_415_UNSUPPORTED_MEDIA_TYPE
 
-from api.deps import Access, Config, DbSession, Page, PathId
+from api.deps import Access, Config, DbReads, DbSession, Page, PathId, listing, reading
 from shared.identity.access import AUTHENTICATED, requires
 from shared.knowledge import schemas, services
 
@@ -36,13 +36,12 @@ class CollectionController(Controller):
 
     @get("/", operation_id="listKnowledgeCollections", access=requires("knowledge:read"))
     async def list_collections(
-        self, db_session: DbSession, access: Access, org_id: PathId, paging: Page
+        self, db_reads: DbReads, access: Access, org_id: PathId, paging: Page
     ) -> schemas.CollectionList:
         """The organization's collections, paged, with their document counts."""
-        rows, total = await services.list_collections(db_session, access=access, paging=paging)
-        return schemas.CollectionList(
-            collections=[schemas.CollectionRead.from_row(c, document_count=n) for c, n in rows],
-            total=total,
+        return listing(
+            schemas.CollectionList,
+            await reading(db_reads, services.list_collections, access=access, paging=paging),
         )
 
     @get(
@@ -51,13 +50,14 @@ class CollectionController(Controller):
         access=requires("knowledge:read"),
     )
     async def get_collection(
-        self, db_session: DbSession, access: Access, org_id: PathId, collection_id: PathId
+        self, db_reads: DbReads, access: Access, org_id: PathId, collection_id: PathId
     ) -> schemas.CollectionRead:
         """One collection."""
-        collection, count = await services.get_collection(
-            db_session, access=access, collection_id=collection_id
+        return schemas.CollectionRead.from_row(
+            await reading(
+                db_reads, services.read_collection, access=access, collection_id=collection_id
+            )
         )
-        return schemas.CollectionRead.from_row(collection, document_count=count)
 
     @delete(
         "/{collection_id:str}",
@@ -77,18 +77,22 @@ class CollectionController(Controller):
     )
     async def list_documents(
         self,
-        db_session: DbSession,
+        db_reads: DbReads,
         access: Access,
         org_id: PathId,
         collection_id: PathId,
         paging: Page,
     ) -> schemas.DocumentList:
         """The collection's documents, paged, oldest first."""
-        rows, total = await services.list_documents(
-            db_session, access=access, collection_id=collection_id, paging=paging
-        )
-        return schemas.DocumentList(
-            documents=[schemas.DocumentRead.from_row(d) for d in rows], total=total
+        return listing(
+            schemas.DocumentList,
+            await reading(
+                db_reads,
+                services.list_documents,
+                access=access,
+                collection_id=collection_id,
+                paging=paging,
+            ),
         )
 
 
@@ -131,11 +135,11 @@ class DocumentController(Controller):
         access=requires("knowledge:read"),
     )
     async def get_document(
-        self, db_session: DbSession, access: Access, org_id: PathId, document_id: PathId
+        self, db_reads: DbReads, access: Access, org_id: PathId, document_id: PathId
     ) -> schemas.DocumentRead:
         """One document."""
         return schemas.DocumentRead.from_row(
-            await services.get_document(db_session, access=access, document_id=document_id)
+            await reading(db_reads, services.read_document, access=access, document_id=document_id)
         )
 
     @delete(
@@ -155,11 +159,13 @@ class DocumentController(Controller):
         access=AUTHENTICATED,
     )
     async def status(
-        self, db_session: DbSession, access: Access, org_id: PathId, document_id: PathId
+        self, db_reads: DbReads, access: Access, org_id: PathId, document_id: PathId
     ) -> schemas.DocumentStatus:
         """Processing status, progress, error and metadata (spec 18): any member.  Without
         `knowledge:read`, `metadata` holds only the counts, none of the document's text."""
-        return await services.document_status(db_session, access=access, document_id=document_id)
+        return await reading(
+            db_reads, services.read_document_status, access=access, document_id=document_id
+        )
 
     @get(
         "/documents/{document_id:str}/bookmark",
@@ -167,10 +173,12 @@ class DocumentController(Controller):
         access=requires("knowledge:read"),
     )
     async def get_bookmark(
-        self, db_session: DbSession, access: Access, org_id: PathId, document_id: PathId
+        self, db_reads: DbReads, access: Access, org_id: PathId, document_id: PathId
     ) -> schemas.BookmarkRead:
         """Which agents the document is given to, and how (spec 19)."""
-        return await services.get_bookmark(db_session, access=access, document_id=document_id)
+        return schemas.BookmarkRead.from_row(
+            await reading(db_reads, services.read_bookmark, access=access, document_id=document_id)
+        )
 
     @put(
         "/documents/{document_id:str}/bookmark",

@@ -8,24 +8,27 @@ from __future__ import annotations
 
 import hashlib
 import uuid
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import Any, NamedTuple
 from uuid import UUID
 
 import msgspec
-from sqlalchemy import func, select
+from psycopg import AsyncConnection
+from sqlalchemy import Text, cast, func, literal, select
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.dialects.postgresql import UUID as PostgresUUID
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from shared.calibration import schemas
 from shared.calibration.schemas import CalibrationStatus
 from shared.calibration.stats import Confusion, wilson
-from shared.db.models import Agent, Calibration, Criterion, Scenario, ScenarioTurn
-from shared.db.queries import one_in_org
+from shared.db.models import Agent, Calibration, Criterion, LLMProvider, Scenario, ScenarioTurn
+from shared.db.queries import InOrg
 from shared.errors import Conflict, InvalidInput, NotFound
 from shared.identity.access import OrgAccess
 from shared.outbound.configuration import judge_provider_of
 from shared.outbound.services import agent_in_org
-from shared.paging import Paging, paginate
+from shared.paging import Paging
 from shared.queue import CALIBRATE, send_after_commit
 from shared.settings import Settings
 
@@ -171,50 +174,42 @@ def _stored(
     )
 
 
-async def get_calibration(
-    session: AsyncSession, *, access: OrgAccess, calibration_id: UUID
-) -> Calibration:
-    return await one_in_org(
-        session, Calibration, access.organization_id, calibration_id, "calibration"
-    )
+class _Criterion(NamedTuple):
+    """What a criterion's version is made of (:func:`criterion_version`), as it is now."""
+
+    question: str
+    few_shot_examples: Sequence[Any]
+    conversation: bool
 
 
-async def list_calibrations(
-    session: AsyncSession, *, access: OrgAccess, paging: Paging
-) -> tuple[list[Calibration], int]:
-    query = select(Calibration).where(Calibration.organization_id == access.organization_id)
-    return await paginate(session, query, paging, Calibration.created_at.desc(), Calibration.id)
+class _Judge(NamedTuple):
+    """The judge the calibration's agent uses now (:func:`judge_provider_of`), and its model."""
+
+    provider_id: UUID | None
+    model: str | None
 
 
-async def criterion_status(
-    session: AsyncSession, *, calibration: Calibration
+def _criterion_statuses(
+    versions: Mapping[str, str], current: Mapping[UUID, _Criterion], judge: _Judge | None
 ) -> list[schemas.CriterionCalibration]:
-    """Each criterion the calibration measured, stale if it or the agent's judge changed."""
-    if not calibration.criterion_versions:
-        return []
-    ids = {UUID(i) for i in calibration.criterion_versions}
-    current = await _criteria(session, calibration.organization_id, ids)
-    agent = await session.get(Agent, calibration.agent_id) if calibration.agent_id else None
-    judge_id = None
-    if agent is not None:
-        judge_id = await judge_provider_of(
-            session, org_id=calibration.organization_id, own=agent.judge_provider_id
-        )
+    """Each criterion a calibration measured (``versions``), stale if it is no longer among
+    the organization's ``current`` criteria, if the agent is gone (``judge`` ``None``), or
+    if its question, its few-shot examples or the judge changed since."""
     statuses = []
-    for raw_id, version in sorted(calibration.criterion_versions.items()):
-        criterion = current[UUID(raw_id)][0] if UUID(raw_id) in current else None
+    for raw_id, version in sorted(versions.items()):
+        criterion = current.get(UUID(raw_id))
         reason = None
         if criterion is None:
             reason = "the criterion no longer exists (its scenario was edited or deleted)"
-        elif agent is None:
+        elif judge is None:
             reason = "the agent was deleted"
         elif (
             criterion_version(
                 criterion.question,
                 criterion.few_shot_examples,
-                judge_id,
-                agent.judge_model,
-                conversation=criterion.scenario_id is not None,
+                judge.provider_id,
+                judge.model,
+                conversation=criterion.conversation,
             )
             != version
         ):
@@ -227,20 +222,187 @@ async def criterion_status(
     return statuses
 
 
+async def criterion_status(
+    session: AsyncSession, *, calibration: Calibration
+) -> list[schemas.CriterionCalibration]:
+    """Each criterion the calibration measured, stale if it or the agent's judge changed."""
+    if not calibration.criterion_versions:
+        return []
+    ids = {UUID(i) for i in calibration.criterion_versions}
+    current = {
+        criterion_id: _Criterion(
+            c.question, c.few_shot_examples, conversation=c.scenario_id is not None
+        )
+        for criterion_id, (c, _) in (
+            await _criteria(session, calibration.organization_id, ids)
+        ).items()
+    }
+    agent = await session.get(Agent, calibration.agent_id) if calibration.agent_id else None
+    judge = None
+    if agent is not None:
+        judge = _Judge(
+            await judge_provider_of(
+                session, org_id=calibration.organization_id, own=agent.judge_provider_id
+            ),
+            agent.judge_model,
+        )
+    return _criterion_statuses(calibration.criterion_versions, current, judge)
+
+
 async def calibration_read(
-    session: AsyncSession, *, calibration: Calibration, with_results: bool = True
+    session: AsyncSession, *, calibration: Calibration
 ) -> schemas.CalibrationRead:
-    """The calibration's body: its metrics (once completed) at the top level, the
-    per-example results and per-tag agreement only ``with_results``."""
-    metrics = dict(calibration.metrics or {})
-    if not with_results:
-        metrics.pop("results", None)
-        metrics.pop("by_tag", None)
+    """The calibration's body, with its per-example results and per-tag agreement, read
+    in the caller's session (the answer to the request that judged it)."""
     return schemas.CalibrationRead.from_row(
         calibration,
         criteria=await criterion_status(session, calibration=calibration),
-        **metrics,
+        **(calibration.metrics or {}),
     )
+
+
+# --- reading, straight on psycopg: a calibration's body and what its staleness needs, in
+# one statement (for a listing, one statement for the whole page)
+
+_CALIBRATIONS = Calibration.__table__
+
+
+def _judge_now() -> Any:
+    """``{provider_id, model}``: the judge the calibration's agent uses now, its own
+    provider else the organization's default judge (:func:`judge_provider_of`); NULL when
+    the agent is gone."""
+    agents, providers = Agent.__table__, LLMProvider.__table__
+    default = (
+        select(providers.c.id)
+        .where(
+            providers.c.organization_id == _CALIBRATIONS.c.organization_id,
+            providers.c.is_default_judge,
+        )
+        .order_by(providers.c.created_at, providers.c.id)
+        .limit(1)
+        .correlate(_CALIBRATIONS)  # two levels down: not found by SQLAlchemy on its own
+        .scalar_subquery()
+    )
+    return (
+        select(
+            func.jsonb_build_object(
+                "provider_id",
+                func.coalesce(agents.c.judge_provider_id, default),
+                "model",
+                agents.c.judge_model,
+            )
+        )
+        .where(agents.c.id == _CALIBRATIONS.c.agent_id)
+        .scalar_subquery()
+    )
+
+
+def _criteria_now() -> Any:
+    """``{criterion id: {question, few_shot_examples, conversation}}`` of the criteria the
+    calibration measured that are still the organization's (as :func:`_criteria` finds
+    them), each read down its primary key; NULL when there is none."""
+    criteria, turns, scenarios = Criterion.__table__, ScenarioTurn.__table__, Scenario.__table__
+    measured = select(
+        cast(func.jsonb_object_keys(_CALIBRATIONS.c.criterion_versions), PostgresUUID)
+    ).correlate(_CALIBRATIONS)  # two levels down, as the default judge above
+    scenario_id = func.coalesce(turns.c.scenario_id, criteria.c.scenario_id)
+    return (
+        select(
+            func.jsonb_object_agg(
+                criteria.c.id,
+                func.jsonb_build_object(
+                    "question",
+                    criteria.c.question,
+                    "few_shot_examples",
+                    criteria.c.few_shot_examples,
+                    "conversation",
+                    criteria.c.scenario_id.is_not(None),
+                ),
+            )
+        )
+        .select_from(
+            criteria.outerjoin(turns, turns.c.id == criteria.c.turn_id).join(
+                scenarios, scenarios.c.id == scenario_id
+            )
+        )
+        .where(
+            criteria.c.id.in_(measured),
+            scenarios.c.organization_id == _CALIBRATIONS.c.organization_id,
+        )
+        .scalar_subquery()
+    )
+
+
+def _calibration_reads(*, with_results: bool) -> InOrg:
+    """The organization's calibrations as their bodies read them: the columns shown, the
+    metrics (``with_results``: with the per-example results and per-tag agreement, which
+    can be long), and what their criteria's staleness is decided by."""
+    c = _CALIBRATIONS.c
+    metrics: Any = c.metrics
+    if not with_results:
+        for left_out in ("results", "by_tag"):
+            metrics = metrics.op("-", return_type=JSONB())(literal(left_out, Text()))
+    return InOrg(
+        _CALIBRATIONS,
+        [
+            c.id,
+            c.status,
+            c.agent_id,
+            c.example_count,
+            c.created_at,
+            c.completed_at,
+            c.error,
+            metrics.label("metrics"),
+            c.criterion_versions,
+            _judge_now().label("judge_now"),
+            _criteria_now().label("criteria_now"),
+        ],
+        newest_first=True,
+    )
+
+
+_CALIBRATION = _calibration_reads(with_results=True)
+_CALIBRATION_PAGES = _calibration_reads(with_results=False)
+
+
+def _body(row: Any) -> schemas.CalibrationRead:
+    """A calibration's body from its row (:func:`_calibration_reads`)."""
+    judge = row.judge_now
+    current = {
+        UUID(criterion_id): _Criterion(**criterion)
+        for criterion_id, criterion in (row.criteria_now or {}).items()
+    }
+    return schemas.CalibrationRead.from_row(
+        row,
+        criteria=_criterion_statuses(
+            row.criterion_versions,
+            current,
+            None
+            if judge is None
+            else _Judge(
+                UUID(judge["provider_id"]) if judge["provider_id"] else None, judge["model"]
+            ),
+        ),
+        **(row.metrics or {}),
+    )
+
+
+async def read_calibration(
+    connection: AsyncConnection[Any], *, access: OrgAccess, calibration_id: UUID
+) -> schemas.CalibrationRead:
+    """A calibration: its status, its metrics and results once completed, its criteria's
+    staleness; 404 for another organization's."""
+    row = await _CALIBRATION.one(connection, access.organization_id, calibration_id, "calibration")
+    return _body(row)
+
+
+async def list_calibrations(
+    connection: AsyncConnection[Any], *, access: OrgAccess, paging: Paging
+) -> tuple[list[schemas.CalibrationRead], int]:
+    """A page of the organization's calibrations, newest first, without per-example
+    results or per-tag agreement."""
+    rows, total = await _CALIBRATION_PAGES.read(connection, paging, access.organization_id)
+    return [_body(row) for row in rows], total
 
 
 # --- measuring: the judge's verdicts against the humans' ---------------------------------------

@@ -3,7 +3,9 @@
 Uploading stores the document ``queued`` and sends it, once the caller commits, to the
 ``documents`` actor (:mod:`shared.knowledge.processing`), which makes its chunks.  Search
 reads only chunks of ``ready`` documents of the caller's organization, ranked by
-PostgreSQL full-text search.  Every function runs in its caller's transaction.
+PostgreSQL full-text search.  Every function runs in its caller's transaction; the API's
+reads (``read_*``, ``list_*``) run straight on psycopg, on the request's ``db_reads``
+connection, each in one statement compiled once.
 """
 
 from __future__ import annotations
@@ -14,8 +16,11 @@ from typing import Any
 from uuid import UUID
 
 import dramatiq
+from psycopg import AsyncConnection
 from sqlalchemy import (
+    BigInteger,
     Float,
+    Integer,
     Select,
     Text,
     bindparam,
@@ -24,11 +29,14 @@ from sqlalchemy import (
     func,
     literal_column,
     select,
+    true,
     type_coerce,
 )
 from sqlalchemy.dialects.postgresql import TSQUERY
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from shared.db import shapes
+from shared.db.direct import Statement
 from shared.db.models import (
     Agent,
     KnowledgeBookmarkAgent,
@@ -36,12 +44,12 @@ from shared.db.models import (
     KnowledgeCollection,
     KnowledgeDocument,
 )
-from shared.db.queries import all_in_org, flush_unique, one_in_org
+from shared.db.queries import InOrg, all_in_org, flush_unique, one_in_org
 from shared.errors import InvalidInput, NotFound, TooLarge, UnsupportedMediaType
 from shared.identity.access import OrgAccess
 from shared.knowledge import schemas
 from shared.knowledge.schemas import DEFAULT_SEARCH_CONFIG, LANGUAGES, ProcessingStatus
-from shared.paging import Paging, paginate
+from shared.paging import Paging
 from shared.queue import PROCESS_DOCUMENT, send_after_commit
 from shared.settings import Settings
 
@@ -54,13 +62,20 @@ def search_config(language: str | None) -> str:
 # --- collections ----------------------------------------------------------------------------------
 
 
-def _document_count() -> Any:
-    return (
-        select(func.count(KnowledgeDocument.id))
-        .where(KnowledgeDocument.collection_id == KnowledgeCollection.id)
-        .scalar_subquery()
-        .label("document_count")
-    )
+_COLLECTIONS = KnowledgeCollection.__table__
+_DOCUMENTS = KnowledgeDocument.__table__
+
+# A collection as its body shows it, its documents counted in the same statement.
+_COLLECTION_READS = InOrg(
+    _COLLECTIONS,
+    shapes.labeled(
+        schemas.CollectionRead,
+        _COLLECTIONS,
+        document_count=select(func.count(_DOCUMENTS.c.id))
+        .where(_DOCUMENTS.c.collection_id == _COLLECTIONS.c.id)
+        .scalar_subquery(),
+    ),
+)
 
 
 async def create_collection(
@@ -77,32 +92,20 @@ async def create_collection(
     return collection
 
 
-async def get_collection(
-    session: AsyncSession, *, access: OrgAccess, collection_id: UUID
-) -> tuple[KnowledgeCollection, int]:
-    row = (
-        await session.execute(
-            select(KnowledgeCollection, _document_count()).where(
-                KnowledgeCollection.id == collection_id,
-                KnowledgeCollection.organization_id == access.organization_id,
-            )
-        )
-    ).one_or_none()
-    if row is None:
-        raise NotFound("collection not found")
-    return row[0], row[1]
+async def read_collection(
+    connection: AsyncConnection[Any], *, access: OrgAccess, collection_id: UUID
+) -> Any:
+    """The collection with its ``document_count``; 404 for another organization's."""
+    return await _COLLECTION_READS.one(
+        connection, access.organization_id, collection_id, "collection"
+    )
 
 
 async def list_collections(
-    session: AsyncSession, *, access: OrgAccess, paging: Paging
-) -> tuple[list[tuple[KnowledgeCollection, int]], int]:
-    query = select(KnowledgeCollection, _document_count()).where(
-        KnowledgeCollection.organization_id == access.organization_id
-    )
-    rows, total = await paginate(
-        session, query, paging, KnowledgeCollection.created_at, KnowledgeCollection.id
-    )
-    return [(row[0], row[1]) for row in rows], total
+    connection: AsyncConnection[Any], *, access: OrgAccess, paging: Paging
+) -> tuple[list[Any], int]:
+    """A page of the organization's collections, each with its ``document_count``."""
+    return await _COLLECTION_READS.read(connection, paging, access.organization_id)
 
 
 async def delete_collection(
@@ -185,16 +188,63 @@ async def get_document(
     )
 
 
+# What a document's body shows: never its content, which can be megabytes.
+_DOCUMENT_COLUMNS = shapes.columns_read(schemas.DocumentRead, _DOCUMENTS)
+_DOCUMENT_READS = InOrg(_DOCUMENTS, _DOCUMENT_COLUMNS)
+
+
+async def read_document(
+    connection: AsyncConnection[Any], *, access: OrgAccess, document_id: UUID
+) -> Any:
+    return await _DOCUMENT_READS.one(connection, access.organization_id, document_id, "document")
+
+
+def _documents_of_collection() -> Statement:
+    """A page of the collection ``:p_collection``'s documents beside their total, oldest
+    first, as :class:`shared.db.queries.CountedPage` reads a listing; no row at all when
+    the collection is not the organization ``:p_org``'s.  The page and its count are
+    joined to the collection's row: the 404 and the listing are one statement."""
+    collection = bindparam("p_collection", type_=_COLLECTIONS.c.id.type)
+    wanted = _DOCUMENTS.c.collection_id == collection
+    page = (
+        select(*_DOCUMENT_COLUMNS)
+        .where(wanted)
+        .order_by(_DOCUMENTS.c.created_at, _DOCUMENTS.c.id)
+        .limit(bindparam("p_limit", type_=Integer()))
+        .offset(bindparam("p_offset", type_=BigInteger()))
+        .subquery("page")
+    )
+    counted = select(func.count().label("listing_total")).where(wanted).subquery("counted")
+    return Statement(
+        select(counted.c.listing_total, *page.c)
+        .select_from(_COLLECTIONS.join(counted, true()).outerjoin(page, true()))
+        .where(
+            _COLLECTIONS.c.id == collection,
+            _COLLECTIONS.c.organization_id
+            == bindparam("p_org", type_=_COLLECTIONS.c.organization_id.type),
+        )
+        .order_by(page.c.created_at, page.c.id)
+    )
+
+
+_COLLECTION_DOCUMENTS = _documents_of_collection()
+
+
 async def list_documents(
-    session: AsyncSession, *, access: OrgAccess, collection_id: UUID, paging: Paging
-) -> tuple[list[KnowledgeDocument], int]:
-    await one_in_org(
-        session, KnowledgeCollection, access.organization_id, collection_id, "collection"
+    connection: AsyncConnection[Any], *, access: OrgAccess, collection_id: UUID, paging: Paging
+) -> tuple[list[Any], int]:
+    """A page of the collection's documents and their total; 404 for another
+    organization's collection (or a missing one), in the same round trip."""
+    rows = await _COLLECTION_DOCUMENTS.objects(
+        connection,
+        p_collection=collection_id,
+        p_org=access.organization_id,
+        p_limit=paging.limit,
+        p_offset=paging.offset,
     )
-    query = select(KnowledgeDocument).where(KnowledgeDocument.collection_id == collection_id)
-    return await paginate(
-        session, query, paging, KnowledgeDocument.created_at, KnowledgeDocument.id
-    )
+    if not rows:
+        raise NotFound("collection not found")
+    return [row for row in rows if row.id is not None], rows[0].listing_total
 
 
 async def delete_document(session: AsyncSession, *, access: OrgAccess, document_id: UUID) -> None:
@@ -208,38 +258,67 @@ async def delete_document(session: AsyncSession, *, access: OrgAccess, document_
 COUNTS_ONLY = ("chunkCount", "characterCount", "headingCount")
 
 
-async def document_status(
-    session: AsyncSession, *, access: OrgAccess, document_id: UUID
+# A document's status as its body shows it (the metadata filtered by the caller's permissions).
+_STATUS_READS = InOrg(
+    _DOCUMENTS,
+    shapes.labeled(
+        schemas.DocumentStatus,
+        _DOCUMENTS,
+        document_id=cast(_DOCUMENTS.c.id, Text),
+        status=_DOCUMENTS.c.processing_status,
+        progress=_DOCUMENTS.c.processing_progress,
+        error=_DOCUMENTS.c.processing_error,
+    ),
+)
+
+
+async def read_document_status(
+    connection: AsyncConnection[Any], *, access: OrgAccess, document_id: UUID
 ) -> schemas.DocumentStatus:
     """Status, progress and error for any member; the metadata's counts only for a caller
     who may not read knowledge.  The error is Spar's own reason, not the document's text."""
-    document = await get_document(session, access=access, document_id=document_id)
-    metadata = document.doc_metadata or {}
+    row = await _STATUS_READS.one(connection, access.organization_id, document_id, "document")
+    metadata = row.metadata or {}
     if not access.holds("knowledge:read"):
         metadata = {key: metadata[key] for key in COUNTS_ONLY if key in metadata}
-    return schemas.DocumentStatus.from_row(
-        document,
-        document_id=str(document.id),
-        status=document.processing_status,
-        progress=document.processing_progress,
-        error=document.processing_error,
-        metadata=metadata,
-    )
+    return schemas.DocumentStatus.from_row(row, metadata=metadata)
 
 
 # --- bookmarks ------------------------------------------------------------------------------------
+
+
+def _bookmarked_agents(document_id: Any) -> Select[Any]:
+    return (
+        select(KnowledgeBookmarkAgent.agent_id)
+        .where(KnowledgeBookmarkAgent.document_id == document_id)
+        .order_by(KnowledgeBookmarkAgent.agent_id)
+    )
 
 
 async def get_bookmark(
     session: AsyncSession, *, access: OrgAccess, document_id: UUID
 ) -> schemas.BookmarkRead:
     document = await get_document(session, access=access, document_id=document_id)
-    agents = await session.scalars(
-        select(KnowledgeBookmarkAgent.agent_id)
-        .where(KnowledgeBookmarkAgent.document_id == document.id)
-        .order_by(KnowledgeBookmarkAgent.agent_id)
-    )
+    agents = await session.scalars(_bookmarked_agents(document.id))
     return schemas.BookmarkRead.from_row(document, agent_ids=list(agents))
+
+
+# A document's bookmark with its agents, in one statement.
+_BOOKMARK_READS = InOrg(
+    _DOCUMENTS,
+    shapes.labeled(
+        schemas.BookmarkRead,
+        _DOCUMENTS,
+        agent_ids=func.array(_bookmarked_agents(_DOCUMENTS.c.id).scalar_subquery()),
+    ),
+)
+
+
+async def read_bookmark(
+    connection: AsyncConnection[Any], *, access: OrgAccess, document_id: UUID
+) -> Any:
+    """The document's bookmark: its mode, usage description and agents (``agent_ids``)."""
+    return await _BOOKMARK_READS.one(connection, access.organization_id, document_id, "document")
 
 
 async def put_bookmark(

@@ -263,3 +263,44 @@ async def test_examples_naming_a_criterion_use_it_and_its_calibration_goes_stale
         calibrate_path(t, setup.agent_id), json={"examples": foreign}, headers=h
     )
     assert response.status_code == 404
+
+
+async def test_a_calibration_is_listed_as_it_reads_and_judged_stale_by_its_own_organization(
+    client: AsyncTestClient,
+    impatient: AsyncTestClient,
+    app: Litestar,
+    settings: Settings,
+    agent: FakeAgent,
+    judge: FakeOpenAI,
+) -> None:
+    # Both organizations' agents use their default judge; the first's is the older one, and
+    # no calibration of the second may be measured against it.
+    first, t = await tenant(client), await tenant(client)
+    for org in (first, t):
+        setup = await outbound_setup(client, org, agent.url, judge.url)
+        scenario = await create_scenario(
+            client, org, turns=[turn("Hello", criterion("Is it polite? [judge:PASS]"))]
+        )
+        named = {
+            **{k: v for k, v in EXAMPLES[0].items() if k != "criterion_question"},
+            "criteria_id": scenario["turns"][0]["criteria"][0]["id"],
+        }
+        response = await impatient.post(
+            calibrate_path(org, setup.agent_id),
+            json={"examples": [named, EXAMPLES[1]]},
+            headers=org.owner.headers,
+        )
+        assert response.status_code == 202, response.text
+        calibration_id = response.json()["id"]
+        await judge_examples(app.state.database, settings, UUID(calibration_id))
+
+    calibrations = f"/v1/orgs/{t.id}/scenarios/calibrations"
+    body = (await client.get(f"{calibrations}/{calibration_id}", headers=t.owner.headers)).json()
+    assert body["status"] == "completed" and body["total"] == 2
+    (entry,) = body["criteria"]
+    assert (entry["stale"], entry["reason"]) == (False, None)
+    listed = (await client.get(calibrations, headers=t.owner.headers)).json()
+    assert listed["total"] == 1
+    assert listed["calibrations"] == [
+        {k: v for k, v in body.items() if k not in ("results", "by_tag")}
+    ]
