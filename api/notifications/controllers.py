@@ -53,11 +53,11 @@ class WebhookEndpointController(Controller):
         access=requires("notifications:read"),
     )
     async def get_endpoint(
-        self, db_session: DbSession, access: Access, org_id: PathId, endpoint_id: PathId
+        self, db_reads: DbReads, access: Access, org_id: PathId, endpoint_id: PathId
     ) -> schemas.WebhookEndpointRead:
         """One webhook endpoint; `disabled_reason` says why Spar turned it off, if it did."""
         return schemas.WebhookEndpointRead.from_row(
-            await services.get_endpoint(db_session, access=access, endpoint_id=endpoint_id)
+            await reading(db_reads, services.read_endpoint, access=access, endpoint_id=endpoint_id)
         )
 
     @patch(
@@ -99,7 +99,7 @@ class WebhookEndpointController(Controller):
     )
     async def list_deliveries(
         self,
-        db_session: DbSession,
+        db_reads: DbReads,
         access: Access,
         org_id: PathId,
         endpoint_id: PathId,
@@ -109,8 +109,13 @@ class WebhookEndpointController(Controller):
         """The endpoint's deliveries, newest first: each one's status, attempts, the last
         answer's code and (at most 1 KiB of) body, the last error and the body sent;
         `status` keeps those in that state."""
-        rows, total = await services.list_deliveries(
-            db_session, access=access, endpoint_id=endpoint_id, paging=paging, status=status
+        rows, total = await reading(
+            db_reads,
+            services.list_deliveries,
+            access=access,
+            endpoint_id=endpoint_id,
+            paging=paging,
+            status=status,
         )
         return schemas.DeliveryList(
             deliveries=[services.delivery_read(d, e) for d, e in rows], total=total

@@ -18,7 +18,7 @@ from litestar.status_codes import (
     HTTP_413_REQUEST_ENTITY_TOO_LARGE,
 )
 
-from api.deps import Access, Config, DbSession, Page, PathId
+from api.deps import Access, Config, DbReads, DbSession, Page, PathId, listing, reading
 from api.openapi import operation_reading
 from shared.identity.access import PUBLIC, requires
 from shared.triggers import schemas, services
@@ -47,7 +47,7 @@ class TriggerController(Controller):
     @get("/", operation_id="listTriggers", access=requires("triggers:read"))
     async def list_triggers(
         self,
-        db_session: DbSession,
+        db_reads: DbReads,
         settings: Config,
         access: Access,
         org_id: PathId,
@@ -56,8 +56,13 @@ class TriggerController(Controller):
         status: Annotated[TriggerStatus | None, QueryParameter()] = None,
     ) -> schemas.TriggerList:
         """The organization's triggers, paged; filter by `trigger_type` and `status`."""
-        rows, total = await services.list_triggers(
-            db_session, access=access, paging=paging, trigger_type=trigger_type, status=status
+        rows, total = await reading(
+            db_reads,
+            services.list_triggers,
+            access=access,
+            paging=paging,
+            trigger_type=trigger_type,
+            status=status,
         )
         return schemas.TriggerList(
             triggers=[services.trigger_read(t, settings) for t in rows], total=total
@@ -66,14 +71,16 @@ class TriggerController(Controller):
     @get("/{trigger_id:str}", operation_id="getTrigger", access=requires("triggers:read"))
     async def get_trigger(
         self,
-        db_session: DbSession,
+        db_reads: DbReads,
         settings: Config,
         access: Access,
         org_id: PathId,
         trigger_id: PathId,
     ) -> schemas.TriggerRead:
         """One trigger, with its next slot when it is an active scheduled one."""
-        trigger = await services.get_trigger(db_session, access=access, trigger_id=trigger_id)
+        trigger = await reading(
+            db_reads, services.read_trigger, access=access, trigger_id=trigger_id
+        )
         return services.trigger_read(trigger, settings)
 
     @patch("/{trigger_id:str}", operation_id="updateTrigger", access=requires("triggers:write"))
@@ -106,7 +113,7 @@ class TriggerController(Controller):
     )
     async def list_executions(
         self,
-        db_session: DbSession,
+        db_reads: DbReads,
         access: Access,
         org_id: PathId,
         trigger_id: PathId,
@@ -114,11 +121,16 @@ class TriggerController(Controller):
         status: Annotated[ExecutionStatus | None, QueryParameter()] = None,
     ) -> schemas.ExecutionList:
         """The trigger's executions, newest first; `status` keeps those in that state."""
-        rows, total = await services.list_executions(
-            db_session, access=access, trigger_id=trigger_id, paging=paging, status=status
-        )
-        return schemas.ExecutionList(
-            executions=[schemas.ExecutionRead.from_row(e) for e in rows], total=total
+        return listing(
+            schemas.ExecutionList,
+            await reading(
+                db_reads,
+                services.list_executions,
+                access=access,
+                trigger_id=trigger_id,
+                paging=paging,
+                status=status,
+            ),
         )
 
     @get(
@@ -128,17 +140,22 @@ class TriggerController(Controller):
     )
     async def get_execution(
         self,
-        db_session: DbSession,
+        db_reads: DbReads,
         access: Access,
         org_id: PathId,
         trigger_id: PathId,
         execution_id: PathId,
     ) -> schemas.ExecutionRead:
         """One execution: its status, timings, the message sent and the reply or batch."""
-        execution = await services.get_execution(
-            db_session, access=access, trigger_id=trigger_id, execution_id=execution_id
+        return schemas.ExecutionRead.from_row(
+            await reading(
+                db_reads,
+                services.read_execution,
+                access=access,
+                trigger_id=trigger_id,
+                execution_id=execution_id,
+            )
         )
-        return schemas.ExecutionRead.from_row(execution)
 
     @post(
         "/{trigger_id:str}/rotate-secret",

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from functools import cache
 from typing import Any, TypeVar
 from uuid import UUID
 
 from psycopg import AsyncConnection
-from sqlalchemy import BigInteger, Integer, and_, bindparam, func, select, true
+from sqlalchemy import BigInteger, Column, Integer, Table, and_, bindparam, func, select, true
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm.interfaces import ORMOption
@@ -51,6 +52,17 @@ def found(rows: Sequence[T], what: str) -> T:
     return rows[0]
 
 
+@dataclass(frozen=True, slots=True)
+class Parent:
+    """What a listing of rows that belong to another is under: ``key``, a column of the
+    listed table, names a row of ``table``, an organization's (its ``organization_id``);
+    ``what`` names that row in the 404 when it is not the organization's."""
+
+    table: Table
+    key: Column[Any]
+    what: str
+
+
 class CountedPage:
     """A listing's page and its total in one statement, compiled once: ``columns`` (an
     ``id`` and a ``created_at`` among them) of ``table``'s rows where ``wanted``, in the
@@ -59,17 +71,31 @@ class CountedPage:
     latest first).  The page is joined to its count, not the count to the page: an
     empty page is still one row (its columns null), to read the total from.
 
+    Under a ``parent`` (the executions of a trigger), the rows are those whose key is
+    ``:p_parent``, and the count and page are joined to that parent's row in the
+    organization ``:p_org``: no row at all when it is not the organization's, which
+    :meth:`read` answers with a 404.  The parent's check and the listing in one statement.
+
     One round trip where a count and a page were two: on psycopg directly a round trip is
     most of what a listing costs the API's CPU (and PostgreSQL's).  Run straight on psycopg
     (``connection``: the request's ``db_reads``), no ORM."""
 
     def __init__(
-        self, table: Any, wanted: Any, columns: Sequence[Any], *, newest_first: bool = False
+        self,
+        table: Any,
+        wanted: Any,
+        columns: Sequence[Any],
+        *,
+        newest_first: bool = False,
+        parent: Parent | None = None,
     ) -> None:
         def order(source: Any) -> tuple[Any, ...]:
             keys = (source.c.created_at, source.c.id)
             return tuple(key.desc() for key in keys) if newest_first else keys
 
+        if parent is not None:
+            parent_id = bindparam("p_parent", type_=parent.key.type)
+            wanted = and_(wanted, parent.key == parent_id)
         page = (
             select(*columns)
             .where(wanted)
@@ -84,29 +110,41 @@ class CountedPage:
             .where(wanted)
             .subquery("counted")
         )
-        self._statement = Statement(
-            select(counted.c.listing_total, *page.c)
-            .select_from(counted.outerjoin(page, true()))
-            .order_by(*order(page))
-        )
+        listing = select(counted.c.listing_total, *page.c).order_by(*order(page))
+        if parent is None:
+            listing = listing.select_from(counted.outerjoin(page, true()))
+        else:
+            owner = parent.table.c
+            listing = listing.select_from(
+                parent.table.join(counted, true()).outerjoin(page, true())
+            ).where(
+                owner.id == parent_id,
+                owner.organization_id == bindparam("p_org", type_=owner.organization_id.type),
+            )
+        self._parent = parent
+        self._statement = Statement(listing)
 
     async def read(
         self, connection: AsyncConnection[Any], paging: Paging, **given: Any
     ) -> tuple[list[Any], int]:
         """The page's rows (objects with an attribute per column: what ``from_row`` reads)
-        and the total, ``given`` the statement's parameters."""
+        and the total, ``given`` the statement's parameters; 404 under a parent that is not
+        the organization's."""
         rows = await self._statement.objects(
             connection, p_limit=paging.limit, p_offset=paging.offset, **given
         )
+        if self._parent is not None:
+            found(rows, self._parent.what)
         return [row for row in rows if row.id is not None], rows[0].listing_total
 
 
 class InOrg:
     """An organization's rows of ``table`` (``columns``: all of them when not given), read
-    straight on psycopg: one of them by its id (:meth:`one`), or their listing narrowed by
-    the equality ``filters`` it allows: ``read(..., status=x)`` keeps the rows whose
-    ``status`` is ``x``; a filter given ``None`` is not applied.  One :class:`CountedPage`
-    per set of filters asked for, compiled at its first use."""
+    straight on psycopg: one of them by its id (:meth:`one`), or their listing (under a
+    ``parent``: of one parent's, :class:`CountedPage`) narrowed by the equality
+    ``filters`` it allows: ``read(..., status=x)`` keeps the rows whose ``status`` is
+    ``x``; a filter given ``None`` is not applied.  One :class:`CountedPage` per set of
+    filters asked for, compiled at its first use."""
 
     def __init__(
         self,
@@ -115,8 +153,10 @@ class InOrg:
         *,
         filters: Sequence[str] = (),
         newest_first: bool = False,
+        parent: Parent | None = None,
     ) -> None:
         self._table = table
+        self._parent = parent
         self._columns = list(table.c if columns is None else columns)
         self._filters = frozenset(filters)
         self._newest_first = newest_first
@@ -137,7 +177,13 @@ class InOrg:
                 c.organization_id == bindparam("p_org", type_=c.organization_id.type),
                 *(c[name] == bindparam(f"p_{name}", type_=c[name].type) for name in sorted(names)),
             )
-            page = CountedPage(self._table, wanted, self._columns, newest_first=self._newest_first)
+            page = CountedPage(
+                self._table,
+                wanted,
+                self._columns,
+                newest_first=self._newest_first,
+                parent=self._parent,
+            )
             self._pages[names] = page
         return page
 
@@ -163,16 +209,25 @@ class InOrg:
         return found(await self.by_id().objects(connection, p_id=row_id, p_org=org_id), what)
 
     async def read(
-        self, connection: AsyncConnection[Any], paging: Paging, org_id: UUID, **filters: Any
+        self,
+        connection: AsyncConnection[Any],
+        paging: Paging,
+        org_id: UUID,
+        *,
+        parent_id: UUID | None = None,
+        **filters: Any,
     ) -> tuple[list[Any], int]:
-        """One page of the organization's rows, and their total, narrowed by the
-        ``filters`` given a value (:meth:`CountedPage.read`)."""
+        """One page of the organization's rows (under a parent: those of ``parent_id``),
+        and their total, narrowed by the ``filters`` given a value
+        (:meth:`CountedPage.read`)."""
         given = {name: value for name, value in filters.items() if value is not None}
+        under = {} if self._parent is None else {"p_parent": parent_id}
         page = self.page(*given)
         return await page.read(
             connection,
             paging,
             p_org=org_id,
+            **under,
             **{f"p_{name}": value for name, value in given.items()},
         )
 

@@ -18,9 +18,7 @@ from uuid import UUID
 import dramatiq
 from psycopg import AsyncConnection
 from sqlalchemy import (
-    BigInteger,
     Float,
-    Integer,
     Select,
     Text,
     bindparam,
@@ -29,14 +27,12 @@ from sqlalchemy import (
     func,
     literal_column,
     select,
-    true,
     type_coerce,
 )
 from sqlalchemy.dialects.postgresql import TSQUERY
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from shared.db import shapes
-from shared.db.direct import Statement
 from shared.db.models import (
     Agent,
     KnowledgeBookmarkAgent,
@@ -44,8 +40,8 @@ from shared.db.models import (
     KnowledgeCollection,
     KnowledgeDocument,
 )
-from shared.db.queries import InOrg, all_in_org, flush_unique, one_in_org
-from shared.errors import InvalidInput, NotFound, TooLarge, UnsupportedMediaType
+from shared.db.queries import InOrg, Parent, all_in_org, flush_unique, one_in_org
+from shared.errors import InvalidInput, TooLarge, UnsupportedMediaType
 from shared.identity.access import OrgAccess
 from shared.knowledge import schemas
 from shared.knowledge.schemas import DEFAULT_SEARCH_CONFIG, LANGUAGES, ProcessingStatus
@@ -199,52 +195,23 @@ async def read_document(
     return await _DOCUMENT_READS.one(connection, access.organization_id, document_id, "document")
 
 
-def _documents_of_collection() -> Statement:
-    """A page of the collection ``:p_collection``'s documents beside their total, oldest
-    first, as :class:`shared.db.queries.CountedPage` reads a listing; no row at all when
-    the collection is not the organization ``:p_org``'s.  The page and its count are
-    joined to the collection's row: the 404 and the listing are one statement."""
-    collection = bindparam("p_collection", type_=_COLLECTIONS.c.id.type)
-    wanted = _DOCUMENTS.c.collection_id == collection
-    page = (
-        select(*_DOCUMENT_COLUMNS)
-        .where(wanted)
-        .order_by(_DOCUMENTS.c.created_at, _DOCUMENTS.c.id)
-        .limit(bindparam("p_limit", type_=Integer()))
-        .offset(bindparam("p_offset", type_=BigInteger()))
-        .subquery("page")
-    )
-    counted = select(func.count().label("listing_total")).where(wanted).subquery("counted")
-    return Statement(
-        select(counted.c.listing_total, *page.c)
-        .select_from(_COLLECTIONS.join(counted, true()).outerjoin(page, true()))
-        .where(
-            _COLLECTIONS.c.id == collection,
-            _COLLECTIONS.c.organization_id
-            == bindparam("p_org", type_=_COLLECTIONS.c.organization_id.type),
-        )
-        .order_by(page.c.created_at, page.c.id)
-    )
-
-
-_COLLECTION_DOCUMENTS = _documents_of_collection()
+# A collection's documents, oldest first, and the 404 when the collection is not the
+# organization's, in one statement.
+_COLLECTION_DOCUMENTS = InOrg(
+    _DOCUMENTS,
+    _DOCUMENT_COLUMNS,
+    parent=Parent(_COLLECTIONS, _DOCUMENTS.c.collection_id, "collection"),
+)
 
 
 async def list_documents(
     connection: AsyncConnection[Any], *, access: OrgAccess, collection_id: UUID, paging: Paging
 ) -> tuple[list[Any], int]:
     """A page of the collection's documents and their total; 404 for another
-    organization's collection (or a missing one), in the same round trip."""
-    rows = await _COLLECTION_DOCUMENTS.objects(
-        connection,
-        p_collection=collection_id,
-        p_org=access.organization_id,
-        p_limit=paging.limit,
-        p_offset=paging.offset,
+    organization's collection (or a missing one)."""
+    return await _COLLECTION_DOCUMENTS.read(
+        connection, paging, access.organization_id, parent_id=collection_id
     )
-    if not rows:
-        raise NotFound("collection not found")
-    return [row for row in rows if row.id is not None], rows[0].listing_total
 
 
 async def delete_document(session: AsyncSession, *, access: OrgAccess, document_id: UUID) -> None:

@@ -16,25 +16,27 @@ from __future__ import annotations
 import uuid
 from collections.abc import Sequence
 from datetime import timedelta
+from types import SimpleNamespace
 from typing import Any
 from urllib.parse import urlsplit
 from uuid import UUID
 
 import dramatiq
 from psycopg import AsyncConnection
-from sqlalchemy import select, update
+from sqlalchemy import bindparam, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from shared.crypto import secret_box
+from shared.db import shapes
 from shared.db.base import utcnow
 from shared.db.models import NotificationEvent, WebhookDelivery, WebhookEndpoint
-from shared.db.queries import one_in_org, page_in_org
+from shared.db.queries import CountedPage, InOrg, Parent, one_in_org
 from shared.errors import Conflict, InvalidInput, NotFound
 from shared.identity.access import OrgAccess
 from shared.notifications import schemas
 from shared.notifications.schemas import DeliveryStatus
 from shared.outbound.services import check_url
-from shared.paging import Paging, paginate
+from shared.paging import Paging
 from shared.queue import DELIVER_WEBHOOK, send_after_commit
 from shared.security import new_webhook_secret
 from shared.settings import Settings
@@ -90,10 +92,26 @@ async def get_endpoint(
     )
 
 
+# An organization's endpoints as their bodies read them, straight on psycopg: the columns of
+# a WebhookEndpointRead, never the signing secret.
+_ENDPOINTS = InOrg(
+    WebhookEndpoint.__table__,
+    shapes.columns_read(schemas.WebhookEndpointRead, WebhookEndpoint.__table__),
+)
+
+
+async def read_endpoint(
+    connection: AsyncConnection[Any], *, access: OrgAccess, endpoint_id: UUID
+) -> Any:
+    """The endpoint, as :class:`schemas.WebhookEndpointRead` reads it; 404 for another
+    organization's."""
+    return await _ENDPOINTS.one(connection, access.organization_id, endpoint_id, "webhook endpoint")
+
+
 async def list_endpoints(
     connection: AsyncConnection[Any], *, access: OrgAccess, paging: Paging
 ) -> tuple[Sequence[Any], int]:
-    return await page_in_org(connection, WebhookEndpoint, access.organization_id, paging)
+    return await _ENDPOINTS.read(connection, paging, access.organization_id)
 
 
 async def update_endpoint(
@@ -161,38 +179,67 @@ def webhook_id(delivery_id: UUID) -> str:
     return f"msg_{delivery_id.hex}"
 
 
-def envelope(event: NotificationEvent) -> dict[str, Any]:
-    """What a delivery of ``event`` sends: the Standard Webhooks payload."""
+def envelope(event: Any) -> dict[str, Any]:
+    """What a delivery of ``event`` (a :class:`NotificationEvent`, or what the delivery
+    log reads of one) sends: the Standard Webhooks payload."""
     return {"type": event.type, "timestamp": event.created_at, "data": event.data}
 
 
-def delivery_read(delivery: WebhookDelivery, event: NotificationEvent) -> schemas.DeliveryRead:
+def delivery_read(delivery: Any, event: Any) -> schemas.DeliveryRead:
+    """The body of ``delivery`` and its ``event`` (ORM objects, or a row of the delivery
+    log and its event's part)."""
     return schemas.DeliveryRead.from_row(
         delivery, webhook_id=webhook_id(delivery.id), payload=envelope(event)
     )
 
 
+# What a delivery's envelope reads of its event (:func:`envelope`): in the delivery log's
+# rows, each column as ``envelope_<name>``.
+_ENVELOPE = ("type", "created_at", "data")
+
+
+def _delivery_listing(in_status: bool) -> CountedPage:
+    """An endpoint's deliveries in the organization (``in_status``: those in the status
+    ``:p_status``), newest first, each row a :class:`schemas.DeliveryRead`'s columns and
+    what its envelope reads of its event (``envelope_*``)."""
+    deliveries, events = WebhookDelivery.__table__, NotificationEvent.__table__
+    c = deliveries.c
+    wanted = (c.organization_id == bindparam("p_org", type_=c.organization_id.type)) & (
+        events.c.id == c.event_id
+    )
+    if in_status:
+        wanted &= c.status == bindparam("p_status", type_=c.status.type)
+    columns = [
+        *shapes.columns_read(schemas.DeliveryRead, deliveries),
+        *(events.c[name].label(f"envelope_{name}") for name in _ENVELOPE),
+    ]
+    endpoint = Parent(WebhookEndpoint.__table__, c.endpoint_id, "webhook endpoint")
+    return CountedPage(deliveries, wanted, columns, newest_first=True, parent=endpoint)
+
+
+# Compiled once: the delivery log is read straight on psycopg (no ORM).
+_DELIVERIES = {in_status: _delivery_listing(in_status) for in_status in (False, True)}
+
+
 async def list_deliveries(
-    session: AsyncSession,
+    connection: AsyncConnection[Any],
     *,
     access: OrgAccess,
     endpoint_id: UUID,
     paging: Paging,
     status: str | None = None,
-) -> tuple[list[tuple[WebhookDelivery, NotificationEvent]], int]:
-    """The endpoint's deliveries with their events, newest first."""
-    await get_endpoint(session, access=access, endpoint_id=endpoint_id)
-    query = (
-        select(WebhookDelivery, NotificationEvent)
-        .join(NotificationEvent, NotificationEvent.id == WebhookDelivery.event_id)
-        .where(WebhookDelivery.endpoint_id == endpoint_id)
-    )
-    if status:
-        query = query.where(WebhookDelivery.status == status)
-    rows, total = await paginate(
-        session, query, paging, WebhookDelivery.created_at.desc(), WebhookDelivery.id.desc()
-    )
-    return [(row[0], row[1]) for row in rows], total
+) -> tuple[list[tuple[Any, Any]], int]:
+    """The endpoint's deliveries with their events, newest first (rows which
+    :func:`delivery_read` reads as it reads a delivery and its event).  404 when the
+    endpoint is not the organization's, in the same statement."""
+    params: dict[str, Any] = {"p_org": access.organization_id, "p_parent": endpoint_id}
+    if status is not None:
+        params["p_status"] = status
+    rows, total = await _DELIVERIES[status is not None].read(connection, paging, **params)
+    return [
+        (row, SimpleNamespace(**{name: getattr(row, f"envelope_{name}") for name in _ENVELOPE}))
+        for row in rows
+    ], total
 
 
 async def redeliver(

@@ -127,6 +127,9 @@ async def test_create_answers_201_active_with_url_and_secret_shown_once(
     assert listed.json()["total"] == 1
     assert set(listed.json()["triggers"][0]) == READ_FIELDS
     assert created["webhook_secret"] not in listed.text + got.text
+    # Read back as it was created, field for field.
+    shown = {name: value for name, value in created.items() if name != "webhook_secret"}
+    assert got.json() == listed.json()["triggers"][0] == shown
 
     # Stored encrypted: the secret's text is nowhere in the row.
     row = (await db.execute(text("SELECT t::text FROM triggers t"))).scalar_one()
@@ -388,6 +391,20 @@ async def test_another_organizations_trigger_ids_answer_404(
     assert unchanged.json()["name"] == "nightly"
     listed = await client.get(path(t), headers=t.owner.headers)
     assert [tr["id"] for tr in listed.json()["triggers"]] == [mine["id"]]
+    # The executions of a trigger: 404 for theirs without executions and for an unknown
+    # id, an empty page for this organization's own trigger that has none (in a status).
+    idle = await create(client, other, scheduled(setup.agent_id))
+    for trigger_id in (idle["id"], str(uuid4())):
+        response = await client.get(path(t, trigger_id, "executions"), headers=t.owner.headers)
+        assert response.status_code == 404, response.text
+    for query in ("", "?status=failed"):
+        empty = await client.get(path(t, mine["id"], "executions") + query, headers=t.owner.headers)
+        assert empty.status_code == 200, empty.text
+        assert empty.json() == {"executions": [], "total": 0}
+    theirs_failed = await client.get(
+        path(other, theirs["id"], "executions") + "?status=failed", headers=other.owner.headers
+    )
+    assert theirs_failed.json() == {"executions": [], "total": 0}
 
 
 # --- a trigger that runs scenarios needs scenarios:run (docs/permissions.md) ---------------------
@@ -611,9 +628,11 @@ async def test_executions_list_newest_first_paged_and_filtered(
     setup = await outbound_setup(client, t, agent.url)
     created = await create(client, t, scheduled(setup.agent_id, message="hi"))
     url = path(t, created["id"])
-    ids = []
-    for _ in range(3):
-        ids.append((await client.post(f"{url}/fire", headers=t.owner.headers)).json()["id"])
+    fired = [
+        (await client.post(f"{url}/fire", json={"payload": {"n": n}}, headers=t.owner.headers))
+        for n in range(3)
+    ]
+    ids = [response.json()["id"] for response in fired]
     await run_execution(app, settings, ids[1])
 
     page = await client.get(f"{url}/executions?limit=2", headers=t.owner.headers)
@@ -623,6 +642,10 @@ async def test_executions_list_newest_first_paged_and_filtered(
     assert [e["id"] for e in rest.json()["executions"]] == [ids[0]]
     queued = await client.get(f"{url}/executions?status=queued", headers=t.owner.headers)
     assert [e["id"] for e in queued.json()["executions"]] == [ids[2], ids[0]]
+    # Listed and read as the fire answered them, field for field.
+    assert queued.json()["executions"] == [fired[2].json(), fired[0].json()]
+    assert await get_execution(client, t, created["id"], ids[0]) == fired[0].json()
+    assert set(fired[0].json()) == EXECUTION_FIELDS
     bad = await client.get(f"{url}/executions?status=done", headers=t.owner.headers)
     assert single_validation_entry(bad)["loc"] == ["query", "status"]
 

@@ -283,6 +283,14 @@ async def test_a_redelivery_sends_the_same_webhook_id_and_body_again(
     assert inactive.status_code == 409 and "inactive" in inactive.json()["detail"]
     other = await tenant(client)  # another organization: the delivery is not theirs
     assert (await client.post(redeliver, headers=other.owner.headers)).status_code == 404
+    log = endpoints_path(other, endpoint["id"], "deliveries")
+    assert (await client.get(log, headers=other.owner.headers)).status_code == 404
+    for status, listed in (("succeeded", [done]), ("failed", [])):
+        response = await client.get(
+            endpoints_path(t, endpoint["id"], "deliveries") + f"?status={status}",
+            headers=t.owner.headers,
+        )
+        assert response.json() == {"deliveries": listed, "total": len(listed)}
     theirs = await create_endpoint(client, other, receiver.url)
     under_theirs = endpoints_path(other, theirs["id"], "deliveries", row["id"], "redeliver")
     assert (await client.post(under_theirs, headers=other.owner.headers)).status_code == 404

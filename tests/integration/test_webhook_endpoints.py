@@ -65,6 +65,8 @@ async def test_create_answers_201_with_the_secret_shown_once_and_stored_encrypte
         assert answer.status_code == 200, answer.text
         assert secret not in answer.text and "secret" not in answer.text
     assert set(one.json()) == READ_FIELDS
+    shown = {name: value for name, value in created.items() if name != "secret"}
+    assert one.json() == listed.json()["webhook_endpoints"][0] == shown
     assert listed.json()["total"] == 1
     assert [e["id"] for e in listed.json()["webhook_endpoints"]] == [created["id"]]
 
