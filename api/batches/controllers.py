@@ -89,7 +89,7 @@ class BatchRunController(Controller):
     @get("/compare", operation_id="compareBatchRuns", access=requires("scenarios:read"))
     async def compare_batches(
         self,
-        db_session: DbSession,
+        db_reads: DbReads,
         access: Access,
         org_id: PathId,
         a: Annotated[UUID, QueryParameter(description="Batch A (before).")],
@@ -105,7 +105,7 @@ class BatchRunController(Controller):
         `pass_rate_difference` is the mean of those scenarios' pass-rate differences, B - A,
         with its 95 % paired bootstrap interval (scenarios resampled with replacement,
         2,000 resamples, seed 0)."""
-        return await services.compare_batches(db_session, access=access, a_id=a, b_id=b)
+        return await reading(db_reads, services.compare_batches, access=access, a_id=a, b_id=b)
 
     @get("/{batch_run_id:str}", operation_id="getBatchRun", access=requires("scenarios:read"))
     async def get_batch(

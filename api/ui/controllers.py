@@ -269,13 +269,13 @@ class BatchController(Controller):
     @get("/compare", access=READ)
     async def compare(
         self,
-        db_session: DbSession,
+        db_reads: DbReads,
         access: Access,
         org_name: OrgName,
         a: Annotated[UUID, QueryParameter(description="Batch A (before).")],
         b: Annotated[UUID, QueryParameter(description="Batch B (after).")],
     ) -> Template:
-        comparison = await batches.compare_batches(db_session, access=access, a_id=a, b_id=b)
+        comparison = await reading(db_reads, batches.compare_batches, access=access, a_id=a, b_id=b)
         return page(
             "compare.html",
             org_id=access.organization_id,

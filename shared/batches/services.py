@@ -424,10 +424,10 @@ async def rate_limited(
     longest), while the batch runs."""
     if is_over(batch) or not destinations:
         return None
-    found = await limiter.held_back(destinations)
-    if found is None:
+    holding = await limiter.held_back(destinations)
+    if holding is None:
         return None
-    destination, since = found
+    destination, since = holding
     return schemas.RateLimitedRead(
         destination=destination.host,
         kind=destination.kind,
@@ -451,6 +451,7 @@ def _summaries(
     )
 
 
+@cache
 def _summaries_query(*, ended: bool, ended_since: bool, changed_since: bool) -> Select[Any]:
     """A summary of each run of the batch ``:p_batch`` of the organization ``:p_org`` (the
     batch detail's ``runs`` and the events stream's ``run`` events), in the batch's order;
@@ -654,13 +655,16 @@ def _played(snapshot: dict[str, Any]) -> bytes:
     )
 
 
-async def _played_by_scenario(session: AsyncSession, batch_id: UUID) -> dict[UUID, bytes]:
-    rows = await session.execute(
-        select(ScenarioRun.scenario_id, ScenarioRun.snapshot).where(
-            ScenarioRun.batch_run_id == batch_id
-        )
-    )
-    return {scenario_id: _played(snapshot) for scenario_id, snapshot in rows}
+# The snapshot of each run of the batch ``:p_batch`` of the organization ``:p_org``: what a
+# comparison reads to tell an edited scenario (:func:`_played`).
+_SNAPSHOTS = select(_runs.c.scenario_id, _runs.c.snapshot).where(
+    _runs.c.batch_run_id == bindparam("p_batch", type_=_runs.c.batch_run_id.type),
+    _runs.c.organization_id == bindparam("p_org", type_=_runs.c.organization_id.type),
+)
+
+
+def _played_by_scenario(rows: Any) -> dict[UUID, bytes]:
+    return {row.scenario_id: _played(row.snapshot) for row in rows}
 
 
 @dataclass(slots=True)
@@ -683,9 +687,9 @@ class _Outcomes:
 
 def _by_scenario(runs: list[schemas.BatchRunItemSummary]) -> dict[UUID, _Outcomes]:
     """The runs counted per scenario, in the order of each scenario's first run."""
-    found: dict[UUID, _Outcomes] = {}
+    outcomes_of: dict[UUID, _Outcomes] = {}
     for run in runs:
-        outcomes = found.setdefault(run.scenario_id, _Outcomes(run.scenario_name, run))
+        outcomes = outcomes_of.setdefault(run.scenario_id, _Outcomes(run.scenario_name, run))
         if run.status == "passed":
             outcomes.passes += 1
         elif run.status == "failed":
@@ -694,7 +698,7 @@ def _by_scenario(runs: list[schemas.BatchRunItemSummary]) -> dict[UUID, _Outcome
             outcomes.errors += 1
         else:
             outcomes.unfinished += 1
-    return found
+    return outcomes_of
 
 
 def _change(a: _Outcomes | None, b: _Outcomes | None, edited: bool) -> schemas.Change:
@@ -721,27 +725,50 @@ def _change(a: _Outcomes | None, b: _Outcomes | None, edited: bool) -> schemas.C
     return schemas.Change.CHANGED
 
 
+_SNAPSHOTS_READ = Statement(_SNAPSHOTS)
+
+
 async def compare_batches(
-    session: AsyncSession, *, access: OrgAccess, a_id: UUID, b_id: UUID
+    connection: AsyncConnection[Any], *, access: OrgAccess, a_id: UUID, b_id: UUID
 ) -> schemas.BatchComparison:
     """Two batches of the organization side by side, scenario by scenario (matched by
     ``scenario_id``): regressions (a lower pass rate in B) first, then fixes, other
     changes, scenarios edited between the two (whatever their outcomes), scenarios run in
     one batch only, and the unchanged; each scenario with trials on both sides tested for
     a regression (one-sided Fisher exact), and the mean pass-rate difference over those
-    scenarios with its paired bootstrap interval."""
-    batch_a = await get_batch(session, access=access, batch_id=a_id)
-    batch_b = await get_batch(session, access=access, batch_id=b_id)
-    return await _compare(session, batch_a, batch_b)
+    scenarios with its paired bootstrap interval.  Both batches, their runs' summaries and
+    their snapshots in one round trip."""
+    org_id = access.organization_id
+    reads = []
+    for batch_id in (a_id, b_id):
+        given = {"p_batch": batch_id, "p_org": org_id}
+        reads += [
+            (_BATCH.by_id(), {"p_id": batch_id, "p_org": org_id}),
+            (_summaries(), given),
+            (_SNAPSHOTS_READ, given),
+        ]
+    a, runs_a, snapshots_a, b, runs_b, snapshots_b = await read_together(connection, *reads)
+    return _compare(
+        found(a, "batch run"),
+        found(b, "batch run"),
+        [schemas.BatchRunItemSummary.from_row(row) for row in runs_a],
+        [schemas.BatchRunItemSummary.from_row(row) for row in runs_b],
+        _played_by_scenario(snapshots_a),
+        _played_by_scenario(snapshots_b),
+    )
 
 
-async def _compare(
-    session: AsyncSession, batch_a: BatchRun, batch_b: BatchRun
+def _compare(
+    batch_a: Any,
+    batch_b: Any,
+    summaries_a: list[schemas.BatchRunItemSummary],
+    summaries_b: list[schemas.BatchRunItemSummary],
+    played_a: dict[UUID, bytes],
+    played_b: dict[UUID, bytes],
 ) -> schemas.BatchComparison:
-    runs_a = _by_scenario(await run_summaries(session, batch=batch_a))
-    runs_b = _by_scenario(await run_summaries(session, batch=batch_b))
-    played_a = await _played_by_scenario(session, batch_a.id)
-    played_b = await _played_by_scenario(session, batch_b.id)
+    """The comparison of two batches (their rows), from their runs' summaries and what each
+    of their scenarios plays (:func:`_played`)."""
+    runs_a, runs_b = _by_scenario(summaries_a), _by_scenario(summaries_b)
     rows, differences = [], []
     for scenario_id in runs_a.keys() | runs_b.keys():
         a, b = runs_a.get(scenario_id), runs_b.get(scenario_id)
@@ -816,20 +843,26 @@ async def store_comparison(session: AsyncSession, *, batch: BatchRun) -> bool:
     baseline = await session.get(BatchRun, batch.baseline_batch_id)
     if baseline is None or not is_over(baseline):
         return False
-    found = await _compare(session, baseline, batch)
+    sides = []
+    for side in (baseline, batch):
+        given = {"p_batch": side.id, "p_org": side.organization_id}
+        played = _played_by_scenario(await session.execute(_SNAPSHOTS, given))
+        sides.append((await run_summaries(session, batch=side), played))
+    (runs_a, played_a), (runs_b, played_b) = sides
+    comparison = _compare(baseline, batch, runs_a, runs_b, played_a, played_b)
     stored = schemas.StoredComparison(
         baseline_batch_id=baseline.id,
         computed_at=utcnow(),
-        regressions=found.regressions,
-        fixes=found.fixes,
-        edited=found.edited,
-        significant_regressions=found.significant_regressions,
-        pass_rate_difference=found.pass_rate_difference,
+        regressions=comparison.regressions,
+        fixes=comparison.fixes,
+        edited=comparison.edited,
+        significant_regressions=comparison.significant_regressions,
+        pass_rate_difference=comparison.pass_rate_difference,
         scenarios=[
             schemas.ScenarioChange(
                 **{name: getattr(row, name) for name in schemas.ScenarioChange.__struct_fields__}
             )
-            for row in found.scenarios
+            for row in comparison.scenarios
             if row.change != schemas.Change.UNCHANGED
         ],
     )
