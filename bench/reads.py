@@ -1,0 +1,235 @@
+"""Every authenticated read of the API: the server CPU each GET of the OpenAPI document
+costs, one request after another.
+
+``bench/api.py`` drives a few frequent reads at concurrency against two bare apps; this
+one covers all of them, so that a read left on a slow path shows.  On a throwaway database
+(``spar serve`` and one ``spar worker``, the loopback fakes answering at once) it seeds an
+organization over REST with one of everything a read can name: scenarios, an agent, a
+judge, a batch of the scenarios played to its end, a platform token, a credential, a
+knowledge collection with a document processed and bookmarked, a calibration, a scheduled
+trigger fired a few times, a webhook endpoint.  Then, for each GET operation of the
+served OpenAPI document (but the health checks and the event stream), with those ids in
+its path: a warm-up, then ``--requests`` requests one after another on one keep-alive
+connection, and the server's CPU per request from ``/proc`` (user + system; the clock
+ticks at 10 ms, so 500 requests measure to about 3 %).  An operation whose path names
+something the seed lacks is listed as skipped.  Figures are printed, not asserted; the
+target is 1.5 ms of server CPU per read.  Run from the repository root::
+
+    python bench/reads.py [--requests 500] [--only PATH-FRAGMENT]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import httpx
+
+from bench.batch import setup_org
+from bench.stack import (
+    Stack,
+    cpu_seconds,
+    database_url,
+    loopback_fakes,
+    ok,
+    spar_stack,
+    unwind_on_sigterm,
+)
+
+TARGET_MS = 1.5
+WARMUP = 30
+SCENARIOS = 25
+WAIT_S = 60.0
+SKIPPED = ("/health/", "/events")  # not reads of a resource: checks, and a stream
+
+
+def wait_for(read: Any, done: Any, what: str) -> Any:
+    """``read()`` again until ``done(answer)``, for at most :data:`WAIT_S`."""
+    deadline = time.monotonic() + WAIT_S
+    while True:
+        answer = read()
+        if done(answer):
+            return answer
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{what} did not end in {WAIT_S:g} s: {answer}")
+        time.sleep(0.2)
+
+
+def seed(spar: Stack, agent_url: str, judge_url: str) -> dict[str, str]:
+    """One of everything a read names, over REST; the ids, by the name of their path
+    parameter."""
+    api, org, h = spar.http, spar.org_id, spar.headers
+    v1 = f"/v1/orgs/{org}"
+
+    def get(path: str) -> Any:
+        return ok(api.get(v1 + path, headers=h), 200)
+
+    agent_id = setup_org(spar, agent_url, judge_url)
+    criteria = [{"question": "Is it polite?"}, {"question": "Is it short?"}]
+    for n in range(SCENARIOS):
+        turns = [{"user_message": f"Question {t}?", "criteria": criteria} for t in range(3)]
+        scenario = {"name": f"scenario {n}", "tags": ["bench"], "turns": turns}
+        ok(api.post(f"{v1}/scenarios/", json=scenario, headers=h))
+    batch = {"agent_id": agent_id, "tags": ["bench"], "max_concurrency": 10}
+    batch_id = ok(api.post(f"{v1}/scenarios/batch-runs/", json=batch, headers=h))["id"]
+    done = wait_for(
+        lambda: get(f"/scenarios/batch-runs/{batch_id}"),
+        lambda b: b["status"] not in ("queued", "running"),
+        "the batch",
+    )
+    a_scenario = get("/scenarios")["scenarios"][0]["id"]
+    turns = get(f"/scenarios/{a_scenario}")["turns"]
+    ids = {
+        "org_id": org,
+        "agent_id": agent_id,
+        "batch_run_id": batch_id,
+        "scenario_id": a_scenario,
+        "run_id": done["runs"][0]["id"],
+        "user_id": ok(api.get("/v1/auth/me", headers=h), 200)["user"]["id"],
+        "role_id": get("/roles")["roles"][0]["id"],
+        "domain_id": get("/allowed-domains")["domains"][0]["id"],
+        "provider_id": get("/llm-providers")["llm_providers"][0]["id"],
+        "key": "API_KEY",
+    }
+    token = {"name": "reader", "permissions": ["scenarios:read"]}
+    ids["token_id"] = ok(api.post(f"{v1}/platform-tokens/", json=token, headers=h))["id"]
+    ok(api.put(f"{v1}/credentials/{ids['key']}", json={"value": "not-a-secret"}, headers=h))
+    collection = ok(api.post(f"{v1}/knowledge/collections", json={"name": "policies"}, headers=h))
+    ids["collection_id"] = collection["id"]
+    document = {
+        "collectionId": collection["id"],
+        "filename": "refunds.md",
+        "content": "# Refunds\n\nWithin 30 days.\n\n## Exceptions\n\nGift cards.\n" * 20,
+    }
+    path = f"{v1}/knowledge/documents/structured"
+    ids["document_id"] = ok(api.post(path, json=document, headers=h))["id"]
+    wait_for(
+        lambda: get(f"/knowledge/documents/{ids['document_id']}/status"),
+        lambda s: s["status"] in ("ready", "failed"),
+        "the document",
+    )
+    bookmark = {"bookmarkMode": "always", "agentIds": [agent_id]}
+    path = f"{v1}/knowledge/documents/{ids['document_id']}/bookmark"
+    ok(api.put(path, json=bookmark, headers=h), 200)
+    examples = [
+        {
+            "id": f"example {n}",
+            "user_message": "Where is my order?",
+            "agent_response": "On its way.",
+            "human_verdict": "PASS" if n % 2 else "FAIL",
+            "criteria_id": turns[n % len(turns)]["criteria"][0]["id"],
+        }
+        for n in range(10)
+    ]
+    calibrate = f"{v1}/scenarios/calibrate?agent_id={agent_id}"
+    calibration = api.post(calibrate, json={"examples": examples}, headers=h)
+    if calibration.status_code not in (200, 202):
+        raise RuntimeError(f"calibrate answered {calibration.status_code}: {calibration.text}")
+    ids["calibration_id"] = calibration.json()["id"]
+    wait_for(
+        lambda: get(f"/scenarios/calibrations/{ids['calibration_id']}"),
+        lambda c: c["status"] in ("completed", "failed"),
+        "the calibration",
+    )
+    trigger = {
+        "name": "nightly",
+        "trigger_type": "scheduled",
+        "agent_id": agent_id,
+        "message": "Hello?",
+        "cron_expression": "0 3 * * *",
+        "timezone": "Europe/Amsterdam",
+    }
+    ids["trigger_id"] = ok(api.post(f"{v1}/triggers/", json=trigger, headers=h))["id"]
+    for _ in range(3):
+        fired = api.post(f"{v1}/triggers/{ids['trigger_id']}/fire", json={}, headers=h)
+        ids["execution_id"] = ok(fired, 202)["id"]
+    endpoint = {"url": "https://127.0.0.1/hook", "events": ["batch.completed"]}
+    ids["endpoint_id"] = ok(api.post(f"{v1}/webhook-endpoints", json=endpoint, headers=h))["id"]
+    ids["a"] = ids["b"] = batch_id  # the query of compareBatchRuns
+    return ids
+
+
+def reads(api: httpx.Client, ids: dict[str, str]) -> tuple[list[tuple[str, str]], list[str]]:
+    """``(operation path, URL)`` of each GET of the served OpenAPI document, its path
+    parameters filled from ``ids``; and the paths skipped (one names what is not seeded)."""
+    document = ok(api.get("/schema/openapi.json"), 200)
+    found, skipped = [], []
+    for path, operations in document["paths"].items():
+        if "get" not in operations or any(part in path for part in SKIPPED):
+            continue
+        url = path
+        for name in re.findall(r"{(\w+)}", path):
+            if name not in ids:
+                skipped.append(path)
+                break
+            url = url.replace("{" + name + "}", ids[name])
+        else:
+            required = [
+                p["name"]
+                for p in operations["get"].get("parameters", [])
+                if p.get("in") == "query" and p.get("required")
+            ]
+            if required:
+                url += "?" + "&".join(f"{name}={ids[name]}" for name in required)
+            found.append((path, url))
+    return found, skipped
+
+
+def measure(api: httpx.Client, url: str, headers: dict[str, str], pid: int, count: int) -> Any:
+    """Server CPU and wall time per request (ms) and the body's size, ``count`` requests
+    one after another after :data:`WARMUP`."""
+    first = api.get(url, headers=headers)
+    if first.status_code != 200:
+        raise RuntimeError(f"{url} answered {first.status_code}: {first.text[:300]}")
+    for _ in range(WARMUP):
+        api.get(url, headers=headers)
+    cpu, wall = cpu_seconds(pid), time.perf_counter()
+    for _ in range(count):
+        api.get(url, headers=headers)
+    wall, cpu = time.perf_counter() - wall, cpu_seconds(pid) - cpu
+    return cpu / count * 1000, wall / count * 1000, len(first.content)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--requests", type=int, default=500, help="measured requests per read")
+    parser.add_argument("--only", default="", help="only the paths containing this")
+    args = parser.parse_args(argv)
+    unwind_on_sigterm()
+    print(
+        f"Every authenticated read: server CPU per request, {args.requests} requests one after "
+        f"another per read; {os.cpu_count()} CPUs",
+        flush=True,
+    )
+    worker = ["--processes", "1", "--threads", "8"]
+    with (
+        loopback_fakes() as fakes,
+        spar_stack(database_url("reads"), workers=1, worker_args=worker) as spar,
+    ):
+        fakes.set_latency(0, 0)
+        ids = seed(spar, fakes.agent_url, fakes.judge_url)
+        found, skipped = reads(spar.http, ids)
+        rows = [
+            (path, *measure(spar.http, url, spar.headers, spar.serve_pid, args.requests))
+            for path, url in found
+            if args.only in path
+        ]
+    print(f"\n{'server CPU ms':>13} {'wall ms':>8} {'bytes':>7}  GET")
+    for path, cpu, wall, size in sorted(rows, key=lambda row: -row[1]):
+        flag = "" if cpu <= TARGET_MS else f"   over the target ({TARGET_MS} ms)"
+        print(f"{cpu:13.2f} {wall:8.2f} {size:7d}  {path}{flag}")
+    over = sum(cpu > TARGET_MS for _, cpu, _, _ in rows)
+    print(f"\n{len(rows)} reads, {over} over {TARGET_MS} ms of server CPU")
+    for path in skipped:
+        print(f"skipped (names what the seed lacks): {path}")
+
+
+if __name__ == "__main__":
+    main()
