@@ -272,6 +272,23 @@ async def list_batches(
 
 # Its every column (the detail's judge trust and comparison too), for the reads by id.
 _BATCH = InOrg(BatchRun.__table__)
+# The listing's columns: for the reads that show no judge trust nor comparison (a poll of
+# its progress, each second), which can be long.
+_PROGRESS = _BATCHES[False]
+# The status and counters of the baseline of the batch ``:p_batch`` (no row without one):
+# whether its comparison is due (:func:`comparison_due`).
+_batches = BatchRun.__table__
+_BASELINE = Statement(
+    select(_batches.c.status, _batches.c.completed_scenarios, _batches.c.total_scenarios).where(
+        _batches.c.id
+        == select(_batches.c.baseline_batch_id)
+        .where(
+            _batches.c.id == bindparam("p_batch", type_=Uuid()),
+            _batches.c.organization_id == bindparam("p_org", type_=Uuid()),
+        )
+        .scalar_subquery()
+    )
+)
 
 
 async def settle(
@@ -281,8 +298,10 @@ async def settle(
     ask for its judge trust (sent to the ``calibration`` queue after commit), store its
     comparison."""
     batch = await get_batch(session, access=access, batch_id=batch_id)
-    await trust.request(session, batch=batch, broker=broker)
+    # The comparison first: each write locks the batch's row until commit, and the
+    # comparison is worked out (its bootstrap) before its write.
     await store_comparison(session, batch=batch)
+    await trust.request(session, batch=batch, broker=broker)
 
 
 async def read_detail(
@@ -301,14 +320,17 @@ async def read_detail(
     its replays in one round trip; the judge's votes (with ``judge_repetitions`` over 1)
     and the destinations (while it runs) in a second."""
     org_id = access.organization_id
-    batch_rows, summary_rows, replay_rows = await read_together(
+    given = {"p_batch": batch_id, "p_org": org_id}
+    batch_rows, summary_rows, replay_rows, baselines = await read_together(
         connection,
         (_BATCH.by_id(), {"p_id": batch_id, "p_org": org_id}),
-        (_summaries(), {"p_batch": batch_id, "p_org": org_id}),
-        (_REPLAYS, {"p_batch": batch_id, "p_org": org_id}),
+        (_summaries(), given),
+        (_REPLAYS, given),
+        (_BASELINE, given),
     )
     batch = found(batch_rows, "batch run")
-    if not settled and (trust.due(batch) or comparison_due(batch)):
+    baseline = baselines[0] if baselines else None
+    if not settled and (trust.due(batch) or comparison_due(batch, baseline)):
         return None
     flip_rate = None
     if batch.judge_repetitions > 1:
@@ -339,7 +361,7 @@ async def batch_changes(
     org_id = access.organization_id
     batch_rows, summary_rows = await read_together(
         connection,
-        (_BATCH.by_id(), {"p_id": batch_id, "p_org": org_id}),
+        (_PROGRESS.by_id(), {"p_id": batch_id, "p_org": org_id}),
         (
             _summaries(changed_since=True),
             {"p_batch": batch_id, "p_org": org_id, "p_since": since - RECENT},
@@ -395,7 +417,7 @@ async def batch_destinations(
 ) -> list[Destination]:
     """Where the batch's runs call out (404 when it is not the organization's): its agent's
     and its judge's destinations; none once it is over."""
-    batch = await _BATCH.one(connection, access.organization_id, batch_id, "batch run")
+    batch = await _PROGRESS.one(connection, access.organization_id, batch_id, "batch run")
     return await _destinations(connection, batch)
 
 
@@ -557,7 +579,7 @@ async def progress(
     of ``destinations`` (:func:`batch_destinations`, looked up once per stream) holds it
     back."""
     org_id = access.organization_id
-    batch = await _BATCH.one(connection, org_id, batch_id, "batch run")
+    batch = await _PROGRESS.one(connection, org_id, batch_id, "batch run")
     over = is_over(batch)
     given: dict[str, Any] = {"p_batch": batch_id, "p_org": org_id}
     if ended_since is not None and not over:
@@ -823,13 +845,15 @@ def _compare(
 # --- a batch's comparison with its baseline, stored once ---------------------------------------
 
 
-def comparison_due(batch: Any) -> bool:
-    """Whether ``batch`` (a :class:`BatchRun` or a row of its table) may be due to store its
-    comparison (:func:`store_comparison`): completed, with a baseline, none stored yet."""
+def comparison_due(batch: Any, baseline: Any | None) -> bool:
+    """Whether ``batch`` (a :class:`BatchRun` or a row of its table) is due to store its
+    comparison (:func:`store_comparison`): completed, none stored yet, and its
+    ``baseline`` (the same, ``None`` without one) over."""
     return (
         batch.status == BatchStatus.COMPLETED
-        and batch.baseline_batch_id is not None
         and batch.comparison is None
+        and baseline is not None
+        and is_over(baseline)
     )
 
 
@@ -838,10 +862,10 @@ async def store_comparison(session: AsyncSession, *, batch: BatchRun) -> bool:
     completed, A over, none stored yet.  True when this call stored it.  Guarded in SQL
     (``comparison IS NULL``): of two callers at once, one writes; both computed the same
     (every run of both batches is terminal, the bootstrap seeded)."""
-    if not comparison_due(batch):
-        return False
-    baseline = await session.get(BatchRun, batch.baseline_batch_id)
-    if baseline is None or not is_over(baseline):
+    baseline = None
+    if batch.status == BatchStatus.COMPLETED and batch.baseline_batch_id is not None:
+        baseline = await session.get(BatchRun, batch.baseline_batch_id)
+    if baseline is None or not comparison_due(batch, baseline):
         return False
     sides = []
     for side in (baseline, batch):

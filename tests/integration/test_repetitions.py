@@ -23,9 +23,11 @@ from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from scheduler.sweeper import sweep
+from shared.batches import services as batch_services
 from shared.batches.comparisons import store_due
 from shared.batches.window import dispatch_committed
 from shared.db.models import BatchRun, ScenarioRun
+from shared.identity.access import OrgAccess, Principal
 from shared.scenarios.runner import execute_run
 from shared.settings import Settings
 from shared.triggers.executions import execute
@@ -291,6 +293,21 @@ async def test_a_comparison_waits_for_a_baseline_still_running_and_the_first_rea
     done = await get_batch(client, w, candidate["id"])
     assert done["status"] == "completed" and done["comparison"] is None  # baseline not over
     assert await store_due(app.state.database) == 0
+    # Its judge trust asked for by that read, reading it again finds no write due while
+    # the baseline runs: read as it is, without a transaction (``None`` would say "write").
+    access = OrgAccess(
+        principal=Principal(kind="user", token_id=uuid.uuid4(), user_id=uuid.uuid4()),
+        organization_id=UUID(w.t.id),
+        permissions=frozenset({"scenarios:read"}),
+    )
+    async with app.state.database.connection() as connection:
+        read = await batch_services.read_detail(
+            connection,
+            access=access,
+            batch_id=UUID(candidate["id"]),
+            limiter=app.state.limiter,
+        )
+    assert read is not None and read.comparison is None
     await drain(app, settings, baseline["id"])  # 0 of 2: B did better
     stored = (await get_batch(client, w, candidate["id"]))["comparison"]  # the read stores it
     assert (stored["regressions"], stored["fixes"], stored["significant_regressions"]) == (0, 1, 0)
