@@ -11,7 +11,7 @@ from litestar.openapi import ResponseSpec
 from litestar.params import JSONBody, QueryParameter
 from litestar.status_codes import HTTP_200_OK, HTTP_202_ACCEPTED
 
-from api.deps import Access, Config, DbReads, DbSession, Page, PathId, reading
+from api.deps import Access, Config, DbReads, Page, PathId, reading
 from shared.calibration import judging, schemas, services
 from shared.identity.access import requires
 
@@ -39,7 +39,6 @@ class CalibrationController(Controller):
     )
     async def calibrate(
         self,
-        db_session: DbSession,
         state: State,
         settings: Config,
         access: Access,
@@ -62,7 +61,11 @@ class CalibrationController(Controller):
                 schemas.CalibrationPending(id=calibration_id, status="running"),
                 status_code=HTTP_202_ACCEPTED,
             )
-        body = await services.calibration_read(db_session, calibration=done)
+        # Read as a GET reads it, on a connection taken now: none is held while judging.
+        async with state.database.connection() as connection:
+            body = await services.read_calibration(
+                connection, access=access, calibration_id=calibration_id
+            )
         return Response(body, status_code=HTTP_200_OK)
 
     @get(

@@ -222,45 +222,6 @@ def _criterion_statuses(
     return statuses
 
 
-async def criterion_status(
-    session: AsyncSession, *, calibration: Calibration
-) -> list[schemas.CriterionCalibration]:
-    """Each criterion the calibration measured, stale if it or the agent's judge changed."""
-    if not calibration.criterion_versions:
-        return []
-    ids = {UUID(i) for i in calibration.criterion_versions}
-    current = {
-        criterion_id: _Criterion(
-            c.question, c.few_shot_examples, conversation=c.scenario_id is not None
-        )
-        for criterion_id, (c, _) in (
-            await _criteria(session, calibration.organization_id, ids)
-        ).items()
-    }
-    agent = await session.get(Agent, calibration.agent_id) if calibration.agent_id else None
-    judge = None
-    if agent is not None:
-        judge = _Judge(
-            await judge_provider_of(
-                session, org_id=calibration.organization_id, own=agent.judge_provider_id
-            ),
-            agent.judge_model,
-        )
-    return _criterion_statuses(calibration.criterion_versions, current, judge)
-
-
-async def calibration_read(
-    session: AsyncSession, *, calibration: Calibration
-) -> schemas.CalibrationRead:
-    """The calibration's body, with its per-example results and per-tag agreement, read
-    in the caller's session (the answer to the request that judged it)."""
-    return schemas.CalibrationRead.from_row(
-        calibration,
-        criteria=await criterion_status(session, calibration=calibration),
-        **(calibration.metrics or {}),
-    )
-
-
 # --- reading, straight on psycopg: a calibration's body and what its staleness needs, in
 # one statement (for a listing, one statement for the whole page)
 
