@@ -454,18 +454,30 @@ async def _played_together(
     app: Litestar, settings: Settings, runs: list[dict[str, Any]]
 ) -> list[str]:
     """Plays ``runs`` at once, as a batch's first window starts; the statements that read
-    an agent meanwhile."""
+    an agent meanwhile.  The agents' table stays locked until every run has claimed its
+    row, so that the first run's load of the configuration is still under way when the
+    last one wants it, however slowly a busy machine lets them start."""
     agent_queries: list[str] = []
+    ids = [UUID(r["id"]) for r in runs]
 
     def count(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
         if "FROM agents" in statement:
             agent_queries.append(statement)
 
-    event.listen(app.state.database.engine.sync_engine, "before_cursor_execute", count)
+    database = app.state.database
+    event.listen(database.engine.sync_engine, "before_cursor_execute", count)
     try:
-        await asyncio.gather(
-            *(execute_run(app.state.database, settings, UUID(r["id"])) for r in runs)
-        )
+        async with database.transaction() as lock:
+            await lock.execute(text("LOCK TABLE agents IN ACCESS EXCLUSIVE MODE"))
+            played = asyncio.gather(*(execute_run(database, settings, run) for run in ids))
+            claimed = text(
+                "SELECT count(*) FROM scenario_runs WHERE id = ANY(:ids) AND attempts > 0"
+            )
+            for _ in range(1500):  # 30 s at most
+                if await lock.scalar(claimed, {"ids": ids}) == len(ids):
+                    break
+                await asyncio.sleep(0.02)
+        await played  # the lock released with the block's commit
     finally:
-        event.remove(app.state.database.engine.sync_engine, "before_cursor_execute", count)
+        event.remove(database.engine.sync_engine, "before_cursor_execute", count)
     return agent_queries
