@@ -82,6 +82,7 @@ from shared.scenarios.schemas import TERMINAL_STATUSES
 from shared.scenarios.services import snapshot_source, tag_filter
 
 _runs = ScenarioRun.__table__
+_batches = BatchRun.__table__
 
 
 async def create_batch(
@@ -271,13 +272,12 @@ async def list_batches(
 
 
 # Its every column (the detail's judge trust and comparison too), for the reads by id.
-_BATCH = InOrg(BatchRun.__table__)
+_BATCH = InOrg(_batches)
 # The listing's columns: for the reads that show no judge trust nor comparison (a poll of
 # its progress, each second), which can be long.
 _PROGRESS = _BATCHES[False]
 # The status and counters of the baseline of the batch ``:p_batch`` (no row without one):
 # whether its comparison is due (:func:`comparison_due`).
-_batches = BatchRun.__table__
 _BASELINE = Statement(
     select(_batches.c.status, _batches.c.completed_scenarios, _batches.c.total_scenarios).where(
         _batches.c.id
@@ -316,9 +316,10 @@ async def read_detail(
     rate limit holding it back if one does, once it is over its judge trust and, with a
     baseline, its comparison; or ``None`` when reading it is due to write first
     (:func:`settle`: its judge trust to ask for, its comparison to store), unless
-    ``settled`` (just written, whatever that decided).  The batch, its runs' summaries and
-    its replays in one round trip; the judge's votes (with ``judge_repetitions`` over 1)
-    and the destinations (while it runs) in a second."""
+    ``settled`` (just written, whatever that decided).  The batch, its runs' summaries, its
+    replays and its baseline's state in one round trip; then, only when needed, a round
+    trip each for the judge's votes (with ``judge_repetitions`` over 1) and for where its
+    runs call out (while it runs)."""
     org_id = access.organization_id
     given = {"p_batch": batch_id, "p_org": org_id}
     batch_rows, summary_rows, replay_rows, baselines = await read_together(
@@ -403,12 +404,12 @@ async def _flip_rate(connection: AsyncConnection[Any], *, batch_id: UUID) -> flo
 
 # The batches replaying one, oldest first.
 _REPLAYS = Statement(
-    select(BatchRun.__table__.c.id)
+    select(_batches.c.id)
     .where(
-        BatchRun.__table__.c.replay_of == bindparam("p_batch", type_=Uuid()),
-        BatchRun.__table__.c.organization_id == bindparam("p_org", type_=Uuid()),
+        _batches.c.replay_of == bindparam("p_batch", type_=Uuid()),
+        _batches.c.organization_id == bindparam("p_org", type_=Uuid()),
     )
-    .order_by(BatchRun.__table__.c.created_at, BatchRun.__table__.c.id)
+    .order_by(_batches.c.created_at, _batches.c.id)
 )
 
 
@@ -683,6 +684,7 @@ _SNAPSHOTS = select(_runs.c.scenario_id, _runs.c.snapshot).where(
     _runs.c.batch_run_id == bindparam("p_batch", type_=_runs.c.batch_run_id.type),
     _runs.c.organization_id == bindparam("p_org", type_=_runs.c.organization_id.type),
 )
+_SNAPSHOTS_READ = Statement(_SNAPSHOTS)  # compare_batches' read of them, straight on psycopg
 
 
 def _played_by_scenario(rows: Any) -> dict[UUID, bytes]:
@@ -745,9 +747,6 @@ def _change(a: _Outcomes | None, b: _Outcomes | None, edited: bool) -> schemas.C
     if same_rates and (a.errors, a.unfinished) == (b.errors, b.unfinished):
         return schemas.Change.UNCHANGED
     return schemas.Change.CHANGED
-
-
-_SNAPSHOTS_READ = Statement(_SNAPSHOTS)
 
 
 async def compare_batches(

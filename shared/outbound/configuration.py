@@ -178,7 +178,8 @@ _AGENT_AND_PROVIDERS = (
             _provider.c.is_default_simulator,
         )
         .where(
-            _provider.c.organization_id == bindparam("p_org", type_=_agent.c.organization_id.type)
+            _provider.c.organization_id
+            == bindparam("p_org", type_=_provider.c.organization_id.type)
         )
         .order_by(_provider.c.created_at, _provider.c.id)
     ),

@@ -31,7 +31,7 @@ from shared.db.models import (
     Scenario,
     Trigger,
 )
-from shared.db.queries import flush_unique, one_in_org, page_in_org, row_in_org
+from shared.db.queries import flush_unique, found, one_in_org, page_in_org, row_in_org
 from shared.errors import Conflict, InvalidInput, NotFound
 from shared.identity.access import OrgAccess
 from shared.llm.clients import ANTHROPIC_VERSION
@@ -283,11 +283,10 @@ async def credential_usage(
     """Exactly the providers and domains that reference ``key`` (404 when the organization
     has no such credential): three reads in one round trip."""
     given = {"p_org": access.organization_id, "p_key": key}
-    found, providers, domains = await read_together(
+    keys, providers, domains = await read_together(
         connection, *((statement, given) for statement in _USAGE)
     )
-    if not found:
-        raise NotFound("credential not found")
+    found(keys, "credential")
     return _usage(key, providers, domains)
 
 
