@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import hashlib
 import uuid
-from collections.abc import Mapping, Sequence
-from typing import Any, NamedTuple
+from collections.abc import Sequence
+from typing import Any
 from uuid import UUID
 
 import msgspec
@@ -174,29 +174,15 @@ def _stored(
     )
 
 
-class _Criterion(NamedTuple):
-    """What a criterion's version is made of (:func:`criterion_version`), as it is now."""
-
-    question: str
-    few_shot_examples: Sequence[Any]
-    conversation: bool
-
-
-class _Judge(NamedTuple):
-    """The judge the calibration's agent uses now (:func:`judge_provider_of`), and its model."""
-
-    provider_id: UUID | None
-    model: str | None
-
-
-def _criterion_statuses(
-    versions: Mapping[str, str], current: Mapping[UUID, _Criterion], judge: _Judge | None
-) -> list[schemas.CriterionCalibration]:
-    """Each criterion a calibration measured (``versions``), stale if it is no longer among
-    the organization's ``current`` criteria, if the agent is gone (``judge`` ``None``), or
-    if its question, its few-shot examples or the judge changed since."""
+def _criterion_statuses(row: Any) -> list[schemas.CriterionCalibration]:
+    """Each criterion a calibration measured (``row.criterion_versions``), stale if it is no
+    longer among the organization's criteria (``row.criteria_now``), if the agent is gone
+    (``row.judge_now`` null), or if its question, its few-shot examples or the judge changed
+    since: what :func:`_calibration_reads` reads of a calibration."""
+    current = {UUID(criterion_id): now for criterion_id, now in (row.criteria_now or {}).items()}
+    judge = row.judge_now
     statuses = []
-    for raw_id, version in sorted(versions.items()):
+    for raw_id, version in sorted(row.criterion_versions.items()):
         criterion = current.get(UUID(raw_id))
         reason = None
         if criterion is None:
@@ -205,11 +191,11 @@ def _criterion_statuses(
             reason = "the agent was deleted"
         elif (
             criterion_version(
-                criterion.question,
-                criterion.few_shot_examples,
-                judge.provider_id,
-                judge.model,
-                conversation=criterion.conversation,
+                criterion["question"],
+                criterion["few_shot_examples"],
+                UUID(judge["provider_id"]) if judge["provider_id"] else None,
+                judge["model"],
+                conversation=criterion["conversation"],
             )
             != version
         ):
@@ -328,23 +314,8 @@ _CALIBRATION_PAGES = _calibration_reads(with_results=False)
 
 def _body(row: Any) -> schemas.CalibrationRead:
     """A calibration's body from its row (:func:`_calibration_reads`)."""
-    judge = row.judge_now
-    current = {
-        UUID(criterion_id): _Criterion(**criterion)
-        for criterion_id, criterion in (row.criteria_now or {}).items()
-    }
     return schemas.CalibrationRead.from_row(
-        row,
-        criteria=_criterion_statuses(
-            row.criterion_versions,
-            current,
-            None
-            if judge is None
-            else _Judge(
-                UUID(judge["provider_id"]) if judge["provider_id"] else None, judge["model"]
-            ),
-        ),
-        **(row.metrics or {}),
+        row, criteria=_criterion_statuses(row), **(row.metrics or {})
     )
 
 
