@@ -13,7 +13,7 @@ from typing import Any
 from uuid import UUID
 
 from psycopg import AsyncConnection
-from sqlalchemy import Select, Uuid, bindparam, select
+from sqlalchemy import Uuid, bindparam, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from shared.db import shapes
@@ -29,25 +29,9 @@ from shared.identity.permissions import ADMIN, OWNER
 from shared.identity.roles import get_role
 from shared.paging import Paging
 
-
-def _member_query(org_id: UUID) -> Select[Any]:
-    return (
-        select(Membership, User, Role, Organization)
-        .join(User, User.id == Membership.user_id)
-        .join(Role, Role.id == Membership.role_id)
-        .join(Organization, Organization.id == Membership.organization_id)
-        .where(Membership.organization_id == org_id)
-    )
-
-
-def _member(row: Any) -> schemas.MemberRead:
-    # The row's parts, not the membership's relationships (those raise rather than load).
-    membership, user, role, organization = row
-    return schemas.MemberRead.from_row(membership, user=user, role=role, organization=organization)
-
-
-# The API's reads of members, straight on psycopg: each membership with its user, role and
-# organization as JSON objects (each by its primary key), in one statement compiled once.
+# A member as its body reads: the membership with its user, role and organization as JSON
+# objects (each by its primary key), in one statement.  The API's reads run it straight on
+# psycopg; the answers of writes in their session (their rows not committed yet).
 _memberships = Membership.__table__
 
 
@@ -67,11 +51,10 @@ _MEMBER_COLUMNS = shapes.labeled(
 )
 _IN_ORG = _memberships.c.organization_id == bindparam("p_org", type_=Uuid())
 _MEMBERS = CountedPage(_memberships, _IN_ORG, _MEMBER_COLUMNS)
-_MEMBER = Statement(
-    select(*_MEMBER_COLUMNS).where(
-        _IN_ORG, _memberships.c.user_id == bindparam("p_user", type_=Uuid())
-    )
+_MEMBER_QUERY = select(*_MEMBER_COLUMNS).where(
+    _IN_ORG, _memberships.c.user_id == bindparam("p_user", type_=Uuid())
 )
+_MEMBER = Statement(_MEMBER_QUERY)
 
 
 async def list_members(
@@ -89,14 +72,11 @@ async def read_member(connection: AsyncConnection[Any], *, access: OrgAccess, us
 async def get_member(
     session: AsyncSession, *, access: OrgAccess, user_id: UUID
 ) -> schemas.MemberRead:
-    row = (
-        await session.execute(
-            _member_query(access.organization_id).where(Membership.user_id == user_id)
-        )
-    ).one_or_none()
-    if row is None:
-        raise NotFound("member not found")
-    return _member(row)
+    """The member as :func:`read_member` reads it, in ``session``'s transaction: the answer
+    of an invitation or a role change, before it commits."""
+    given = {"p_org": access.organization_id, "p_user": user_id}
+    rows = (await session.execute(_MEMBER_QUERY, given)).all()
+    return schemas.MemberRead.from_row(found(rows, "member"))
 
 
 def _is_system(role: Role, name: str) -> bool:
