@@ -25,6 +25,9 @@ Run by ``bench/batch.py`` and ``bench/ratelimit.py``; on its own::
   judge's chat completions behind a token bucket (:class:`TokenBucket`): ``rate`` requests
   a second, bursts of ``burst``; past it a 429 at once, its wait in the form
   ``retry_after`` names (:data:`RETRY_AFTER_FORMS`); ``{"rate": null}`` lifts it;
+* ``POST http://127.0.0.1:<judge>/_verdicts`` ``{"fail_every": n}``: every n-th chat
+  completion from then on is a FAIL verdict (``null``: every one a PASS again), so that two
+  batches of the same scenarios end differently;
 * ``GET http://127.0.0.1:<judge>/_stats`` answers the requests served so far, the judge's
   429s and the peak of its concurrent calls (admitted and not yet answered).
 """
@@ -48,6 +51,7 @@ Handler = Callable[[str, str, Any], Reply]
 LOCK = threading.Lock()  # the threaded servers' handlers share State
 
 VERDICT = json.dumps({"verdict": "PASS", "critique": "fine", "evidence": "ok"})
+FAILED = json.dumps({"verdict": "FAIL", "critique": "not so", "evidence": "ok"})
 _ids = itertools.count(1)
 
 
@@ -95,6 +99,8 @@ class State:
     refused = 0  # the judge's 429s
     in_flight = 0  # judge calls admitted and not yet answered
     peak = 0
+    fail_every: int | None = None  # every n-th verdict a FAIL (``/_verdicts``)
+    verdicts = 0  # verdicts given since
 
 
 def answered(path: str) -> None:
@@ -124,6 +130,9 @@ def judge(method: str, path: str, body: Any) -> Reply:
         State.retry_after = str(body.get("retry_after", "seconds"))
         State.refused, State.peak = 0, State.in_flight
         return 200, {"rate": rate, "retry_after": State.retry_after}, 0.0
+    if method == "POST" and path == "/_verdicts":
+        State.fail_every, State.verdicts = body.get("fail_every"), 0
+        return 200, {"fail_every": State.fail_every}, 0.0
     if method == "GET" and path == "/_stats":
         return 200, {**State.served, "judge_429": State.refused, "judge_peak": State.peak}, 0.0
     if method != "POST" or not path.endswith("/chat/completions") or not isinstance(body, dict):
@@ -141,6 +150,8 @@ def judge(method: str, path: str, body: Any) -> Reply:
     State.served["judge"] += 1
     State.in_flight += 1
     State.peak = max(State.peak, State.in_flight)
+    State.verdicts += 1
+    fails = State.fail_every is not None and State.verdicts % State.fail_every == 0
     completion = {
         "id": f"chatcmpl-bench{next(_ids)}",
         "object": "chat.completion",
@@ -149,7 +160,7 @@ def judge(method: str, path: str, body: Any) -> Reply:
         "choices": [
             {
                 "index": 0,
-                "message": {"role": "assistant", "content": VERDICT},
+                "message": {"role": "assistant", "content": FAILED if fails else VERDICT},
                 "finish_reason": "stop",
             }
         ],

@@ -5,7 +5,8 @@ costs, one request after another.
 one covers all of them, so that a read left on a slow path shows.  On a throwaway database
 (``spar serve`` and one ``spar worker``, the loopback fakes answering at once) it seeds an
 organization over REST with one of everything a read can name: scenarios, an agent, a
-judge, a batch of the scenarios played to its end, a platform token, a credential, a
+judge, a batch of the scenarios played to its end and a second one of three repetitions
+whose judge fails some verdicts (the two compared), a platform token, a credential, a
 knowledge collection with a document processed and bookmarked, a calibration, a scheduled
 trigger fired a few times, a webhook endpoint.  Then, for each GET operation of the
 served OpenAPI document (but the health checks and the event stream), with those ids in
@@ -34,6 +35,7 @@ import httpx
 
 from bench.batch import setup_org
 from bench.stack import (
+    Fakes,
     Stack,
     cpu_seconds,
     database_url,
@@ -62,7 +64,7 @@ def wait_for(read: Any, done: Any, what: str) -> Any:
         time.sleep(0.2)
 
 
-def seed(spar: Stack, agent_url: str, judge_url: str) -> dict[str, str]:
+def seed(spar: Stack, fakes: Fakes) -> dict[str, str]:
     """One of everything a read names, over REST; the ids, by the name of their path
     parameter."""
     api, org, h = spar.http, spar.org_id, spar.headers
@@ -71,19 +73,35 @@ def seed(spar: Stack, agent_url: str, judge_url: str) -> dict[str, str]:
     def get(path: str) -> Any:
         return ok(api.get(v1 + path, headers=h), 200)
 
-    agent_id = setup_org(spar, agent_url, judge_url)
+    def played(**batch: Any) -> str:
+        """A batch of the seeded scenarios, played to its end: its id."""
+        batch = {"agent_id": agent_id, "tags": ["bench"], "max_concurrency": 10, **batch}
+        batch_id = ok(api.post(f"{v1}/scenarios/batch-runs/", json=batch, headers=h))["id"]
+        over = wait_for(
+            lambda: get(f"/scenarios/batch-runs/{batch_id}"),
+            lambda b: b["status"] not in ("queued", "running"),
+            "the batch",
+        )
+        if over["error_scenarios"]:  # the reads of runs that never reached the fakes
+            errors = {run["status"] for run in over["runs"]}
+            raise RuntimeError(f"the seeded batch's runs ended in error: {errors}")
+        return batch_id
+
+    agent_id = setup_org(spar, fakes.agent_url, fakes.judge_url)
     criteria = [{"question": "Is it polite?"}, {"question": "Is it short?"}]
     for n in range(SCENARIOS):
         turns = [{"user_message": f"Question {t}?", "criteria": criteria} for t in range(3)]
         scenario = {"name": f"scenario {n}", "tags": ["bench"], "turns": turns}
         ok(api.post(f"{v1}/scenarios/", json=scenario, headers=h))
-    batch = {"agent_id": agent_id, "tags": ["bench"], "max_concurrency": 10}
-    batch_id = ok(api.post(f"{v1}/scenarios/batch-runs/", json=batch, headers=h))["id"]
-    done = wait_for(
-        lambda: get(f"/scenarios/batch-runs/{batch_id}"),
-        lambda b: b["status"] not in ("queued", "running"),
-        "the batch",
-    )
+    batch_id = played()
+    done = get(f"/scenarios/batch-runs/{batch_id}")
+    # Compared with it, a batch of three repetitions whose judge fails one verdict in
+    # twenty (about three runs in ten, of six verdicts each): its scenarios pass 0 to 3
+    # times of 3, so that the pairs differ by 0, -1/3, -2/3 or -1, as two batches of a
+    # changed agent do.
+    fakes.fail_every(20)
+    changed = played(repetitions=3)
+    fakes.fail_every(None)
     a_scenario = get("/scenarios")["scenarios"][0]["id"]
     turns = get(f"/scenarios/{a_scenario}")["turns"]
     ids = {
@@ -152,7 +170,7 @@ def seed(spar: Stack, agent_url: str, judge_url: str) -> dict[str, str]:
         ids["execution_id"] = ok(fired, 202)["id"]
     endpoint = {"url": "https://127.0.0.1/hook", "events": ["batch.completed"]}
     ids["endpoint_id"] = ok(api.post(f"{v1}/webhook-endpoints", json=endpoint, headers=h))["id"]
-    ids["a"] = ids["b"] = batch_id  # the query of compareBatchRuns
+    ids["a"], ids["b"] = batch_id, changed  # the query of compareBatchRuns
     return ids
 
 
@@ -211,10 +229,15 @@ def main(argv: list[str] | None = None) -> None:
     worker = ["--processes", "1", "--threads", "8"]
     with (
         loopback_fakes() as fakes,
-        spar_stack(database_url("reads"), workers=1, worker_args=worker) as spar,
+        spar_stack(
+            database_url("reads"),
+            env={"SPAR_EGRESS_ALLOW_PRIVATE": "true"},  # the fakes, on loopback
+            workers=1,
+            worker_args=worker,
+        ) as spar,
     ):
         fakes.set_latency(0, 0)
-        ids = seed(spar, fakes.agent_url, fakes.judge_url)
+        ids = seed(spar, fakes)
         found, skipped = reads(spar.http, ids)
         rows = [
             (path, *measure(spar.http, url, spar.headers, spar.serve_pid, args.requests))

@@ -248,6 +248,10 @@ class Fakes:
             json={"rate": rate, "burst": burst, "retry_after": retry_after},
         ).raise_for_status()
 
+    def fail_every(self, n: int | None) -> None:
+        """Every ``n``-th judge verdict from now on a FAIL (``None``: none)."""
+        httpx.post(f"{self.judge_url}/_verdicts", json={"fail_every": n}).raise_for_status()
+
     def served(self) -> dict[str, int]:
         return httpx.get(f"{self.judge_url}/_stats").json()
 

@@ -57,6 +57,7 @@ from sqlalchemy import (
     union_all,
     update,
 )
+from sqlalchemy.dialects.postgresql import distinct_on
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from shared.batches import schemas, window
@@ -655,12 +656,21 @@ _CHANGE_ORDER = {
 }
 
 
-def _played(snapshot: dict[str, Any]) -> bytes:
-    """What a run of the scenario plays, from its snapshot: the customer context, each
-    turn's message, whether it is required, and its criteria (questions, types, few-shot
-    examples, expected arguments), its simulated user and its conversation criteria.  Not
-    the ids (saving turns makes new ones) nor the name."""
-    scenario = msgspec.convert(snapshot, Snapshot)
+def _edited(a: str | None, b: str | None) -> bool:
+    """Whether a scenario plays otherwise in two batches, from its snapshot in each (JSON
+    text, ``None`` where it was not run).  The same text plays the same, so only snapshots
+    that differ are decoded (a ``jsonb`` value has one text: its keys are ordered)."""
+    if a == b:
+        return False
+    return a is None or b is None or _played(a) != _played(b)
+
+
+def _played(snapshot: str) -> bytes:
+    """What a run of the scenario plays, from its snapshot (its JSON text): the customer
+    context, each turn's message, whether it is required, and its criteria (questions,
+    types, few-shot examples, expected arguments), its simulated user and its conversation
+    criteria.  Not the ids (saving turns makes new ones) nor the name."""
+    scenario = msgspec.json.decode(snapshot, type=Snapshot)
 
     def asked(criteria: list[SnapshotCriterion]) -> list[Any]:
         return [
@@ -678,17 +688,24 @@ def _played(snapshot: dict[str, Any]) -> bytes:
     )
 
 
-# The snapshot of each run of the batch ``:p_batch`` of the organization ``:p_org``: what a
-# comparison reads to tell an edited scenario (:func:`_played`).
-_SNAPSHOTS = select(_runs.c.scenario_id, _runs.c.snapshot).where(
-    _runs.c.batch_run_id == bindparam("p_batch", type_=_runs.c.batch_run_id.type),
-    _runs.c.organization_id == bindparam("p_org", type_=_runs.c.organization_id.type),
+# The snapshot of each scenario of the batch ``:p_batch`` of the organization ``:p_org``, as
+# JSON text: what a comparison reads to tell an edited scenario (:func:`_edited`).  A batch's
+# runs of one scenario share its snapshot (built once per scenario as the batch or its
+# replay is made), so one run's is read for each.
+_SNAPSHOTS = (
+    select(_runs.c.scenario_id, cast(_runs.c.snapshot, Text).label("snapshot"))
+    .where(
+        _runs.c.batch_run_id == bindparam("p_batch", type_=_runs.c.batch_run_id.type),
+        _runs.c.organization_id == bindparam("p_org", type_=_runs.c.organization_id.type),
+    )
+    .ext(distinct_on(_runs.c.scenario_id))
+    .order_by(_runs.c.scenario_id, _runs.c.created_at, _runs.c.id)
 )
 _SNAPSHOTS_READ = Statement(_SNAPSHOTS)  # compare_batches' read of them, straight on psycopg
 
 
-def _played_by_scenario(rows: Any) -> dict[UUID, bytes]:
-    return {row.scenario_id: _played(row.snapshot) for row in rows}
+def _snapshots_by_scenario(rows: Any) -> dict[UUID, str]:
+    return {row.scenario_id: row.snapshot for row in rows}
 
 
 @dataclass(slots=True)
@@ -774,8 +791,8 @@ async def compare_batches(
         found(b, "batch run"),
         [schemas.BatchRunItemSummary.from_row(row) for row in runs_a],
         [schemas.BatchRunItemSummary.from_row(row) for row in runs_b],
-        _played_by_scenario(snapshots_a),
-        _played_by_scenario(snapshots_b),
+        _snapshots_by_scenario(snapshots_a),
+        _snapshots_by_scenario(snapshots_b),
     )
 
 
@@ -784,16 +801,16 @@ def _compare(
     batch_b: Any,
     summaries_a: list[schemas.BatchRunItemSummary],
     summaries_b: list[schemas.BatchRunItemSummary],
-    played_a: dict[UUID, bytes],
-    played_b: dict[UUID, bytes],
+    snapshots_a: dict[UUID, str],
+    snapshots_b: dict[UUID, str],
 ) -> schemas.BatchComparison:
-    """The comparison of two batches (their rows), from their runs' summaries and what each
-    of their scenarios plays (:func:`_played`)."""
+    """The comparison of two batches (their rows), from their runs' summaries and each
+    of their scenarios' snapshot (:func:`_edited`)."""
     runs_a, runs_b = _by_scenario(summaries_a), _by_scenario(summaries_b)
     rows, differences = [], []
     for scenario_id in runs_a.keys() | runs_b.keys():
         a, b = runs_a.get(scenario_id), runs_b.get(scenario_id)
-        edited = played_a.get(scenario_id) != played_b.get(scenario_id)
+        edited = _edited(snapshots_a.get(scenario_id), snapshots_b.get(scenario_id))
         ta = a.tally if a is not None else Tally(0, 0)
         tb = b.tally if b is not None else Tally(0, 0)
         p_value = None
@@ -869,10 +886,10 @@ async def store_comparison(session: AsyncSession, *, batch: BatchRun) -> bool:
     sides = []
     for side in (baseline, batch):
         given = {"p_batch": side.id, "p_org": side.organization_id}
-        played = _played_by_scenario(await session.execute(_SNAPSHOTS, given))
-        sides.append((await run_summaries(session, batch=side), played))
-    (runs_a, played_a), (runs_b, played_b) = sides
-    comparison = _compare(baseline, batch, runs_a, runs_b, played_a, played_b)
+        snapshots = _snapshots_by_scenario(await session.execute(_SNAPSHOTS, given))
+        sides.append((await run_summaries(session, batch=side), snapshots))
+    (runs_a, snapshots_a), (runs_b, snapshots_b) = sides
+    comparison = _compare(baseline, batch, runs_a, runs_b, snapshots_a, snapshots_b)
     stored = schemas.StoredComparison(
         baseline_batch_id=baseline.id,
         computed_at=utcnow(),

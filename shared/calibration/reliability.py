@@ -22,12 +22,12 @@ the agent), so a scenario's trials may be fewer than the batch's repetitions.
 from __future__ import annotations
 
 import math
-import random
-from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from shared.calibration.stats import binomial, percentile_95
+import numpy
+
+from shared.calibration.stats import percentile_95
 
 RESAMPLES = 2000
 SEED = 0
@@ -115,24 +115,16 @@ def paired_bootstrap(
     bootstrap interval; ``None`` without pairs.
 
     Each resample picks n scenarios with replacement.  Its mean depends only on how many
-    times each distinct difference is picked, a multinomial draw: drawn as successive
-    binomials (:func:`stats.binomial`), the rarest difference first, so a resample costs
-    a few steps per distinct difference rather than one per scenario, and the answer does
+    times each distinct difference is picked, a multinomial draw (numpy's, 2,000 of them
+    in one call: drawn one by one in Python they cost 4-9 ms on a comparison of 25
+    scenarios, most of its read); the distinct differences are sorted, so the answer does
     not depend on the order the pairs come in."""
     n = len(differences)
     if not n:
         return None
-    counts = sorted(Counter(differences).items(), key=lambda item: (item[1], item[0]))
-    rng = random.Random(seed)  # noqa: S311 - a seeded simulation, not a secret
-    means = []
-    for _ in range(resamples):
-        left, weight, total = n, n, 0.0
-        for value, count in counts[:-1]:
-            drawn = binomial(rng, left, count / weight)
-            total += drawn * value
-            left, weight = left - drawn, weight - count
-        total += left * counts[-1][0]
-        means.append(total / n)
+    values, counts = numpy.unique(numpy.asarray(differences, dtype=float), return_counts=True)
+    picks = numpy.random.default_rng(seed).multinomial(n, counts / n, size=resamples)
+    means = picks @ values / n
     low, high = percentile_95(means)
     return Bootstrap(
         difference=math.fsum(differences) / n,  # exactly rounded: in any order, the same

@@ -9,9 +9,10 @@ spec's rule); an interval on no observations is the whole [0, 1].
 from __future__ import annotations
 
 import math
-import random
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+
+import numpy
 
 Z_95 = 1.959963984540054  # the standard normal's 97.5th percentile
 
@@ -107,29 +108,6 @@ def corrected_rate(raw: float, tpr: float, tnr: float) -> float | None:
     return min(1.0, max(0.0, (raw + tnr - 1) / informedness))
 
 
-def binomial(rng: random.Random, n: int, p: float) -> int:
-    """One Binomial(n, p) draw.  Exact where the rarer outcome is expected under 30 times
-    or n is at most 200: the gaps between rare outcomes are geometric, so a draw costs
-    about n·min(p, 1-p) steps, not n.  Otherwise the normal approximation with
-    continuity (both np and n(1-p) are then at least 30)."""
-    if n <= 0 or p <= 0.0:
-        return 0
-    if p >= 1.0:
-        return n
-    rare = min(p, 1.0 - p)
-    if n <= 200 or n * rare < 30:
-        log_miss = math.log1p(-rare)
-        count, position = 0, 0
-        while True:
-            position += int(math.log(1.0 - rng.random()) / log_miss) + 1
-            if position > n:
-                break
-            count += 1
-        return count if rare == p else n - count
-    draw = round(rng.gauss(n * p, math.sqrt(n * p * (1 - p))))
-    return min(n, max(0, draw))
-
-
 @dataclass(frozen=True, slots=True)
 class Corrected:
     raw_rate: float
@@ -154,22 +132,29 @@ def correct(
     rate = corrected_rate(raw, tpr, tnr)
     if rate is None:
         return None
-    rng = random.Random(seed)  # noqa: S311 - a seeded simulation, not a secret
-    estimates = []
-    for _ in range(draws):
-        p = ratio(binomial(rng, total, raw), total)
-        tpr_star = ratio(binomial(rng, confusion.positives, tpr), confusion.positives)
-        tnr_star = ratio(binomial(rng, confusion.negatives, tnr), confusion.negatives)
-        estimate = corrected_rate(p, tpr_star, tnr_star)
-        # A draw where the judge looks no better than chance says nothing: it counts as
-        # the widest answer, all of [0, 1], split evenly between the two ends.
-        estimates.append(estimate if estimate is not None else float(len(estimates) % 2))
+    rng = numpy.random.default_rng(seed)
+    p = _shares(rng, total, raw, draws)
+    tpr_star = _shares(rng, confusion.positives, tpr, draws)
+    tnr_star = _shares(rng, confusion.negatives, tnr, draws)
+    informedness = tpr_star + tnr_star - 1
+    # A draw where the judge looks no better than chance says nothing: it counts as the
+    # widest answer, all of [0, 1], split evenly between the two ends.
+    chance = informedness <= 0
+    estimates = numpy.clip((p + tnr_star - 1) / numpy.where(chance, 1.0, informedness), 0, 1)
+    estimates[chance] = numpy.arange(draws)[chance] % 2
     return Corrected(raw_rate=raw, rate=rate, interval=percentile_95(estimates))
 
 
-def percentile_95(estimates: list[float]) -> tuple[float, float]:
+def _shares(rng: numpy.random.Generator, n: int, p: float, draws: int) -> numpy.ndarray:
+    """``draws`` shares of successes in ``n`` Binomial(n, p) trials (0.0 where n is 0)."""
+    if not n:
+        return numpy.zeros(draws)
+    return rng.binomial(n, p, draws) / n
+
+
+def percentile_95(estimates: Sequence[float] | numpy.ndarray) -> tuple[float, float]:
     """The 2.5th and 97.5th percentiles of a bootstrap's estimates (sorted here): the
     percentile 95 % interval, the lower end rounded down and the upper up."""
-    estimates = sorted(estimates)
-    last = len(estimates) - 1
-    return (estimates[int(0.025 * last)], estimates[math.ceil(0.975 * last)])
+    ordered = numpy.sort(estimates)
+    last = len(ordered) - 1
+    return (float(ordered[int(0.025 * last)]), float(ordered[math.ceil(0.975 * last)]))

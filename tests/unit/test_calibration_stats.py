@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from shared.calibration.stats import Confusion, binomial, correct, corrected_rate, wilson
+from shared.calibration.stats import Confusion, correct, corrected_rate, wilson
 
 
 def test_confusion_counts_and_rates_of_a_hand_worked_example() -> None:
@@ -113,15 +113,3 @@ def test_a_simulated_batch_the_corrected_interval_holds_the_truth_and_the_raw_ra
 def test_no_correction_for_a_judge_no_better_than_chance() -> None:
     coin = Confusion(true_positives=50, false_negatives=50, true_negatives=50, false_positives=50)
     assert correct(60, 100, coin) is None
-
-
-@pytest.mark.parametrize(("n", "p"), [(1000, 0.01), (150, 0.6), (10_000, 0.999), (40, 0.5)])
-def test_binomial_draws_have_the_binomial_mean_and_variance(n: int, p: float) -> None:
-    rng = random.Random(7)
-    draws = [binomial(rng, n, p) for _ in range(20_000)]
-    mean = sum(draws) / len(draws)
-    variance = sum((d - mean) ** 2 for d in draws) / (len(draws) - 1)
-    assert all(0 <= d <= n for d in draws)
-    assert mean == pytest.approx(n * p, rel=0.02, abs=0.05)
-    assert variance == pytest.approx(n * p * (1 - p), rel=0.06)
-    assert binomial(rng, n, 0.0) == 0 and binomial(rng, n, 1.0) == n
