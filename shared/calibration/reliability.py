@@ -116,9 +116,9 @@ def paired_bootstrap(
 
     Each resample picks n scenarios with replacement.  Its mean depends only on how many
     times each distinct difference is picked, a multinomial draw (numpy's, 2,000 of them
-    in one call: drawn one by one in Python they cost 4-9 ms on a comparison of 25
-    scenarios, most of its read); the distinct differences are sorted, so the answer does
-    not depend on the order the pairs come in."""
+    in one call: drawn one binomial at a time in Python they took 3.8-7.4 ms for 25
+    scenarios, most of a comparison's read, where numpy takes 0.2-0.4); the distinct
+    differences are sorted, so the answer does not depend on the order the pairs come in."""
     n = len(differences)
     if not n:
         return None
