@@ -7,8 +7,8 @@ one covers all of them, so that a read left on a slow path shows.  On a throwawa
 organization over REST with one of everything a read can name: scenarios, an agent, a
 judge, a batch of the scenarios played to its end and a second one of three repetitions
 whose judge fails some verdicts (the two compared), a platform token, a credential, a
-knowledge collection with a document processed and bookmarked, a calibration, a scheduled
-trigger fired a few times, a webhook endpoint.  Then, for each GET operation of the
+knowledge collection with a document processed and bookmarked, a calibration, 25 scheduled
+triggers (one fired a few times), a webhook endpoint.  Then, for each GET operation of the
 served OpenAPI document (but the health checks and the event stream), with those ids in
 its path: a warm-up, then ``--requests`` requests one after another on one keep-alive
 connection, and the server's CPU per request from ``/proc`` (user + system; the clock
@@ -165,6 +165,12 @@ def seed(spar: Stack, fakes: Fakes) -> dict[str, str]:
         "timezone": "Europe/Amsterdam",
     }
     ids["trigger_id"] = ok(api.post(f"{v1}/triggers/", json=trigger, headers=h))["id"]
+    # A listing's page of scheduled triggers, each on a schedule of its own.
+    zones = ("Europe/Amsterdam", "America/New_York", "Asia/Tokyo", "UTC")
+    for n in range(1, SCENARIOS):
+        other = {**trigger, "name": f"suite {n}", "timezone": zones[n % len(zones)]}
+        other["cron_expression"] = f"{n} {n % 24} * * {n % 7}"
+        ok(api.post(f"{v1}/triggers/", json=other, headers=h))
     for _ in range(3):
         fired = api.post(f"{v1}/triggers/{ids['trigger_id']}/fire", json={}, headers=h)
         ids["execution_id"] = ok(fired, 202)["id"]

@@ -46,6 +46,8 @@ _DOW_ITEM = re.compile(r"^(?:(\*)|(\w+)(?:-(\w+))?)(?:/(\d+))?$")
 # Slots looked at, at most, to find the next one that falls after a given instant (a
 # fall-back hour repeats 60 minute slots; a schedule firing on 29 February rarely).
 _SEARCH_LIMIT = 2000
+# Longer than any change of a zone's clocks (two hours at most, in the IANA database).
+_CHANGE = timedelta(hours=3)
 
 
 class ScheduleError(ValueError):
@@ -153,10 +155,27 @@ class Schedule:
         self.timezone = timezone
         self._cron = parse_cron(expression, second=second)
         self._zone = parse_zone(timezone)
+        # The last answer, (instant, its slot): the same slot answers every instant from
+        # that one until the slot itself, since none lies between (a trigger's body shows
+        # its next slot, and a listing's page asks again on every read).
+        self._last: tuple[datetime, datetime] | None = None
 
     def next_after(self, instant: datetime) -> datetime | None:
         """The first slot strictly after ``instant`` (aware), or ``None`` if none comes."""
-        wall = _wall(instant, self._zone)
+        last = self._last  # read once: another thread may replace it meanwhile
+        if last is not None and last[0] <= instant < last[1]:
+            return last[1]
+        slot = self._search(instant)
+        if slot is not None:
+            self._last = (instant, slot)
+        return slot
+
+    def _search(self, instant: datetime) -> datetime | None:
+        # From the clock's reading at ``instant``, or, if the clocks went forward in the
+        # hours before it, from the reading they would show had they not: a slot in the
+        # skipped hour fires as far past the change as it lay in it (:func:`_placed`),
+        # after ``instant`` while its wall time lies before the clock's reading.
+        wall = min(_wall(instant, self._zone), _wall(instant - _CHANGE, self._zone) + _CHANGE)
         for _ in range(_SEARCH_LIMIT):
             wall = self._cron.get_next_fire_time(None, wall + timedelta(microseconds=1))
             if wall is None:

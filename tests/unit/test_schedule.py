@@ -8,8 +8,10 @@ from datetime import UTC, datetime, timedelta
 from zoneinfo import ZoneInfo
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from shared.triggers.schedule import Schedule, ScheduleError, ScheduleTrigger, check
+from shared.triggers.schedule import Schedule, ScheduleError, ScheduleTrigger, check, parse_cron
 
 AMSTERDAM = ZoneInfo("Europe/Amsterdam")
 NEW_YORK = ZoneInfo("America/New_York")
@@ -139,6 +141,67 @@ def test_the_apscheduler_trigger_wakes_at_each_slot() -> None:
     assert trigger.get_next_fire_time(first, first) == first + timedelta(hours=1)
     # At exactly a slot, that slot is next (APScheduler asks with now = the slot).
     assert trigger.get_next_fire_time(None, first) == first
+
+
+# Around each zone's changes of 2026 (Lord Howe moves its clocks by half an hour).
+CHANGES = [
+    ("Europe/Amsterdam", datetime(2026, 3, 29, 1, tzinfo=UTC)),
+    ("Europe/Amsterdam", datetime(2026, 10, 25, 1, tzinfo=UTC)),
+    ("America/New_York", datetime(2026, 3, 8, 7, tzinfo=UTC)),
+    ("America/New_York", datetime(2026, 11, 1, 6, tzinfo=UTC)),
+    ("Australia/Lord_Howe", datetime(2026, 4, 4, 15, tzinfo=UTC)),
+    ("Australia/Lord_Howe", datetime(2026, 10, 3, 15, 30, tzinfo=UTC)),
+    ("UTC", datetime(2026, 11, 24, 10, tzinfo=UTC)),
+]
+
+
+def every_slot(expression: str, zone: str, first: datetime, last: datetime) -> list[datetime]:
+    """Each slot from a day before ``first`` to past ``last``, by brute force: every wall
+    time the cron names, placed as documented (a time the clocks skipped as far past the
+    change as it lay in, a repeated one at its first occurrence), in the order of time."""
+    cron, tz = parse_cron(expression), ZoneInfo(zone)
+    wall = (first - timedelta(days=1)).astimezone(tz).replace(tzinfo=UTC)
+    end = (last + timedelta(days=1)).astimezone(tz).replace(tzinfo=UTC)
+    found = set()
+    while True:
+        wall = cron.get_next_fire_time(None, wall + timedelta(microseconds=1))
+        placed = wall.replace(tzinfo=tz, fold=0).astimezone(UTC)
+        found.add(placed)
+        if wall > end and placed > last:
+            return sorted(found)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    change=st.sampled_from(CHANGES),
+    expression=st.sampled_from(
+        ["30 2 * * *", "*/20 * * * *", "15 1 * * *", "0 3 * * 0", "45 */2 * * *", "0 0 1 * *"]
+    ),
+    minutes=st.lists(st.integers(min_value=-36 * 60, max_value=36 * 60), min_size=1, max_size=12),
+    seconds=st.integers(min_value=0, max_value=59),
+)
+def test_the_next_slot_is_the_first_after_the_instant_asked_in_any_order(
+    change: tuple[str, datetime], expression: str, minutes: list[int], seconds: int
+) -> None:
+    """Around a change of the clocks, the next slot after any instant is the first of all
+    the slots after it, including one moved past the change by a skipped hour; asked again
+    (a schedule keeps its last answer), in time order and then in any order, the same."""
+    zone, at = change
+    instants = [at + timedelta(minutes=minute, seconds=seconds) for minute in minutes]
+    slots = every_slot(expression, zone, min(instants), max(instants))
+    kept = Schedule(expression, zone)
+    for instant in [*sorted(instants), *instants]:
+        expected = next(slot for slot in slots if slot > instant)
+        assert Schedule(expression, zone).next_after(instant) == expected, instant
+        assert kept.next_after(instant) == expected, instant
+
+
+def test_a_slot_the_clocks_skipped_is_still_next_just_after_the_change() -> None:
+    # Amsterdam, 2026-03-29: 02:30 did not exist; it fires at 03:30 CEST (01:30 UTC), so at
+    # 03:10 CEST it is still to come (it was passed over for the next day's).
+    after_the_change = datetime(2026, 3, 29, 1, 10, tzinfo=UTC)
+    slot = Schedule("30 2 * * *", "Europe/Amsterdam").next_after(after_the_change)
+    assert slot == datetime(2026, 3, 29, 1, 30, tzinfo=UTC)
 
 
 @pytest.mark.parametrize(
