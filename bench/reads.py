@@ -177,7 +177,50 @@ def seed(spar: Stack, fakes: Fakes) -> dict[str, str]:
     endpoint = {"url": "https://127.0.0.1/hook", "events": ["batch.completed"]}
     ids["endpoint_id"] = ok(api.post(f"{v1}/webhook-endpoints", json=endpoint, headers=h))["id"]
     ids["a"], ids["b"] = batch_id, changed  # the query of compareBatchRuns
+    fill_pages(spar, ids)
     return ids
+
+
+def fill_pages(spar: Stack, ids: dict[str, str]) -> None:
+    """Enough more of what each listing lists for a page of :data:`SCENARIOS` (a listing of
+    one row costs less than its users' pages do): agents, providers naming credentials,
+    allowed domains whose headers use them, platform tokens, roles, webhook endpoints,
+    collections, documents in the seeded collection, and a trigger's executions."""
+    api, h, v1 = spar.http, spar.headers, f"/v1/orgs/{spar.org_id}"
+
+    def post(path: str, body: dict[str, Any], status: int = 201) -> Any:
+        return ok(api.post(v1 + path, json=body, headers=h), status)
+
+    for n in range(1, SCENARIOS):
+        key = f"KEY_{n}"
+        ok(api.put(f"{v1}/credentials/{key}", json={"value": f"value {n}"}, headers=h))
+        post(
+            "/agents",
+            {"name": f"agent {n}", "kind": "http", "endpoint_url": f"https://a{n}.test/chat"},
+        )
+        header = {"Authorization": f"Bearer {{{{credentials.{ids['key']}}}}}"}
+        post("/allowed-domains/", {"domain": f"a{n}.test", "headers": header})
+        post("/platform-tokens/", {"name": f"reader {n}", "permissions": ["scenarios:read"]})
+        post("/roles", {"name": f"role {n}", "permissions": ["scenarios:read"]})
+        hook = {"url": f"https://hooks{n}.test/spar", "events": ["batch.completed"]}
+        post("/webhook-endpoints", hook)
+        post("/knowledge/collections", {"name": f"collection {n}"})
+        document = {
+            "collectionId": ids["collection_id"],
+            "filename": f"policy {n}.md",
+            "content": f"# Policy {n}\n\nWithin {n} days.\n",
+        }
+        post("/knowledge/documents/structured", document)
+        post(f"/triggers/{ids['trigger_id']}/fire", {}, 202)
+    for n in range(1, 5):
+        provider = {
+            "name": f"provider {n}",
+            "provider": "openai_compatible",
+            "base_url": f"https://llm{n}.test/v1",
+            "default_model": "model-1",
+            "credential_key": ids["key"],
+        }
+        post("/llm-providers", provider)
 
 
 def reads(api: httpx.Client, ids: dict[str, str]) -> tuple[list[tuple[str, str]], list[str]]:
