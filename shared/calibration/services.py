@@ -174,32 +174,41 @@ def _stored(
     )
 
 
-def _criterion_statuses(row: Any) -> list[schemas.CriterionCalibration]:
+# A criterion's version now, by (criterion id, judge provider id, judge model): within one
+# statement's rows a criterion's question and examples are the same in every row, so a
+# page of calibrations of the same criteria and judge hashes each once.
+_Versions = dict[tuple[str, str | None, str | None], str]
+
+
+def _criterion_statuses(row: Any, versions: _Versions) -> list[schemas.CriterionCalibration]:
     """Each criterion a calibration measured (``row.criterion_versions``), stale if it is no
     longer among the organization's criteria (``row.criteria_now``), if the agent is gone
     (``row.judge_now`` null), or if its question, its few-shot examples or the judge changed
-    since: what :func:`_calibration_reads` reads of a calibration."""
-    current = {UUID(criterion_id): now for criterion_id, now in (row.criteria_now or {}).items()}
+    since: what :func:`_calibration_reads` reads of a calibration.  ``versions``: the
+    versions now already worked out from the same statement's rows, added to."""
+    current = row.criteria_now or {}  # by the id's text, as criterion_versions
     judge = row.judge_now
     statuses = []
     for raw_id, version in sorted(row.criterion_versions.items()):
-        criterion = current.get(UUID(raw_id))
+        criterion = current.get(raw_id)
         reason = None
         if criterion is None:
             reason = "the criterion no longer exists (its scenario was edited or deleted)"
         elif judge is None:
             reason = "the agent was deleted"
-        elif (
-            criterion_version(
-                criterion["question"],
-                criterion["few_shot_examples"],
-                UUID(judge["provider_id"]) if judge["provider_id"] else None,
-                judge["model"],
-                conversation=criterion["conversation"],
-            )
-            != version
-        ):
-            reason = "the criterion's question or few-shot examples, or the judge, changed"
+        else:
+            key = (raw_id, judge["provider_id"], judge["model"])
+            now = versions.get(key)
+            if now is None:
+                now = versions[key] = criterion_version(
+                    criterion["question"],
+                    criterion["few_shot_examples"],
+                    UUID(judge["provider_id"]) if judge["provider_id"] else None,
+                    judge["model"],
+                    conversation=criterion["conversation"],
+                )
+            if now != version:
+                reason = "the criterion's question or few-shot examples, or the judge, changed"
         statuses.append(
             schemas.CriterionCalibration(
                 criteria_id=UUID(raw_id), version=version, stale=reason is not None, reason=reason
@@ -312,10 +321,10 @@ _CALIBRATION = _calibration_reads(with_results=True)
 _CALIBRATION_PAGES = _calibration_reads(with_results=False)
 
 
-def _body(row: Any) -> schemas.CalibrationRead:
+def _body(row: Any, versions: _Versions) -> schemas.CalibrationRead:
     """A calibration's body from its row (:func:`_calibration_reads`)."""
     return schemas.CalibrationRead.from_row(
-        row, criteria=_criterion_statuses(row), **(row.metrics or {})
+        row, criteria=_criterion_statuses(row, versions), **(row.metrics or {})
     )
 
 
@@ -325,7 +334,7 @@ async def read_calibration(
     """A calibration: its status, its metrics and results once completed, its criteria's
     staleness; 404 for another organization's."""
     row = await _CALIBRATION.one(connection, access.organization_id, calibration_id, "calibration")
-    return _body(row)
+    return _body(row, {})
 
 
 async def list_calibrations(
@@ -334,7 +343,8 @@ async def list_calibrations(
     """A page of the organization's calibrations, newest first, without per-example
     results or per-tag agreement."""
     rows, total = await _CALIBRATION_PAGES.read(connection, paging, access.organization_id)
-    return [_body(row) for row in rows], total
+    versions: _Versions = {}
+    return [_body(row, versions) for row in rows], total
 
 
 # --- measuring: the judge's verdicts against the humans' ---------------------------------------
