@@ -17,7 +17,13 @@ from shared.settings import Settings
 from tests.support.calibration import EXAMPLES
 from tests.support.factories import Tenant, single_validation_entry, tenant
 from tests.support.fakes import FakeAgent, FakeOpenAI, verdict_from_marker
-from tests.support.scenario_setup import create_scenario, criterion, outbound_setup, turn
+from tests.support.scenario_setup import (
+    create_judge_provider,
+    create_scenario,
+    criterion,
+    outbound_setup,
+    turn,
+)
 
 
 @pytest.fixture
@@ -220,6 +226,22 @@ async def test_examples_naming_a_criterion_use_it_and_its_calibration_goes_stale
     assert stale["stale"] is True and "judge" in stale["reason"]
     await client.patch(agent_url, json={"judge_model": None}, headers=t.owner.headers)
     assert (await client.get(one, headers=t.owner.headers)).json()["criteria"][0]["stale"] is False
+    # The agent naming a judge of its own: the default judge named is the same judge (the
+    # read's rule in SQL and the recording's in Python agree); another provider is not.
+    other_judge = await create_judge_provider(
+        client, t, judge.url, name="other judge", is_default_judge=False
+    )
+    for own, stale in ((setup.judge_provider_id, False), (other_judge["id"], True), (None, False)):
+        named = await client.patch(
+            agent_url, json={"judge_provider_id": own}, headers=t.owner.headers
+        )
+        assert named.status_code == 200, named.text
+        entry = (await client.get(one, headers=t.owner.headers)).json()["criteria"][0]
+        assert entry["stale"] is stale, (own, entry)
+        listed = (
+            await client.get(f"/v1/orgs/{t.id}/scenarios/calibrations", headers=t.owner.headers)
+        ).json()
+        assert listed["calibrations"][0]["criteria"] == [entry]
     # The scenario's turns replaced: the criterion is gone.
     replaced = await client.put(
         f"/v1/orgs/{t.id}/scenarios/{scenario['id']}",
