@@ -46,7 +46,8 @@ _DOW_ITEM = re.compile(r"^(?:(\*)|(\w+)(?:-(\w+))?)(?:/(\d+))?$")
 # Slots looked at, at most, to find the next one that falls after a given instant (a
 # fall-back hour repeats 60 minute slots; a schedule firing on 29 February rarely).
 _SEARCH_LIMIT = 2000
-# Longer than any change of a zone's clocks (two hours at most, in the IANA database).
+# Longer than any change of a zone's clocks to come (two hours at most in the IANA database;
+# in the past, Pacific/Kiritimati skipped a day in 1994).
 _CHANGE = timedelta(hours=3)
 
 
@@ -140,6 +141,11 @@ def _wall(instant: datetime, zone: tzinfo) -> datetime:
     return instant.astimezone(zone).replace(tzinfo=UTC)
 
 
+def _skipped(wall: datetime, zone: tzinfo) -> bool:
+    """Whether the zone's clock never reads ``wall`` (a time in an hour the clocks skip)."""
+    return _wall(_placed(wall, zone), zone) != wall
+
+
 def _placed(wall: datetime, zone: tzinfo) -> datetime:
     """The instant a wall-clock slot fires: its first occurrence when the hour repeats;
     as far past the change as it lies into a gap when the hour is skipped (zoneinfo reads
@@ -162,28 +168,44 @@ class Schedule:
 
     def next_after(self, instant: datetime) -> datetime | None:
         """The first slot strictly after ``instant`` (aware), or ``None`` if none comes."""
+        instant = instant.astimezone(UTC)  # compared as instants, whatever zone it came in
         last = self._last  # read once: another thread may replace it meanwhile
         if last is not None and last[0] <= instant < last[1]:
             return last[1]
-        slot = self._search(instant)
+        slot = self._first_after(_wall(instant, self._zone), instant)
+        # Up to as long after the clocks went forward as they skipped, a slot of the
+        # skipped time may still be to come (it fires as far past the change as it lay in
+        # it, :func:`_placed`) while the clock already reads past it: the first slot after
+        # the reading the clock would show had it not moved.
+        before = _wall(instant - _CHANGE, self._zone) + _CHANGE
+        if _skipped(before, self._zone):
+            wall = self._cron.get_next_fire_time(None, before + timedelta(microseconds=1))
+            if wall is not None and _skipped(wall, self._zone):
+                placed = _placed(wall, self._zone)
+                if placed > instant and (slot is None or placed < slot):
+                    slot = placed
         if slot is not None:
             self._last = (instant, slot)
         return slot
 
-    def _search(self, instant: datetime) -> datetime | None:
-        # From the clock's reading at ``instant``, or, if the clocks went forward in the
-        # hours before it, from the reading they would show had they not: a slot in the
-        # skipped hour fires as far past the change as it lay in it (:func:`_placed`),
-        # after ``instant`` while its wall time lies before the clock's reading.
-        wall = min(_wall(instant, self._zone), _wall(instant - _CHANGE, self._zone) + _CHANGE)
+    def _first_after(self, wall: datetime, instant: datetime) -> datetime | None:
+        """The first slot after ``instant`` among the wall times after ``wall``.  Slots fire
+        in the order of their wall times, but for those the clocks skip (placed by the
+        offset before the change): a slot at a later time the clock shows may fire before
+        one of them, so the search goes on past them to the first such slot."""
+        found = None
         for _ in range(_SEARCH_LIMIT):
             wall = self._cron.get_next_fire_time(None, wall + timedelta(microseconds=1))
             if wall is None:
-                return None
+                return found
             placed = _placed(wall, self._zone)
-            if placed > instant:  # a repeated hour's slots already fired the first time
-                return placed
-        return None
+            if placed <= instant:  # a repeated hour's slots already fired the first time
+                continue
+            if found is None or placed < found:
+                found = placed
+            if not _skipped(wall, self._zone):
+                return found
+        return found
 
     def slots(self, after: datetime, until: datetime) -> Iterator[datetime]:
         """Every slot in ``(after, until]``, oldest first."""

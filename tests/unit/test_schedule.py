@@ -151,6 +151,8 @@ CHANGES = [
     ("America/New_York", datetime(2026, 11, 1, 6, tzinfo=UTC)),
     ("Australia/Lord_Howe", datetime(2026, 4, 4, 15, tzinfo=UTC)),
     ("Australia/Lord_Howe", datetime(2026, 10, 3, 15, 30, tzinfo=UTC)),
+    ("Antarctica/Troll", datetime(2026, 3, 29, 1, tzinfo=UTC)),  # two hours forward
+    ("Antarctica/Troll", datetime(2026, 10, 25, 1, tzinfo=UTC)),
     ("UTC", datetime(2026, 11, 24, 10, tzinfo=UTC)),
 ]
 
@@ -175,7 +177,17 @@ def every_slot(expression: str, zone: str, first: datetime, last: datetime) -> l
 @given(
     change=st.sampled_from(CHANGES),
     expression=st.sampled_from(
-        ["30 2 * * *", "*/20 * * * *", "15 1 * * *", "0 3 * * 0", "45 */2 * * *", "0 0 1 * *"]
+        [
+            "30 2 * * *",
+            "*/20 * * * *",
+            "15 1 * * *",
+            "0 3 * * 0",
+            "45 */2 * * *",
+            "0 0 1 * *",
+            "25,45 * * * *",
+            "30 2,3 * * *",
+            "0 2-3 * * *",
+        ]
     ),
     minutes=st.lists(st.integers(min_value=-36 * 60, max_value=36 * 60), min_size=1, max_size=12),
     seconds=st.integers(min_value=0, max_value=59),
@@ -202,6 +214,42 @@ def test_a_slot_the_clocks_skipped_is_still_next_just_after_the_change() -> None
     after_the_change = datetime(2026, 3, 29, 1, 10, tzinfo=UTC)
     slot = Schedule("30 2 * * *", "Europe/Amsterdam").next_after(after_the_change)
     assert slot == datetime(2026, 3, 29, 1, 30, tzinfo=UTC)
+
+
+def test_a_slot_the_clock_shows_after_a_change_may_fire_before_a_skipped_one() -> None:
+    # Troll, 2026-03-29 01:00 UTC: 01:00 +00 jumps to 03:00 +02.  03:30 +02 is 01:30 UTC,
+    # before the skipped 02:30, which fires at 02:30 UTC; and the evening before, 03:00 +02
+    # (01:00 UTC) comes before the skipped 02:00 (02:00 UTC).
+    troll = "Antarctica/Troll"
+    at = datetime(2026, 3, 29, 1, 10, tzinfo=UTC)
+    assert Schedule("30 2,3 * * *", troll).next_after(at) == datetime(
+        2026, 3, 29, 1, 30, tzinfo=UTC
+    )
+    evening = datetime(2026, 3, 28, 21, 13, tzinfo=UTC)
+    assert Schedule("0 2-3 * * *", troll).next_after(evening) == datetime(
+        2026, 3, 29, 1, tzinfo=UTC
+    )
+    # Lord Howe, 2026-10-04: 02:00 +10:30 jumps to 02:30 +11 (15:30 UTC).  The skipped
+    # 02:20 fires at 15:50 UTC, after 02:40 +11 (15:40 UTC); every slot fires once.
+    lord_howe = "Australia/Lord_Howe"
+    at = datetime(2026, 10, 3, 15, 35, tzinfo=UTC)
+    assert Schedule("*/20 * * * *", lord_howe).next_after(at) == datetime(
+        2026, 10, 3, 15, 40, tzinfo=UTC
+    )
+    window = Schedule("25,45 * * * *", lord_howe).slots(
+        datetime(2026, 10, 3, 15, 29, tzinfo=UTC), datetime(2026, 10, 3, 16, 30, tzinfo=UTC)
+    )
+    assert [slot.strftime("%H:%M") for slot in window] == ["15:45", "15:55", "16:25"]
+
+
+def test_an_instant_is_an_instant_whatever_its_zone() -> None:
+    # Amsterdam, 2026-10-25: 02:40 (first, 00:40 UTC) comes before 02:30 (second, 01:30
+    # UTC), though its wall time is later: the slot kept for the one is not the other's.
+    amsterdam = Schedule("*/15 * * * *", "Europe/Amsterdam")
+    second = datetime(2026, 10, 25, 2, 30, tzinfo=AMSTERDAM, fold=1)
+    first = datetime(2026, 10, 25, 2, 40, tzinfo=AMSTERDAM, fold=0)
+    assert amsterdam.next_after(second) == datetime(2026, 10, 25, 2, tzinfo=UTC)
+    assert amsterdam.next_after(first) == datetime(2026, 10, 25, 0, 45, tzinfo=UTC)
 
 
 @pytest.mark.parametrize(
