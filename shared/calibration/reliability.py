@@ -15,8 +15,9 @@ the agent), so a scenario's trials may be fewer than the batch's repetitions.
   than A's, on the 2x2 table of one scenario's trials in A and in B.
 * **Paired bootstrap**: the 95 % percentile interval of the mean difference of pass rates,
   B - A, over the scenarios run in both (the pairs), resampling scenarios with replacement
-  :data:`RESAMPLES` times from :data:`SEED`: the same pairs give the same interval
-  wherever and whenever it is computed.
+  :data:`RESAMPLES` times from :data:`SEED`: the same pairs give the same interval on any
+  machine with the same numpy release (its generator does not depend on the platform, but
+  a release may change how it draws; a batch's stored comparison keeps what it found).
 """
 
 from __future__ import annotations
