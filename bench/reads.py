@@ -188,9 +188,9 @@ def seed(spar: Stack, fakes: Fakes) -> dict[str, str]:
 
 def fill_pages(spar: Stack, ids: dict[str, str]) -> None:
     """Enough more of what each listing lists for a page of :data:`SCENARIOS` (a listing of
-    one row costs less than its users' pages do): agents, providers naming credentials,
-    allowed domains whose headers use them, platform tokens, roles, webhook endpoints,
-    collections, documents in the seeded collection, and a trigger's executions."""
+    one row costs less than its users' pages do): credentials, agents, allowed domains
+    and providers using the seeded credential (its usage), platform tokens, roles, webhook
+    endpoints, collections, documents in the seeded collection, a trigger's executions."""
     api, h, v1 = spar.http, spar.headers, f"/v1/orgs/{spar.org_id}"
 
     def post(path: str, body: dict[str, Any], status: int = 201) -> Any:
