@@ -1,6 +1,8 @@
 """Cron semantics of scheduled triggers (shared/triggers/schedule.py), computed, never
 waited for: standard day-of-week numbering, day-of-month OR day-of-week, and DST days
-in Europe/Amsterdam and America/New_York."""
+in Europe/Amsterdam and America/New_York, against every slot enumerated by brute force
+around the changes of those zones, Australia/Lord_Howe (half an hour) and
+Antarctica/Troll (two hours)."""
 
 from __future__ import annotations
 
