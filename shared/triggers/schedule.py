@@ -141,9 +141,10 @@ def _wall(instant: datetime, zone: tzinfo) -> datetime:
     return instant.astimezone(zone).replace(tzinfo=UTC)
 
 
-def _skipped(wall: datetime, zone: tzinfo) -> bool:
-    """Whether the zone's clock never reads ``wall`` (a time in an hour the clocks skip)."""
-    return _wall(_placed(wall, zone), zone) != wall
+def _skipped(wall: datetime, placed: datetime, zone: tzinfo) -> bool:
+    """Whether the zone's clock never reads ``wall`` (a time in an hour the clocks skip),
+    given where it is ``placed`` (:func:`_placed`)."""
+    return _wall(placed, zone) != wall
 
 
 def _placed(wall: datetime, zone: tzinfo) -> datetime:
@@ -178,11 +179,12 @@ class Schedule:
         # it, :func:`_placed`) while the clock already reads past it: the first slot after
         # the reading the clock would show had it not moved.
         before = _wall(instant - _CHANGE, self._zone) + _CHANGE
-        if _skipped(before, self._zone):
+        if _skipped(before, _placed(before, self._zone), self._zone):
             wall = self._cron.get_next_fire_time(None, before + timedelta(microseconds=1))
-            if wall is not None and _skipped(wall, self._zone):
+            if wall is not None:
                 placed = _placed(wall, self._zone)
-                if placed > instant and (slot is None or placed < slot):
+                earlier = slot is None or placed < slot
+                if _skipped(wall, placed, self._zone) and placed > instant and earlier:
                     slot = placed
         if slot is not None:
             self._last = (instant, slot)
@@ -203,7 +205,7 @@ class Schedule:
                 continue
             if found is None or placed < found:
                 found = placed
-            if not _skipped(wall, self._zone):
+            if not _skipped(wall, placed, self._zone):
                 return found
         return found
 
