@@ -240,15 +240,14 @@ async def get_batch(session: AsyncSession, *, access: OrgAccess, batch_id: UUID)
     )
 
 
+# The listing's columns of a batch (of a :class:`BatchRunRead`): the table's, without the
+# detail's stored judge trust and comparison.
+_LISTED = shapes.columns_read(schemas.BatchRunRead, _batches, leaving=("judge_trust", "comparison"))
+
+
 def _batch_listing(newest_first: bool) -> InOrg:
-    """An organization's batches, each row the listing's columns of a
-    :class:`BatchRunRead`: the table's, without the detail's stored judge trust and
-    comparison."""
-    table = BatchRun.__table__
-    columns = shapes.columns_read(
-        schemas.BatchRunRead, table, leaving=("judge_trust", "comparison")
-    )
-    return InOrg(table, columns, filters=("status", "agent_id"), newest_first=newest_first)
+    """An organization's batches, each row the listing's columns."""
+    return InOrg(_batches, _LISTED, filters=("status", "agent_id"), newest_first=newest_first)
 
 
 # A CI job polls the listing while its batch runs: straight on psycopg, no ORM.
@@ -483,33 +482,9 @@ def _summaries_query(*, ended: bool, ended_since: bool, changed_since: bool) -> 
     ``ended_since``) in the order they ended; with ``changed_since``, only the runs changed
     at ``:p_since`` or later (every change of a run, its turns' included, stamps its
     ``updated_at``)."""
-    runs, turns = _runs.c, TurnResult.__table__.c
-    passed_turns = (
-        select(func.count(turns.id)).where(turns.run_id == runs.id, turns.passed).scalar_subquery()
-    )
-    # A simulated user's turns count once played (a scenario names only its scripted ones).
-    simulated_turns = (
-        select(func.count(turns.id))
-        .where(turns.run_id == runs.id, turns.source == "simulated")
-        .scalar_subquery()
-    )
-    # Read off the snapshot by PostgreSQL: the snapshots themselves (every turn and
-    # criterion of the scenario) do not cross the wire.
-    scripted = runs.snapshot["turns"]
-    scripted_turns = case(
-        (func.jsonb_typeof(scripted) == "array", func.jsonb_array_length(scripted)), else_=0
-    )
+    runs = _runs.c
     since = bindparam("p_since", type_=runs.updated_at.type)
-    query = select(
-        runs.id,
-        runs.scenario_id,
-        runs.status,
-        func.coalesce(runs.snapshot["name"].astext, "").label("scenario_name"),
-        runs.started_at,
-        runs.completed_at,
-        passed_turns.label("passed_turns"),
-        (scripted_turns + simulated_turns).label("total_turns"),
-    ).where(
+    query = _summary_query().where(
         runs.batch_run_id == bindparam("p_batch", type_=runs.batch_run_id.type),
         runs.organization_id == bindparam("p_org", type_=runs.organization_id.type),
     )
@@ -526,14 +501,35 @@ def _summaries_query(*, ended: bool, ended_since: bool, changed_since: bool) -> 
     return query
 
 
-async def run_summaries(
-    session: AsyncSession, *, batch: BatchRun
-) -> list[schemas.BatchRunItemSummary]:
-    """A summary of each run of ``batch``, in the batch's order, read in ``session``'s
-    transaction (a comparison's, which may store what it finds)."""
-    query = _summaries_query(ended=False, ended_since=False, changed_since=False)
-    rows = await session.execute(query, {"p_batch": batch.id, "p_org": batch.organization_id})
-    return [schemas.BatchRunItemSummary.from_row(row) for row in rows]
+@cache
+def _summary_query() -> Select[Any]:
+    """A run's summary, of every run: what :func:`_summaries_query` narrows."""
+    runs, turns = _runs.c, TurnResult.__table__.c
+    passed_turns = (
+        select(func.count(turns.id)).where(turns.run_id == runs.id, turns.passed).scalar_subquery()
+    )
+    # A simulated user's turns count once played (a scenario names only its scripted ones).
+    simulated_turns = (
+        select(func.count(turns.id))
+        .where(turns.run_id == runs.id, turns.source == "simulated")
+        .scalar_subquery()
+    )
+    # Read off the snapshot by PostgreSQL: the snapshots themselves (every turn and
+    # criterion of the scenario) do not cross the wire.
+    scripted = runs.snapshot["turns"]
+    scripted_turns = case(
+        (func.jsonb_typeof(scripted) == "array", func.jsonb_array_length(scripted)), else_=0
+    )
+    return select(
+        runs.id,
+        runs.scenario_id,
+        runs.status,
+        func.coalesce(runs.snapshot["name"].astext, "").label("scenario_name"),
+        runs.started_at,
+        runs.completed_at,
+        passed_turns.label("passed_turns"),
+        (scripted_turns + simulated_turns).label("total_turns"),
+    )
 
 
 async def cancel_batch(session: AsyncSession, *, access: OrgAccess, batch_id: UUID) -> BatchRun:
@@ -656,15 +652,6 @@ _CHANGE_ORDER = {
 }
 
 
-def _edited(a: str | None, b: str | None) -> bool:
-    """Whether a scenario plays otherwise in two batches, from its snapshot in each (JSON
-    text, ``None`` where it was not run).  The same text plays the same, so only snapshots
-    that differ are decoded (a ``jsonb`` value has one text: its keys are ordered)."""
-    if a == b:
-        return False
-    return a is None or b is None or _played(a) != _played(b)
-
-
 def _played(snapshot: str) -> bytes:
     """What a run of the scenario plays, from its snapshot (its JSON text): the customer
     context, each turn's message, whether it is required, and its criteria (questions,
@@ -688,24 +675,98 @@ def _played(snapshot: str) -> bytes:
     )
 
 
-# The snapshot of each scenario of the batch ``:p_batch`` of the organization ``:p_org``, as
-# JSON text: what a comparison reads to tell an edited scenario (:func:`_edited`).  A batch's
-# runs of one scenario share its snapshot (built once per scenario as the batch or its
-# replay is made), so one run's is read for each.
-_SNAPSHOTS = (
-    select(_runs.c.scenario_id, cast(_runs.c.snapshot, Text).label("snapshot"))
-    .where(
-        _runs.c.batch_run_id == bindparam("p_batch", type_=_runs.c.batch_run_id.type),
-        _runs.c.organization_id == bindparam("p_org", type_=_runs.c.organization_id.type),
+def _first_runs() -> Select[Any]:
+    """The first run of each scenario in each of the batches ``:p_a`` and ``:p_b`` (in its
+    batch's order)."""
+    runs = _runs.c
+    return (
+        select(runs.id, runs.batch_run_id, runs.scenario_id, runs.snapshot)
+        .where(
+            runs.batch_run_id.in_([bindparam("p_a", type_=Uuid()), bindparam("p_b", type_=Uuid())]),
+            runs.organization_id == bindparam("p_org", type_=runs.organization_id.type),
+        )
+        .ext(distinct_on(runs.batch_run_id, runs.scenario_id))
+        .order_by(runs.batch_run_id, runs.scenario_id, runs.created_at, runs.id)
     )
-    .ext(distinct_on(_runs.c.scenario_id))
-    .order_by(_runs.c.scenario_id, _runs.c.created_at, _runs.c.id)
+
+
+def _outcomes_query() -> Select[Any]:
+    """Each scenario of each of the batches ``:p_a`` and ``:p_b`` (of the organization
+    ``:p_org``), in the order of its first run: that run's summary, its batch, and the
+    scenario's runs in the batch counted by how they ended (``passes``, ``failures``,
+    ``errors``, ``runs``).  One row a scenario however many repetitions it has: a
+    comparison does not read every run."""
+    runs = _runs.c
+    scenario = (runs.batch_run_id, runs.scenario_id)
+
+    def counted(status: str | None = None) -> Any:
+        runs_counted = (
+            func.count() if status is None else func.count().filter(runs.status == status)
+        )
+        return runs_counted.over(partition_by=scenario)
+
+    firsts = (
+        _first_runs()
+        .with_only_columns(
+            runs.id,
+            counted("passed").label("passes"),
+            counted("failed").label("failures"),
+            counted("error").label("errors"),
+            counted().label("runs"),
+        )
+        .subquery("firsts")
+    )
+    return (
+        _summary_query()
+        .join(firsts, firsts.c.id == runs.id)
+        .add_columns(
+            runs.batch_run_id, firsts.c.passes, firsts.c.failures, firsts.c.errors, firsts.c.runs
+        )
+        .order_by(runs.created_at, runs.id)
+    )
+
+
+def _edits_query() -> Select[Any]:
+    """The scenarios of both batches ``:p_a`` and ``:p_b`` (of the organization ``:p_org``)
+    whose snapshots differ, with each batch's (JSON text, ``a`` and ``b``): what a
+    comparison decodes to tell an edited scenario (:func:`_played`).  A batch's runs of one
+    scenario share its snapshot (built once per scenario as the batch or its replay is
+    made), so its first run's is compared; a ``jsonb`` value has one text (its keys
+    ordered), so the same value plays the same and is not read.  Each B row meets its A
+    row by a window over the scenario, not a join: a join whose planner misjudged the row
+    counts compared every snapshot of A with every snapshot of B."""
+    firsts = _first_runs().subquery("firsts")
+    in_b = firsts.c.batch_run_id == bindparam("p_b", type_=Uuid())
+    paired = select(
+        firsts.c.scenario_id,
+        in_b.label("in_b"),
+        func.lag(firsts.c.snapshot)
+        .over(partition_by=firsts.c.scenario_id, order_by=in_b)
+        .label("a"),
+        firsts.c.snapshot.label("b"),
+    ).subquery("paired")
+    return select(
+        paired.c.scenario_id,
+        cast(paired.c.a, Text).label("a"),
+        cast(paired.c.b, Text).label("b"),
+    ).where(paired.c.in_b, paired.c.a != paired.c.b)
+
+
+# What a comparison reads: both batches (the listing's columns), their scenarios' outcomes,
+# and the scenarios edited between them; store_comparison's in its session, compare_batches'
+# straight on psycopg.
+_PAIR_QUERY = select(*_LISTED).where(
+    _batches.c.id.in_([bindparam("p_a", type_=Uuid()), bindparam("p_b", type_=Uuid())]),
+    _batches.c.organization_id == bindparam("p_org", type_=_batches.c.organization_id.type),
 )
-_SNAPSHOTS_READ = Statement(_SNAPSHOTS)  # compare_batches' read of them, straight on psycopg
+_OUTCOMES_QUERY, _EDITS_QUERY = _outcomes_query(), _edits_query()
+_PAIR, _OUTCOMES, _EDITS = (Statement(q) for q in (_PAIR_QUERY, _OUTCOMES_QUERY, _EDITS_QUERY))
 
 
-def _snapshots_by_scenario(rows: Any) -> dict[UUID, str]:
-    return {row.scenario_id: row.snapshot for row in rows}
+def _edited(rows: Any) -> set[UUID]:
+    """Of the rows of :func:`_edits_query`, the scenarios that play otherwise in the two
+    batches."""
+    return {row.scenario_id for row in rows if _played(row.a) != _played(row.b)}
 
 
 @dataclass(slots=True)
@@ -742,6 +803,21 @@ def _by_scenario(runs: list[schemas.BatchRunItemSummary]) -> dict[UUID, _Outcome
     return outcomes_of
 
 
+def _outcomes(rows: Any) -> dict[UUID, _Outcomes]:
+    """The rows of :func:`_outcomes_query`, by scenario, in their order."""
+    return {
+        row.scenario_id: _Outcomes(
+            row.scenario_name,
+            schemas.BatchRunItemSummary.from_row(row),
+            passes=row.passes,
+            failures=row.failures,
+            errors=row.errors,
+            unfinished=row.runs - row.passes - row.failures - row.errors,
+        )
+        for row in rows
+    }
+
+
 def _change(a: _Outcomes | None, b: _Outcomes | None, edited: bool) -> schemas.Change:
     """With trials on both sides, a lower pass rate in B is a regression and a higher one a
     fix (with one run a side: passed then failed, failed then passed); otherwise the same
@@ -774,43 +850,32 @@ async def compare_batches(
     changes, scenarios edited between the two (whatever their outcomes), scenarios run in
     one batch only, and the unchanged; each scenario with trials on both sides tested for
     a regression (one-sided Fisher exact), and the mean pass-rate difference over those
-    scenarios with its paired bootstrap interval.  Both batches, their runs' summaries and
-    their snapshots in one round trip."""
-    org_id = access.organization_id
-    reads = []
-    for batch_id in (a_id, b_id):
-        given = {"p_batch": batch_id, "p_org": org_id}
-        reads += [
-            (_BATCH.by_id(), {"p_id": batch_id, "p_org": org_id}),
-            (_summaries(), given),
-            (_SNAPSHOTS_READ, given),
-        ]
-    a, runs_a, snapshots_a, b, runs_b, snapshots_b = await read_together(connection, *reads)
+    scenarios with its paired bootstrap interval.  Both batches, their scenarios' outcomes
+    and their differing snapshots in one round trip."""
+    given = {"p_a": a_id, "p_b": b_id, "p_org": access.organization_id}
+    batches, outcomes, edits = await read_together(
+        connection, (_PAIR, given), (_OUTCOMES, given), (_EDITS, given)
+    )
     return _compare(
-        found(a, "batch run"),
-        found(b, "batch run"),
-        [schemas.BatchRunItemSummary.from_row(row) for row in runs_a],
-        [schemas.BatchRunItemSummary.from_row(row) for row in runs_b],
-        _snapshots_by_scenario(snapshots_a),
-        _snapshots_by_scenario(snapshots_b),
+        found([row for row in batches if row.id == a_id], "batch run"),
+        found([row for row in batches if row.id == b_id], "batch run"),
+        outcomes,
+        edits,
     )
 
 
-def _compare(
-    batch_a: Any,
-    batch_b: Any,
-    summaries_a: list[schemas.BatchRunItemSummary],
-    summaries_b: list[schemas.BatchRunItemSummary],
-    snapshots_a: dict[UUID, str],
-    snapshots_b: dict[UUID, str],
-) -> schemas.BatchComparison:
-    """The comparison of two batches (their rows), from their runs' summaries and each
-    of their scenarios' snapshot (:func:`_edited`)."""
-    runs_a, runs_b = _by_scenario(summaries_a), _by_scenario(summaries_b)
+def _compare(batch_a: Any, batch_b: Any, outcomes: Any, snapshots: Any) -> schemas.BatchComparison:
+    """The comparison of two batches (their rows), from the rows of their scenarios'
+    outcomes (:func:`_outcomes_query`) and differing snapshots (:func:`_edits_query`)."""
+    runs_a, runs_b = (
+        _outcomes([row for row in outcomes if row.batch_run_id == batch.id])
+        for batch in (batch_a, batch_b)
+    )
+    edits = _edited(snapshots)
     rows, differences = [], []
     for scenario_id in runs_a.keys() | runs_b.keys():
         a, b = runs_a.get(scenario_id), runs_b.get(scenario_id)
-        edited = _edited(snapshots_a.get(scenario_id), snapshots_b.get(scenario_id))
+        edited = scenario_id in edits
         ta = a.tally if a is not None else Tally(0, 0)
         tb = b.tally if b is not None else Tally(0, 0)
         p_value = None
@@ -883,13 +948,10 @@ async def store_comparison(session: AsyncSession, *, batch: BatchRun) -> bool:
         baseline = await session.get(BatchRun, batch.baseline_batch_id)
     if baseline is None or not comparison_due(batch, baseline):
         return False
-    sides = []
-    for side in (baseline, batch):
-        given = {"p_batch": side.id, "p_org": side.organization_id}
-        snapshots = _snapshots_by_scenario(await session.execute(_SNAPSHOTS, given))
-        sides.append((await run_summaries(session, batch=side), snapshots))
-    (runs_a, snapshots_a), (runs_b, snapshots_b) = sides
-    comparison = _compare(baseline, batch, runs_a, runs_b, snapshots_a, snapshots_b)
+    given = {"p_a": baseline.id, "p_b": batch.id, "p_org": batch.organization_id}
+    outcomes = (await session.execute(_OUTCOMES_QUERY, given)).all()
+    snapshots = await session.execute(_EDITS_QUERY, given)
+    comparison = _compare(baseline, batch, outcomes, snapshots)
     stored = schemas.StoredComparison(
         baseline_batch_id=baseline.id,
         computed_at=utcnow(),

@@ -584,6 +584,51 @@ async def test_two_batches_compare_scenario_by_scenario_regressions_first(
     assert single_validation_entry(missing)["loc"] == ["query", "b"]
 
 
+async def test_a_comparison_tells_errors_from_runs_not_ended_and_links_each_first_run(
+    client: AsyncTestClient, app: Litestar, agent: FakeAgent
+) -> None:
+    """Two scenarios of two repetitions each.  X is cancelled before its dispatch: every run
+    ends in error.  Y hands out one run and is cancelled: that run is still in flight, its
+    three others end in error.  Neither has a trial, so what tells them apart is how many
+    runs errored and how many have not ended."""
+    w = await make_world(client, agent)
+    for name in ("one", "two"):
+        await make_scenario(client, w, name=name, tags=["c"])
+
+    async def cancelled(handed_out: int) -> dict[str, Any]:
+        batch = await create_batch(client, w, tags=["c"], repetitions=2, max_concurrency=1)
+        if handed_out:
+            assert len(await dispatch_committed(app.state.database, UUID(batch["id"]))) == 1
+        response = await client.post(f"{w.batches}/{batch['id']}/cancel", headers=w.headers)
+        assert response.status_code == 200, response.text
+        return await get_batch(client, w, batch["id"])
+
+    x, y = await cancelled(handed_out=0), await cancelled(handed_out=1)
+    in_flight = y["runs"][0]  # the first of the batch's order is the one handed out
+    assert in_flight["status"] not in ("passed", "failed", "error")
+    assert sorted(r["status"] for r in y["runs"][1:]) == ["error"] * 3
+
+    body = (
+        await client.get(f"{w.batches}/compare?a={x['id']}&b={y['id']}", headers=w.headers)
+    ).json()
+    changes = {r["scenario_id"]: r["change"] for r in body["scenarios"]}
+    other = next(s for s in changes if s != in_flight["scenario_id"])
+    # (2 errors, 0 not ended) against (1, 1): changed; (2, 0) against (2, 0): unchanged.
+    assert changes == {in_flight["scenario_id"]: "changed", other: "unchanged"}
+    assert all(r["a_trials"] == r["b_trials"] == 0 for r in body["scenarios"])
+    assert all(r["p_value"] is None for r in body["scenarios"])
+    assert body["pass_rate_difference"] is None  # no scenario with trials on both sides
+    # Each side links the scenario's first run in its batch's order.
+    for row in body["scenarios"]:
+        for side, batch in (("a", x), ("b", y)):
+            first = next(r for r in batch["runs"] if r["scenario_id"] == row["scenario_id"])
+            assert row[side] == first
+    # A batch against itself: every scenario unchanged.
+    itself = await client.get(f"{w.batches}/compare?a={y['id']}&b={y['id']}", headers=w.headers)
+    assert {r["change"] for r in itself.json()["scenarios"]} == {"unchanged"}
+    assert len(itself.json()["scenarios"]) == 2
+
+
 # --- the dispatch window --------------------------------------------------------------------------
 
 
