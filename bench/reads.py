@@ -17,16 +17,25 @@ another on one keep-alive connection, and the server's CPU per request from ``/p
 operation whose path names something the seed lacks is listed as skipped.  Figures are
 printed, not asserted; the target is 1.5 ms of server CPU per read.  Run from the repository root::
 
-    python bench/reads.py [--requests 500] [--only PATH-FRAGMENT]
+    python bench/reads.py [--requests 500] [--only PATH-FRAGMENT] [--baseline-tree DIR]
+
+On a VM whose speed varies from minute to minute, two trees measured one after the other
+differ by more than most changes do.  ``--baseline-tree`` names another checkout of Spar
+(same migrations): a second ``spar serve`` runs it on the same database, and each read is
+asked of both in turn, :data:`ROUNDS` rounds of ``--requests / ROUNDS`` requests, so both
+are measured over the same minutes; the ratio of this tree's CPU to the baseline's is
+printed beside each read.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import re
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +45,7 @@ import httpx
 
 from bench.batch import setup_org
 from bench.stack import (
+    SECRET_KEY,
     Fakes,
     Stack,
     cpu_seconds,
@@ -45,9 +55,11 @@ from bench.stack import (
     spar_stack,
     unwind_on_sigterm,
 )
+from tests.support.processes import spar_serve
 
 TARGET_MS = 1.5
 WARMUP = 30
+ROUNDS = 10  # with --baseline-tree: each read asked of both trees in turn, this many times
 SCENARIOS = 25
 WAIT_S = 60.0
 SKIPPED = ("/health/", "/events")  # not reads of a resource: checks, and a stream
@@ -251,25 +263,63 @@ def reads(api: httpx.Client, ids: dict[str, str]) -> tuple[list[tuple[str, str]]
     return found, skipped
 
 
-def measure(api: httpx.Client, url: str, headers: dict[str, str], pid: int, count: int) -> Any:
-    """Server CPU and wall time per request (ms) and the body's size, ``count`` requests
-    one after another after :data:`WARMUP`."""
-    first = api.get(url, headers=headers)
-    if first.status_code != 200:
-        raise RuntimeError(f"{url} answered {first.status_code}: {first.text[:300]}")
-    for _ in range(WARMUP):
-        api.get(url, headers=headers)
-    cpu, wall = cpu_seconds(pid), time.perf_counter()
-    for _ in range(count):
-        api.get(url, headers=headers)
-    wall, cpu = time.perf_counter() - wall, cpu_seconds(pid) - cpu
-    return cpu / count * 1000, wall / count * 1000, len(first.content)
+def measure(
+    servers: list[tuple[httpx.Client, int]], url: str, headers: dict[str, str], count: int
+) -> tuple[list[float], float, int]:
+    """Server CPU per request (ms) of each of ``servers`` (a client and the server's pid),
+    the first one's wall time per request (ms) and the body's size: ``count`` requests each
+    after :data:`WARMUP`, asked of the servers in turn, :data:`ROUNDS` rounds when there
+    are two."""
+    rounds = ROUNDS if len(servers) > 1 else 1
+    size = 0
+    for api, _ in servers:
+        first = api.get(url, headers=headers)
+        if first.status_code != 200:
+            raise RuntimeError(f"{url} answered {first.status_code}: {first.text[:300]}")
+        size = size or len(first.content)
+        for _ in range(WARMUP):
+            api.get(url, headers=headers)
+    cpu, wall, asked = [0.0] * len(servers), 0.0, count // rounds * rounds
+    for _ in range(rounds):
+        for n, (api, pid) in enumerate(servers):
+            started, began = cpu_seconds(pid), time.perf_counter()
+            for _ in range(asked // rounds):
+                api.get(url, headers=headers)
+            cpu[n] += cpu_seconds(pid) - started
+            if n == 0:
+                wall += time.perf_counter() - began
+    return [c / asked * 1000 for c in cpu], wall / asked * 1000, size
+
+
+@contextlib.contextmanager
+def baseline_server(spar: Stack, tree: str) -> Iterator[list[tuple[httpx.Client, int]]]:
+    """``spar serve`` of the checkout ``tree`` on ``spar``'s database and Redis: its client
+    and pid, in a list (none without a tree)."""
+    if not tree:
+        yield []
+        return
+    env = {
+        "SPAR_DATABASE_URL": spar.database_url,
+        "SPAR_SECRET_KEY": SECRET_KEY,
+        "SPAR_LOG_LEVEL": "WARNING",
+        "SPAR_EGRESS_ALLOW_PRIVATE": "true",
+        "PYTHONPATH": str(Path(tree).resolve()),  # its packages before the installed ones
+        **({"SPAR_REDIS_URL": spar.redis_url} if spar.redis_url else {}),
+    }
+    with (
+        spar_serve(env, cwd=spar.logs, public_url=True) as (base, process),
+        httpx.Client(base_url=base, timeout=60) as api,
+    ):
+        yield [(api, process.pid)]
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--requests", type=int, default=500, help="measured requests per read")
     parser.add_argument("--only", default="", help="only the paths containing this")
+    parser.add_argument(
+        "--baseline-tree", default="", help="another checkout, measured alongside this one"
+    )
     args = parser.parse_args(argv)
     unwind_on_sigterm()
     print(
@@ -290,16 +340,20 @@ def main(argv: list[str] | None = None) -> None:
         fakes.set_latency(0, 0)
         ids = seed(spar, fakes)
         found, skipped = reads(spar.http, ids)
-        rows = [
-            (path, *measure(spar.http, url, spar.headers, spar.serve_pid, args.requests))
-            for path, url in found
-            if args.only in path
-        ]
-    print(f"\n{'server CPU ms':>13} {'wall ms':>8} {'bytes':>7}  GET")
-    for path, cpu, wall, size in sorted(rows, key=lambda row: -row[1]):
-        flag = "" if cpu <= TARGET_MS else f"   over the target ({TARGET_MS} ms)"
-        print(f"{cpu:13.2f} {wall:8.2f} {size:7d}  {path}{flag}")
-    over = sum(cpu > TARGET_MS for _, cpu, _, _ in rows)
+        with baseline_server(spar, args.baseline_tree) as baseline:
+            servers = [(spar.http, spar.serve_pid), *baseline]
+            rows = [
+                (path, *measure(servers, url, spar.headers, args.requests))
+                for path, url in found
+                if args.only in path
+            ]
+    against = f" {'baseline':>9} {'ratio':>6}" if args.baseline_tree else ""
+    print(f"\n{'server CPU ms':>13}{against} {'wall ms':>8} {'bytes':>7}  GET")
+    for path, cpu, wall, size in sorted(rows, key=lambda row: -row[1][0]):
+        flag = "" if cpu[0] <= TARGET_MS else f"   over the target ({TARGET_MS} ms)"
+        beside = f" {cpu[1]:9.2f} {cpu[0] / cpu[1]:6.3f}" if len(cpu) > 1 else ""
+        print(f"{cpu[0]:13.2f}{beside} {wall:8.2f} {size:7d}  {path}{flag}")
+    over = sum(cpu[0] > TARGET_MS for _, cpu, _, _ in rows)
     print(f"\n{len(rows)} reads, {over} over {TARGET_MS} ms of server CPU")
     for path in skipped:
         print(f"skipped (names what the seed lacks): {path}")
