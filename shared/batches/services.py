@@ -732,24 +732,23 @@ def _edits_query() -> Select[Any]:
     comparison decodes to tell an edited scenario (:func:`_played`).  A batch's runs of one
     scenario share its snapshot (built once per scenario as the batch or its replay is
     made), so its first run's is compared; a ``jsonb`` value has one text (its keys
-    ordered), so the same value plays the same and is not read.  Each B row meets its A
-    row by a window over the scenario, not a join: a join whose planner misjudged the row
-    counts compared every snapshot of A with every snapshot of B."""
+    ordered), so the same text plays the same and is not read.  The texts are compared, not
+    the values: ``jsonb`` holds ``1`` and ``1.0`` equal, where the agent is sent one or the
+    other.  Each B row meets its A row by a window over the scenario, not a join: a join
+    whose planner misjudged the row counts compared every snapshot of A with every snapshot
+    of B."""
     firsts = _first_runs().subquery("firsts")
     in_b = firsts.c.batch_run_id == bindparam("p_b", type_=Uuid())
+    snapshot = cast(firsts.c.snapshot, Text)
     paired = select(
         firsts.c.scenario_id,
         in_b.label("in_b"),
-        func.lag(firsts.c.snapshot)
-        .over(partition_by=firsts.c.scenario_id, order_by=in_b)
-        .label("a"),
-        firsts.c.snapshot.label("b"),
+        func.lag(snapshot).over(partition_by=firsts.c.scenario_id, order_by=in_b).label("a"),
+        snapshot.label("b"),
     ).subquery("paired")
-    return select(
-        paired.c.scenario_id,
-        cast(paired.c.a, Text).label("a"),
-        cast(paired.c.b, Text).label("b"),
-    ).where(paired.c.in_b, paired.c.a != paired.c.b)
+    return select(paired.c.scenario_id, paired.c.a, paired.c.b).where(
+        paired.c.in_b, paired.c.a != paired.c.b
+    )
 
 
 # What a comparison reads: both batches (the listing's columns), their scenarios' outcomes,
