@@ -751,15 +751,17 @@ def _edits_query() -> Select[Any]:
     )
 
 
-# What a comparison reads: both batches (the listing's columns), their scenarios' outcomes,
-# and the scenarios edited between them; store_comparison's in its session, compare_batches'
-# straight on psycopg.
-_PAIR_QUERY = select(*_LISTED).where(
-    _batches.c.id.in_([bindparam("p_a", type_=Uuid()), bindparam("p_b", type_=Uuid())]),
-    _batches.c.organization_id == bindparam("p_org", type_=_batches.c.organization_id.type),
-)
+# What a comparison reads: its scenarios' outcomes and edits (store_comparison, in its
+# session), and both batches with them (compare_batches, straight on psycopg; the listing's
+# columns: a comparison shows neither batch's judge trust nor its stored comparison).
 _OUTCOMES_QUERY, _EDITS_QUERY = _outcomes_query(), _edits_query()
-_PAIR, _OUTCOMES, _EDITS = (Statement(q) for q in (_PAIR_QUERY, _OUTCOMES_QUERY, _EDITS_QUERY))
+_OUTCOMES, _EDITS = Statement(_OUTCOMES_QUERY), Statement(_EDITS_QUERY)
+_PAIR = Statement(
+    select(*_LISTED).where(
+        _batches.c.id.in_([bindparam("p_a", type_=Uuid()), bindparam("p_b", type_=Uuid())]),
+        _batches.c.organization_id == bindparam("p_org", type_=_batches.c.organization_id.type),
+    )
+)
 
 
 def _edited(rows: Any) -> set[UUID]:
