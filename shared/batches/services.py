@@ -675,16 +675,22 @@ def _played(snapshot: str) -> bytes:
     )
 
 
+def _of_pair(batch_id: Any, organization_id: Any) -> tuple[Any, Any]:
+    """The rows whose ``batch_id`` column names the batch ``:p_a`` or ``:p_b`` (batches by
+    their id, runs by their batch's) and whose ``organization_id`` is ``:p_org``."""
+    return (
+        batch_id.in_([bindparam("p_a", type_=Uuid()), bindparam("p_b", type_=Uuid())]),
+        organization_id == bindparam("p_org", type_=organization_id.type),
+    )
+
+
 def _first_runs() -> Select[Any]:
     """The first run of each scenario in each of the batches ``:p_a`` and ``:p_b`` (in its
     batch's order)."""
     runs = _runs.c
     return (
         select(runs.id, runs.batch_run_id, runs.scenario_id, runs.snapshot)
-        .where(
-            runs.batch_run_id.in_([bindparam("p_a", type_=Uuid()), bindparam("p_b", type_=Uuid())]),
-            runs.organization_id == bindparam("p_org", type_=runs.organization_id.type),
-        )
+        .where(*_of_pair(runs.batch_run_id, runs.organization_id))
         .ext(distinct_on(runs.batch_run_id, runs.scenario_id))
         .order_by(runs.batch_run_id, runs.scenario_id, runs.created_at, runs.id)
     )
@@ -756,12 +762,7 @@ def _edits_query() -> Select[Any]:
 # columns: a comparison shows neither batch's judge trust nor its stored comparison).
 _OUTCOMES_QUERY, _EDITS_QUERY = _outcomes_query(), _edits_query()
 _OUTCOMES, _EDITS = Statement(_OUTCOMES_QUERY), Statement(_EDITS_QUERY)
-_PAIR = Statement(
-    select(*_LISTED).where(
-        _batches.c.id.in_([bindparam("p_a", type_=Uuid()), bindparam("p_b", type_=Uuid())]),
-        _batches.c.organization_id == bindparam("p_org", type_=_batches.c.organization_id.type),
-    )
-)
+_PAIR = Statement(select(*_LISTED).where(*_of_pair(_batches.c.id, _batches.c.organization_id)))
 
 
 def _edited(rows: Any) -> set[UUID]:
